@@ -1,0 +1,724 @@
+"""The tile IR: what a kernel author wrote, typed and checked.
+
+One IR serves every backend.  It stays at *tile level*: a ``Copy`` moves a
+whole tile (with edge masks implied by the buffer shape), a ``Gemm`` multiplies
+whole tiles, a ``Parallel`` loop is an element-wise map over a tile.  Each
+renderer decomposes these nodes for its machine (loops on CPU, fragments and
+tensor-core instructions on CUDA, vector instructions on Ascend); the numpy
+interpreter executes them directly and is the semantic oracle.
+
+Nodes are frozen dataclasses compared by *identity* (``eq=False``) so that an
+``==`` between two expressions can build an ``EQ`` node, as TVM/TileLang
+users expect; use :func:`structural_equal` for structural comparison.
+
+Semantics every backend implements identically (see docs/dsl.md):
+
+* Arithmetic on float16/bfloat16/fp8 happens in float32; values round (RNE)
+  only when stored into a low-precision buffer or cast explicitly.
+* ``FLOORDIV``/``MOD`` on integers follow Python (floor) semantics.
+* A ``Copy`` that reads outside its source buffer writes 0 to those
+  destination elements; one that writes outside its destination skips them.
+* Statements outside a ``Parallel`` loop are executed "by the block": their
+  effect is as if executed once per block.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Iterator, Optional, Sequence, Union
+
+from kernforge import dtypes
+from kernforge.dtypes import DType
+
+
+class Op(enum.Enum):
+    """Every operation kind in the IR: expression operators and tile statements."""
+
+    # binary arithmetic
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"
+    FLOORDIV = "//"
+    MOD = "%"
+    MAX = "max"
+    MIN = "min"
+    POW = "pow"
+    # comparison (result bool)
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    EQ = "=="
+    NE = "!="
+    # logical on bool, bitwise on integers
+    AND = "&"
+    OR = "|"
+    XOR = "^"
+    SHL = "<<"
+    SHR = ">>"
+    # unary
+    NEG = "neg"
+    NOT = "not"
+    EXP = "exp"
+    EXP2 = "exp2"
+    LOG = "log"
+    LOG2 = "log2"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    ABS = "abs"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    TANH = "tanh"
+    ISNAN = "isnan"
+    # tile statements
+    COPY = "copy"
+    FILL = "fill"
+    GEMM = "gemm"
+    REDUCE_MAX = "reduce_max"
+    REDUCE_MIN = "reduce_min"
+    REDUCE_SUM = "reduce_sum"
+    CUMSUM = "cumsum"
+    ATOMIC_ADD = "atomic_add"
+    ATOMIC_MAX = "atomic_max"
+
+
+COMPARISONS = frozenset({Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE})
+BITWISE = frozenset({Op.AND, Op.OR, Op.XOR, Op.SHL, Op.SHR})
+FLOAT_UNARY = frozenset({Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.SQRT, Op.RSQRT, Op.FLOOR,
+                         Op.CEIL, Op.TANH})
+REDUCE_OPS = frozenset({Op.REDUCE_MAX, Op.REDUCE_MIN, Op.REDUCE_SUM})
+ATOMIC_OPS = frozenset({Op.ATOMIC_ADD, Op.ATOMIC_MAX})
+
+
+class Scope(enum.Enum):
+    """Where a buffer lives.  ``FRAGMENT`` is a tile private to a block, spread over
+    its threads; ``LOCAL`` is per-thread scalar storage (``alloc_local``/``alloc_var``)."""
+
+    GLOBAL = "global"
+    SHARED = "shared"
+    FRAGMENT = "fragment"
+    LOCAL = "local"
+
+
+class LoopKind(enum.Enum):
+    SERIAL = "serial"
+    PIPELINED = "pipelined"
+    UNROLLED = "unrolled"
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    """The kernel author's file and line, carried by every node for error messages."""
+
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+class KernelError(Exception):
+    """A mistake in a kernel, reported at the author's file and line."""
+
+    def __init__(self, message: str, loc: Optional[SourceLoc] = None):
+        self.message = message
+        self.loc = loc
+        super().__init__(f"{loc}: {message}" if loc else message)
+
+
+# ---------------------------------------------------------------- expressions
+
+
+class Expr:
+    """Base of scalar expressions.  Python operators build IR nodes (TVM-style)."""
+
+    dtype: DType
+
+    # arithmetic sugar -------------------------------------------------------
+    def __add__(self, o): return binary(Op.ADD, self, o)
+    def __radd__(self, o): return binary(Op.ADD, o, self)
+    def __sub__(self, o): return binary(Op.SUB, self, o)
+    def __rsub__(self, o): return binary(Op.SUB, o, self)
+    def __mul__(self, o): return binary(Op.MUL, self, o)
+    def __rmul__(self, o): return binary(Op.MUL, o, self)
+    def __truediv__(self, o): return binary(Op.DIV, self, o)
+    def __rtruediv__(self, o): return binary(Op.DIV, o, self)
+    def __floordiv__(self, o): return binary(Op.FLOORDIV, self, o)
+    def __rfloordiv__(self, o): return binary(Op.FLOORDIV, o, self)
+    def __mod__(self, o): return binary(Op.MOD, self, o)
+    def __rmod__(self, o): return binary(Op.MOD, o, self)
+    def __lt__(self, o): return binary(Op.LT, self, o)
+    def __le__(self, o): return binary(Op.LE, self, o)
+    def __gt__(self, o): return binary(Op.GT, self, o)
+    def __ge__(self, o): return binary(Op.GE, self, o)
+    def __eq__(self, o): return binary(Op.EQ, self, o)  # type: ignore[override]
+    def __ne__(self, o): return binary(Op.NE, self, o)  # type: ignore[override]
+    def __and__(self, o): return binary(Op.AND, self, o)
+    def __rand__(self, o): return binary(Op.AND, o, self)
+    def __or__(self, o): return binary(Op.OR, self, o)
+    def __ror__(self, o): return binary(Op.OR, o, self)
+    def __xor__(self, o): return binary(Op.XOR, self, o)
+    def __rxor__(self, o): return binary(Op.XOR, o, self)
+    def __lshift__(self, o): return binary(Op.SHL, self, o)
+    def __rlshift__(self, o): return binary(Op.SHL, o, self)
+    def __rshift__(self, o): return binary(Op.SHR, self, o)
+    def __rrshift__(self, o): return binary(Op.SHR, o, self)
+    def __neg__(self): return unary(Op.NEG, self)
+    def __invert__(self): return unary(Op.NOT, self)
+    def __pos__(self): return self
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        raise KernelError(
+            f"the truth value of a symbolic expression ({self}) is only known when the kernel "
+            "runs: use `if` directly on it inside a @T.prim_func (it becomes a runtime branch), "
+            "T.if_then_else / T.where, or & | ~ instead of and / or / not")
+
+    def __index__(self):
+        raise KernelError(f"symbolic expression {self} used where a Python int is required "
+                          "(for example a tile shape or range()); tile sizes must be compile-time")
+
+    def __repr__(self) -> str:
+        from kernforge.codegen.printer import format_expr
+
+        return format_expr(self)
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Const(Expr):
+    value: Union[int, float, bool]
+    dtype: DType
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Var(Expr):
+    """A named scalar: block index, loop variable, symbolic shape/stride, scalar param."""
+
+    name: str
+    dtype: DType = dtypes.int32
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Binary(Expr):
+    op: Op
+    a: Expr
+    b: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Unary(Expr):
+    op: Op
+    a: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Cast(Expr):
+    """Value conversion (float->int truncates toward zero; to low-precision floats rounds RNE)."""
+
+    a: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Bitcast(Expr):
+    """Reinterpret the bits of ``a`` as ``dtype`` (same width)."""
+
+    a: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Select(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Load(Expr):
+    """One element of a buffer.  Indices are in elements, one per dimension."""
+
+    buffer: "Buffer"
+    indices: tuple[Expr, ...]
+
+    @property
+    def dtype(self) -> DType:  # type: ignore[override]
+        return self.buffer.dtype
+
+
+# ---------------------------------------------------------------- buffers
+
+
+@dataclass(frozen=True, eq=False)
+class Buffer:
+    """A typed, shaped array in one scope.  Global buffers may have symbolic shape
+    and strides (``Var``); on-chip buffers have constant shapes and are row-major."""
+
+    name: str
+    shape: tuple[Expr, ...]
+    dtype: DType
+    scope: Scope
+    strides: tuple[Expr, ...] = ()
+
+    def __post_init__(self):
+        if not self.strides:
+            object.__setattr__(self, "strides", row_major_strides(self.shape))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def static_shape(self) -> tuple[int, ...]:
+        """The shape as ints; raises if any dimension is symbolic."""
+        out = []
+        for s in self.shape:
+            if not isinstance(s, Const):
+                raise KernelError(f"buffer {self.name} has a symbolic dimension {s}")
+            out.append(int(s.value))
+        return tuple(out)
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(s, Const) for s in self.shape)
+
+    def __repr__(self) -> str:
+        return f"{self.scope.value} {self.dtype}{list(self.shape)} {self.name}"
+
+
+def row_major_strides(shape: Sequence[Expr]) -> tuple[Expr, ...]:
+    strides: list[Expr] = []
+    acc: Expr = const(1)
+    for s in reversed(shape):
+        strides.append(acc)
+        acc = fold(binary(Op.MUL, acc, s))
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True, eq=False)
+class Region:
+    """A rectangular tile of a buffer: ``starts`` (exprs) and static ``extents``.
+
+    Extents of 1 may be dropped when matching another region's shape, as TileLang
+    does for ``T.copy(A[by * BM, k * BK], A_shared)``."""
+
+    buffer: Buffer
+    starts: tuple[Expr, ...]
+    extents: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.extents
+
+    def squeezed(self) -> tuple[int, ...]:
+        return tuple(e for e in self.extents if e != 1)
+
+    def __repr__(self) -> str:
+        parts = [f"{s}:+{e}" for s, e in zip(self.starts, self.extents)]
+        return f"{self.buffer.name}[{', '.join(parts)}]"
+
+
+def whole(buffer: Buffer) -> Region:
+    return Region(buffer, tuple(const(0) for _ in buffer.shape), buffer.static_shape())
+
+
+# ---------------------------------------------------------------- statements
+
+
+class Stmt:
+    loc: Optional[SourceLoc]
+
+    def __repr__(self) -> str:
+        from kernforge.codegen.printer import format_stmt
+
+        return format_stmt(self)
+
+
+_LOC = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Seq(Stmt):
+    body: tuple[Stmt, ...]
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Allocate(Stmt):
+    """Declares an on-chip buffer; it is live until the end of the enclosing ``Seq``."""
+
+    buffer: Buffer
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class For(Stmt):
+    """A sequential loop ``for var in range(start, start + extent)``."""
+
+    var: Var
+    extent: Expr
+    body: Stmt
+    kind: LoopKind = LoopKind.SERIAL
+    num_stages: int = 0
+    start: Expr = field(default_factory=lambda: const(0))
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Parallel(Stmt):
+    """``for i, j in T.Parallel(M, N)``: an element-wise map over a tile.
+
+    Iterations are independent (no iteration reads what another writes, except
+    through atomics); every backend may run them in any order or at once."""
+
+    vars: tuple[Var, ...]
+    extents: tuple[int, ...]
+    body: Stmt
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class If(Stmt):
+    cond: Expr
+    then: Stmt
+    orelse: Optional[Stmt] = None
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Store(Stmt):
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+    value: Expr
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Copy(Stmt):
+    """Tile copy with dtype conversion; out-of-bounds reads give 0, out-of-bounds writes skip."""
+
+    src: Region
+    dst: Region
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Fill(Stmt):
+    dst: Region
+    value: Expr
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Gemm(Stmt):
+    """``C (+)= op(A) @ op(B)``, accumulating in C's dtype (float32 for low precision inputs)."""
+
+    a: Region
+    b: Region
+    c: Region
+    trans_a: bool = False
+    trans_b: bool = False
+    clear_accum: bool = False
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Reduce(Stmt):
+    """Reduce ``src`` along ``dim`` into ``dst`` (src's shape without ``dim``).
+    With ``clear=False`` the result is combined with dst's current values."""
+
+    op: Op
+    src: Buffer
+    dst: Buffer
+    dim: int
+    clear: bool = True
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Cumsum(Stmt):
+    """Inclusive prefix sum along ``dim`` (suffix sum with ``reverse``); dst may be src."""
+
+    src: Buffer
+    dst: Buffer
+    dim: int
+    reverse: bool = False
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Atomic(Stmt):
+    """``buffer[indices] = op(buffer[indices], value)`` atomically; op is ATOMIC_ADD/MAX."""
+
+    op: Op
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+    value: Expr
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(eq=False)
+class Kernel:
+    """One specialised kernel: parameters, grid, threads and a tile-level body.
+
+    ``symbols`` are the symbolic shape/stride variables of the global parameters,
+    bound from the actual tensors at launch (in this order in the launch ABI's
+    ``dims`` array).  ``attrs`` holds the compile-time parameter values it was
+    specialised with; they are part of the artifact name and the cache key."""
+
+    name: str
+    params: tuple[Union[Buffer, Var], ...]
+    grid: tuple[Expr, ...]
+    block_vars: tuple[Var, ...]
+    threads: int
+    body: Stmt
+    symbols: tuple[Var, ...] = ()
+    attrs: dict[str, Any] = field(default_factory=dict)
+    loc: Optional[SourceLoc] = None
+
+    @property
+    def buffer_params(self) -> tuple[Buffer, ...]:
+        return tuple(p for p in self.params if isinstance(p, Buffer))
+
+    @property
+    def scalar_params(self) -> tuple[Var, ...]:
+        return tuple(p for p in self.params if isinstance(p, Var))
+
+    def with_body(self, body: Stmt) -> "Kernel":
+        return replace(self, body=body)
+
+    def __repr__(self) -> str:
+        from kernforge.codegen.printer import format_kernel
+
+        return format_kernel(self)
+
+
+# ---------------------------------------------------------------- builders
+
+
+def const(value, dt: Optional[DType] = None) -> Const:
+    if dt is None:
+        if isinstance(value, bool):
+            dt = dtypes.bool_
+        elif isinstance(value, int):
+            dt = dtypes.int32 if -2**31 <= value < 2**31 else dtypes.int64
+        elif isinstance(value, float):
+            dt = dtypes.float32
+        else:
+            raise KernelError(f"cannot make a constant from {value!r} ({type(value).__name__})")
+    if dt.is_bool:
+        value = bool(value)
+    elif dt.is_int:
+        value = int(value)
+    else:
+        value = float(value)
+    return Const(value, dt)
+
+
+def as_expr(x, like: Optional[DType] = None) -> Expr:
+    """Convert a Python number (taking ``like``'s dtype, as TVM literals do) or an
+    object with ``__kf_expr__`` (DSL handles) to an :class:`Expr`."""
+    if isinstance(x, Expr):
+        return x
+    conv = getattr(x, "__kf_expr__", None)
+    if conv is not None:
+        return conv()
+    if isinstance(x, (bool, int, float)) or type(x).__module__ == "numpy":
+        py = x.item() if hasattr(x, "item") else x
+        if like is not None and not (isinstance(py, float) and like.is_int):
+            if like.is_bool and not isinstance(py, bool):
+                return const(py)
+            return const(py, like)
+        return const(py)
+    raise KernelError(f"expected a scalar expression, got {type(x).__name__}: {x!r}")
+
+
+def _pair(a, b) -> tuple[Expr, Expr]:
+    if isinstance(a, Expr) or hasattr(a, "__kf_expr__"):
+        ea = as_expr(a)
+        return ea, as_expr(b, ea.dtype)
+    eb = as_expr(b)
+    return as_expr(a, eb.dtype), eb
+
+
+def binary(op: Op, a, b) -> Expr:
+    ea, eb = _pair(a, b)
+    if op in COMPARISONS:
+        return Binary(op, ea, eb, dtypes.bool_)
+    if op in BITWISE:
+        for e in (ea, eb):
+            if e.dtype.is_float:
+                raise KernelError(f"bitwise {op.value} on floating-point value {e}; "
+                                  "use T.reinterpret to operate on the bits")
+        if ea.dtype.is_bool and eb.dtype.is_bool:
+            return Binary(op, ea, eb, dtypes.bool_)
+        if op in (Op.SHL, Op.SHR):
+            return Binary(op, ea, eb, ea.dtype)
+    if op == Op.DIV and ea.dtype.is_int and eb.dtype.is_int:
+        raise KernelError(f"integer division {ea} / {eb}: use // (floor division)")
+    dt = dtypes.promote(ea.dtype, eb.dtype)
+    if dt.is_bool and op not in BITWISE:
+        dt = dtypes.int32
+    return Binary(op, ea, eb, dt)
+
+
+def unary(op: Op, a) -> Expr:
+    ea = as_expr(a)
+    if op == Op.ISNAN:
+        return Unary(op, ea, dtypes.bool_)
+    if op == Op.NOT:
+        if ea.dtype.is_float:
+            raise KernelError(f"~ on floating-point value {ea}")
+        return Unary(op, ea, ea.dtype)
+    if op in FLOAT_UNARY:
+        dt = ea.dtype if ea.dtype == dtypes.float64 else dtypes.float32
+        return Unary(op, ea, dt)
+    dt = dtypes.float32 if ea.dtype.is_low_precision else ea.dtype
+    return Unary(op, ea, dt)
+
+
+def cast(x, dt) -> Expr:
+    dt = dtypes.dtype(dt)
+    e = as_expr(x, dt)
+    if e.dtype == dt:
+        return e
+    if isinstance(e, Const) and not dt.is_low_precision:
+        return const(e.value, dt)
+    return Cast(e, dt)
+
+
+def select(cond, a, b) -> Expr:
+    c = as_expr(cond)
+    ea, eb = _pair(a, b)
+    dt = ea.dtype if ea.dtype == eb.dtype else dtypes.promote(ea.dtype, eb.dtype)
+    if ea.dtype == eb.dtype:
+        return Select(c, ea, eb, dt)
+    return Select(c, cast(ea, dt), cast(eb, dt), dt)
+
+
+def fold(e: Expr) -> Expr:
+    """Constant-fold one level of integer arithmetic (keeps shapes and strides readable)."""
+    if isinstance(e, Binary) and isinstance(e.a, Const) and isinstance(e.b, Const) \
+            and e.dtype.is_int and e.a.dtype.is_int and e.b.dtype.is_int:
+        a, b = e.a.value, e.b.value
+        table = {Op.ADD: lambda: a + b, Op.SUB: lambda: a - b, Op.MUL: lambda: a * b,
+                 Op.FLOORDIV: lambda: a // b if b else None, Op.MOD: lambda: a % b if b else None,
+                 Op.MAX: lambda: max(a, b), Op.MIN: lambda: min(a, b)}
+        f = table.get(e.op)
+        if f is not None and (v := f()) is not None:
+            return const(v, e.dtype)
+    if isinstance(e, Binary) and e.op == Op.MUL:
+        if isinstance(e.a, Const) and e.a.value == 1:
+            return e.b
+        if isinstance(e.b, Const) and e.b.value == 1:
+            return e.a
+    return e
+
+
+def ceildiv(a, b) -> Expr:
+    ea, eb = _pair(a, b)
+    return fold(binary(Op.FLOORDIV, fold(binary(Op.SUB, fold(binary(Op.ADD, ea, eb)), 1)), eb))
+
+
+# ---------------------------------------------------------------- traversal
+
+
+def children(node) -> Iterator[Any]:
+    """Immediate IR children (exprs, stmts, buffers, regions) of a node, in field order."""
+    for f in fields(node):
+        if f.name == "loc":
+            continue
+        v = getattr(node, f.name)
+        if isinstance(v, tuple):
+            for x in v:
+                if isinstance(x, (Expr, Stmt, Region, Buffer)):
+                    yield x
+        elif isinstance(v, (Expr, Stmt, Region, Buffer)):
+            yield v
+
+
+def walk(node) -> Iterator[Any]:
+    """Pre-order walk over every node reachable from ``node`` (buffers' shapes included)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, Buffer):
+            stack.extend(reversed(n.shape + n.strides))
+            continue
+        stack.extend(reversed(list(children(n))))
+
+
+def structural_equal(a, b) -> bool:
+    """Structural equality of two IR trees (Vars and Buffers compare by identity)."""
+    if isinstance(a, (Var, Buffer)) or isinstance(b, (Var, Buffer)):
+        return a is b
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, Const):
+        return a.value == b.value and a.dtype == b.dtype
+    for f in fields(a):
+        if f.name == "loc":
+            continue
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, tuple):
+            if len(x) != len(y) or not all(_eq_item(p, q) for p, q in zip(x, y)):
+                return False
+        elif not _eq_item(x, y):
+            return False
+    return True
+
+
+def _eq_item(x, y) -> bool:
+    if isinstance(x, (Expr, Stmt, Region, Buffer)):
+        return structural_equal(x, y)
+    return x == y
+
+
+class Mutator:
+    """Rebuilds a tree bottom-up; subclasses override ``visit_<Class>`` for the nodes
+    they change.  Passes are written as small Mutators (pure IR -> IR)."""
+
+    def visit(self, node):
+        if node is None:
+            return None
+        method = getattr(self, "visit_" + type(node).__name__, None)
+        if method is not None:
+            return method(node)
+        return self.generic(node)
+
+    def generic(self, node):
+        if isinstance(node, (Var, Const, Buffer)):
+            return node
+        changes = {}
+        for f in fields(node):
+            if f.name == "loc":
+                continue
+            v = getattr(node, f.name)
+            if isinstance(v, tuple):
+                nv = tuple(self.visit(x) if isinstance(x, (Expr, Stmt, Region)) else x for x in v)
+                if any(p is not q for p, q in zip(nv, v)):
+                    changes[f.name] = nv
+            elif isinstance(v, (Expr, Stmt, Region)):
+                nv = self.visit(v)
+                if nv is not v:
+                    changes[f.name] = nv
+        return replace(node, **changes) if changes else node
+
+
+def seq(stmts: Sequence[Stmt], loc: Optional[SourceLoc] = None) -> Stmt:
+    """A Seq, flattening nested Seqs; a single statement is returned as is."""
+    flat: list[Stmt] = []
+    for s in stmts:
+        if isinstance(s, Seq) and not any(isinstance(x, Allocate) for x in s.body):
+            flat.extend(s.body)
+        elif s is not None:
+            flat.append(s)
+    if len(flat) == 1 and not isinstance(flat[0], Allocate):
+        return flat[0]
+    return Seq(tuple(flat), loc)

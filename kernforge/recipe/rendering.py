@@ -1,0 +1,256 @@
+"""Shared prompt renderer for the V4 family; encodings differ only in their tables.
+
+The renderer appends pieces to a list and records the span of every special
+token it inserts, so `RenderedPrompt.special_ranges` is exact without rescanning.
+"""
+import re
+
+from .conversation import Conversation, ToolDefinition
+from .dsml import DsmlNames, arguments_to_parameters, dump_json
+from .errors import ConversionError, UnsupportedFeatureError
+from .prompt_text import SCHEMA_FORMAT, TOOL_PROMPT_HEAD, TOOL_PROMPT_TAIL
+from .tokens import DEFAULT_SPECIAL_TOKENS, SpecialTokens
+
+_TEMPLATE_MARK = re.compile(r"(\{D\}|<think>|</think>)")
+
+
+class RenderedPrompt:
+    """A prompt, the image sources of its placeholders, and its special-token spans."""
+
+    __slots__ = ("prompt", "image_sources", "special_ranges")
+
+    def __init__(self, prompt, image_sources, special_ranges):
+        self.prompt, self.image_sources, self.special_ranges = prompt, image_sources, special_ranges
+
+    def __repr__(self):
+        return f"RenderedPrompt({self.prompt[:60]!r}..., {len(self.special_ranges)} special ranges)"
+
+
+class _Builder:
+    __slots__ = ("parts", "ranges", "pos")
+
+    def __init__(self):
+        self.parts, self.ranges, self.pos = [], [], 0
+
+    def text(self, s: str):
+        if s:
+            self.parts.append(s)
+            self.pos += len(s)
+
+    def special(self, s: str):
+        self.parts.append(s)
+        end = self.pos + len(s)
+        self.ranges.append((self.pos, end))
+        self.pos = end
+
+    def pieces(self, pieces):
+        """Append pre-split (text, is_special) pieces of a template."""
+        for s, is_special in pieces:
+            self.special(s) if is_special else self.text(s)
+
+
+class PromptEncoding:
+    """Renders a Conversation into a V4-family prompt.
+
+    Subclasses set: `dsml` names, `system_token` (V4.1 marks system turns),
+    `hoist_system` (V4 gathers every system message into the opening block),
+    `supports_images`, and `effort_text(effort)` / `json_object_text`.
+    """
+
+    dsml: DsmlNames
+    system_token: bool
+    hoist_system: bool
+    supports_images: bool
+    json_object_text: str
+
+    def __init__(self, special_tokens: SpecialTokens = DEFAULT_SPECIAL_TOKENS):
+        self.special_tokens = special_tokens
+        t = special_tokens
+        head = TOOL_PROMPT_HEAD.replace("{B}", self.dsml.block).replace("{I}", self.dsml.invoke)
+        head = head.replace("{P}", self.dsml.parameter)
+        self._tool_head = [(t.dsml, True) if p == "{D}" else
+                           (t.thinking_start, True) if p == "<think>" else
+                           (t.thinking_end, True) if p == "</think>" else (p, False)
+                           for p in _TEMPLATE_MARK.split(head) if p]
+
+    def with_special_tokens(self, special_tokens: SpecialTokens):
+        return type(self)(special_tokens)
+
+    def effort_text(self, effort: str | None) -> str:
+        raise NotImplementedError
+
+    # --- pieces -------------------------------------------------------------
+    def _tool_prompt(self, b: _Builder, tools: list[ToolDefinition]):
+        b.pieces(self._tool_head)
+        b.text("\n".join(dump_json({"name": tool.name, "description": tool.description or "",
+                                    "parameters": tool.parameters if tool.parameters is not None else {}})
+                         for tool in tools))
+        b.text(TOOL_PROMPT_TAIL)
+
+    def _format_text(self, conv: Conversation) -> str:
+        fmt = conv.response_format
+        if fmt == "json_schema":
+            return SCHEMA_FORMAT + dump_json(conv.response_schema)
+        if fmt == "json_object":
+            return self.json_object_text
+        return ""  # text, and regex: the constraint alone carries a regex format
+
+    def _open_tag(self, b: _Builder, word: str, attrs: str = ""):
+        b.text("<")
+        b.special(self.special_tokens.dsml)
+        b.text(word + attrs + ">")
+
+    def _close_tag(self, b: _Builder, word: str):
+        b.text("</")
+        b.special(self.special_tokens.dsml)
+        b.text(word + ">")
+
+    def _tool_calls(self, b: _Builder, calls):
+        d = self.dsml
+        self._open_tag(b, d.block)
+        b.text("\n")
+        for call in calls:
+            self._open_tag(b, d.invoke, f' name="{call.name}"')
+            b.text("\n")
+            for name, text, is_string in arguments_to_parameters(call.name, call.arguments):
+                self._open_tag(b, d.parameter, f' name="{name}" string="{"true" if is_string else "false"}"')
+                b.text(text)
+                self._close_tag(b, d.parameter)
+                b.text("\n")
+            self._close_tag(b, d.invoke)
+            b.text("\n")
+        self._close_tag(b, d.block)
+
+    def _content_with_images(self, b: _Builder, message, images: list):
+        """Write content; the first image-token occurrences become special placeholders."""
+        sources = message.image_sources
+        if not sources:
+            b.text(message.content)
+            return
+        if not self.supports_images:
+            raise UnsupportedFeatureError("image input", f"{type(self).__name__} has no vision input")
+        token = self.special_tokens.image
+        chunks = message.content.split(token, len(sources))
+        if len(chunks) - 1 != len(sources):
+            raise ConversionError(
+                f"{message.role} message has {len(sources)} image sources but "
+                f"{len(chunks) - 1} image placeholders")
+        b.text(chunks[0])
+        for src, chunk in zip(sources, chunks[1:]):
+            b.special(token)
+            images.append(src)
+            b.text(chunk)
+
+    # --- conversation -------------------------------------------------------
+    def render_conversation(self, conv: Conversation) -> RenderedPrompt:
+        t = self.special_tokens
+        b = _Builder()
+        images: list = []
+        b.special(t.bos)
+        messages = conv.messages
+        thinking = conv.thinking_mode
+        tools = conv.tools if conv.tool_choice != "none" else []
+        if thinking and conv.tool_choice == "required":
+            raise ConversionError("Thinking mode does not support this tool_choice", param="tool_choice")
+        for i, m in enumerate(messages):
+            if m.prefix and i != len(messages) - 1:
+                raise ConversionError(f"messages[{i}]: only the last assistant message may be a prefix")
+
+        # Opening system block.
+        if self.hoist_system:
+            opening = [m for m in messages if m.role == "system"]
+            rest = [m for m in messages if m.role != "system"]
+        elif messages and messages[0].role == "system":
+            opening, rest = [messages[0]], messages[1:]
+        else:
+            opening, rest = [], messages
+        effort = self.effort_text(conv.reasoning_effort) if thinking else ""
+        fmt = self._format_text(conv)
+        if opening or effort or tools or fmt:
+            if self.system_token:
+                b.special(t.system)
+            b.text(effort)
+            b.text("\n\n".join(m.content for m in opening))
+            for m in opening:
+                if m.tools:
+                    b.text("\n\n")
+                    self._tool_prompt(b, m.tools)
+            if tools:
+                b.text("\n\n")
+                self._tool_prompt(b, tools)
+            b.text(fmt)
+
+        # Reasoning of turns before the last user turn is dropped, unless tools are in play.
+        drop = thinking and not conv.all_tools()
+        last_user = -1
+        if drop:
+            for i, m in enumerate(rest):
+                if m.role in ("user", "developer"):
+                    last_user = i
+        in_user = False
+        task = None
+        for i, m in enumerate(rest):
+            role = m.role
+            if role in ("user", "tool", "developer"):
+                if in_user:
+                    b.text("\n\n")
+                else:
+                    b.special(t.user)
+                    in_user = True
+                if role == "tool":
+                    b.text("<tool_result>")
+                    self._content_with_images(b, m, images)
+                    b.text("</tool_result>")
+                elif role == "developer":
+                    b.text(m.content)
+                    if m.tools:
+                        b.text("\n\n")
+                        self._tool_prompt(b, m.tools)
+                else:
+                    self._content_with_images(b, m, images)
+                    task = m.task
+                continue
+            in_user = False
+            if role == "assistant":
+                b.special(t.assistant)
+                content = m.content
+                if thinking and i >= last_user:
+                    b.special(t.thinking_start)
+                    b.text(m.reasoning_content or "")
+                    if m.prefix and not content and not m.tool_calls:
+                        break  # reasoning continuation: the model goes on thinking
+                    b.special(t.thinking_end)
+                else:
+                    b.special(t.thinking_end)
+                if task:
+                    b.special(f"<｜{task}｜>")
+                    task = None
+                b.text(content)
+                if m.tool_calls:
+                    b.text("\n\n")
+                    self._tool_calls(b, m.tool_calls)
+                if not m.prefix:
+                    b.special(t.eos)
+            elif role == "system":
+                if self.system_token:
+                    b.special(t.system)
+                b.text(m.content)
+                if m.tools:
+                    b.text("\n\n")
+                    self._tool_prompt(b, m.tools)
+            elif role == "latest_reminder":
+                b.special(t.latest_reminder)
+                b.text(m.content)
+            else:
+                raise ConversionError(f"unknown message role {role!r}")
+
+        if not (messages and messages[-1].prefix):
+            b.special(t.assistant)
+            b.special(t.thinking_start if thinking else t.thinking_end)
+            if task:
+                b.special(f"<｜{task}｜>")
+            if conv.tool_choice == "required" and tools:
+                b.text("\n\n")
+                self._open_tag(b, self.dsml.block)
+                b.text("\n")
+        return RenderedPrompt("".join(b.parts), images, b.ranges)

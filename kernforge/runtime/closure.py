@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 from .hashing import StatCache
 
@@ -74,16 +75,21 @@ class Anchors:
     system_dirs: tuple[str, ...]
 
     def named(self) -> list[tuple[str, str]]:
+        return self._named
+
+    @cached_property
+    def _named(self) -> list[tuple[str, str]]:
         named = [(f"inc{i}", os.path.normpath(os.path.abspath(d))) for i, d in enumerate(self.include_dirs)]
         named += [(f"sys{i}", os.path.normpath(d)) for i, d in enumerate(self.system_dirs)]
         return named
 
-    def resolve(self, anchor: str, path: str) -> str | None:
-        if anchor == "abs":
-            return path
-        table = dict(self.named())
-        base = table.get(anchor)
-        return None if base is None else os.path.join(base, path)
+    @cached_property
+    def table(self) -> dict[str, str]:
+        return dict(self._named)
+
+    @cached_property
+    def include_bases(self) -> list[str]:
+        return [base for name, base in self._named if name.startswith("inc")]
 
 
 def anchor_path(path: str, anchors: Anchors) -> tuple[str, str]:
@@ -116,13 +122,11 @@ def is_system(record: dict) -> bool:
     return record["anchor"].startswith("sys")
 
 
-def check_closure(records, anchors: Anchors, stats: StatCache, *, skip_system: bool = False) -> str | None:
+def check_closure(records, anchors: Anchors, stats: StatCache) -> str | None:
     """None when every recorded file still has its recorded content, else why not."""
-    named = dict(anchors.named())
-    include_bases = [base for name, base in anchors.named() if name.startswith("inc")]
+    named = anchors.table
+    include_bases = anchors.include_bases
     for record in records:
-        if skip_system and is_system(record):
-            continue
         anchor, rel = record["anchor"], record["path"]
         if anchor == "abs":
             full = rel

@@ -30,10 +30,6 @@ class LockTimeoutError(CacheError):
     """Another live process held the build lock longer than the timeout."""
 
 
-class CorruptEntryError(CacheError):
-    """A committed entry fails its checksum (reported, then rebuilt)."""
-
-
 class LaunchError(RuntimeJitError, TypeError):
     """Arguments given to a kernel do not match its declared signature."""
 

@@ -1,0 +1,320 @@
+"""The lifecycle of one compile request: memory, disk, lock, disk, build, load.
+
+``Runtime.compile`` is the flow the rest of kernforge uses::
+
+    pre-key -> memory tier (closure re-checked) -> disk tiers (manifests
+    validated) -> per-key file lock -> disk tiers again (another process may
+    have built it while we waited) -> build in a private dir -> publish -> load
+
+Threads of one process asking for one key wait on a per-key lock, so a key
+is compiled once per process; the file lock makes it once per cache.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass
+
+from . import manifest as manifest_io
+from .cache import Entry, ManifestCache, explain_miss, find, group_dir, lock_path, touch
+from .closure import Anchors, build_closure, check_closure, is_system
+from .config import Config
+from .errors import CacheError, ConfigError, LoadError
+from .hashing import StatCache, digest_bytes, digest_file, digest_json
+from .lock import BuildLock
+from .module import CompileResult, CpuModule, Module
+from .publish import fsync_tree, new_build_dir, publish, quarantine, remove_tree
+
+BACKENDS = ("cpu", "cuda", "ascend")
+_TAG = re.compile(r"[A-Za-z0-9_]+")
+
+
+class CacheCorruptionWarning(RuntimeWarning):
+    """A committed entry failed its checksum; it is being rebuilt."""
+
+
+@dataclass
+class Counters:
+    memory_hits: int = 0
+    disk_hits: int = 0
+    misses: int = 0
+    compiles: int = 0
+    compile_time_s: float = 0.0
+    lock_wait_s: float = 0.0
+    races_lost: int = 0
+    corrupt_entries: int = 0
+
+
+@dataclass(frozen=True)
+class Request:
+    tag: str
+    source: str
+    backend: str
+    options: tuple[str, ...]
+    include_dirs: tuple[str, ...]
+    inputs: dict
+    prekey: str
+    anchors: Anchors
+
+
+class Runtime:
+    def __init__(self, config: Config | None = None):
+        self.config = config or Config.from_env()
+        self.counters = Counters()
+        self.stats = StatCache()
+        self.manifests = ManifestCache()
+        self._compilers: dict[str, object] = {}
+        self._requests: dict[tuple, Request] = {}
+        self._memory: dict[str, Module] = {}
+        self._flights: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+        atexit.register(self.save_counters)
+
+    # -- request --------------------------------------------------------
+    def compiler(self, backend: str):
+        found = self._compilers.get(backend)
+        if found is None:
+            from .compilers import make_compiler
+
+            with self._lock:
+                found = self._compilers.get(backend) or make_compiler(backend, self.config)
+                self._compilers[backend] = found
+        return found
+
+    def request(self, tag, source, backend, options, include_dirs, dependency_signature) -> Request:
+        memo_key = (tag, source, backend, tuple(options) if not isinstance(options, str) else options,
+                    tuple(include_dirs) if not isinstance(include_dirs, str) else include_dirs, dependency_signature)
+        found = self._requests.get(memo_key)
+        if found is not None:
+            return found
+        _validate(tag, source, backend, options, include_dirs, dependency_signature)
+        options = tuple(options)
+        include_dirs = tuple(os.path.normpath(os.path.abspath(os.fspath(d))) for d in include_dirs)
+        compiler = self.compiler(backend)
+        inputs = {
+            "format": manifest_io.FORMAT,
+            "backend": backend,
+            "source": digest_bytes(source.encode()),
+            "compiler": compiler.identity(options),
+            "options": compiler.effective_options(options, len(include_dirs)),
+            "signature": dependency_signature,
+        }
+        anchors = Anchors(include_dirs, compiler.system_dirs(options))
+        found = Request(tag, source, backend, options, include_dirs, inputs, digest_json(inputs), anchors)
+        self._requests[memo_key] = found
+        return found
+
+    # -- public entry points -------------------------------------------
+    def compile(self, tag, source, *, backend="cpu", options=(), include_dirs=(), dependency_signature="") -> Module:
+        req = self.request(tag, source, backend, options, include_dirs, dependency_signature)
+        module = self._memory_hit(req)
+        if module is not None:
+            return module
+        with self._flight(req.prekey):
+            module = self._memory_hit(req)
+            if module is not None:
+                return module
+            entry, reason = self._obtain(req)
+            module = _load(entry, reason)
+            module.project_closure = [r for r in entry.manifest["closure"] if not is_system(r)]
+            self._memory[req.prekey] = module
+            return module
+
+    def compile_without_load(self, tag, source, *, backend="cpu", options=(), include_dirs=(),
+                             dependency_signature="") -> CompileResult:
+        req = self.request(tag, source, backend, options, include_dirs, dependency_signature)
+        with self._flight(req.prekey):
+            entry, reason = self._obtain(req)
+        return CompileResult(entry.path, entry.manifest, reason)
+
+    # -- tiers ----------------------------------------------------------
+    def _memory_hit(self, req: Request) -> Module | None:
+        module = self._memory.get(req.prekey)
+        if module is None:
+            return None
+        # System headers were validated when the module was loaded; project
+        # headers are re-checked on every hit (one stat each).
+        if check_closure(module.project_closure, req.anchors, self.stats) is not None:
+            return None
+        self.counters.memory_hits += 1
+        return module
+
+    def _flight(self, prekey: str) -> threading.Lock:
+        with self._lock:
+            return self._flights.setdefault(prekey, threading.Lock())
+
+    def _find(self, req: Request):
+        return find(self.config.cache_dirs, req.tag, req.prekey, req.anchors, self.stats, self.manifests)
+
+    def _obtain(self, req: Request) -> tuple[Entry, str | None]:
+        roots = self.config.cache_dirs
+        lookup = self._find(req)
+        if lookup.entry is not None:
+            self.counters.disk_hits += 1
+            touch(lookup.entry, roots[0])
+            return lookup.entry, None
+        reason = explain_miss(roots, req.tag, req.inputs, lookup)
+        _ensure_writable(roots[0])
+        with BuildLock(lock_path(roots[0], req.prekey), self.config.lock_timeout_s) as lock:
+            self.counters.lock_wait_s += lock.waited_s
+            lookup = self._find(req)
+            if lookup.entry is not None:  # built by another process while we waited
+                self.counters.disk_hits += 1
+                return lookup.entry, None
+            for bad in lookup.corrupt:
+                self.counters.corrupt_entries += 1
+                where = "removing and rebuilding" if bad.root == roots[0] else "ignoring it (read-only tier)"
+                warnings.warn(f"kernforge: corrupt cache entry {bad.manifest['error']}; {where}",
+                              CacheCorruptionWarning, stacklevel=4)
+                if bad.root == roots[0]:
+                    quarantine(bad.path, roots[0])
+            if self.config.verbose:
+                print(f"[kernforge.runtime] miss {req.tag} ({req.backend}): {reason}", file=sys.stderr)
+            self.counters.misses += 1
+            return self._build(req, roots[0]), reason
+
+    def _build(self, req: Request, root: str) -> Entry:
+        compiler = self.compiler(req.backend)
+        tmp = new_build_dir(root)
+        try:
+            with open(os.path.join(tmp, compiler.source_name), "w") as f:
+                f.write(req.source)
+            if self.config.print_command:
+                print(f"[kernforge.runtime] compiling {req.tag} in {tmp}", file=sys.stderr)
+            start = time.perf_counter()
+            out = compiler.compile(tmp, req.options, req.include_dirs)
+            elapsed = time.perf_counter() - start
+            self.counters.compiles += 1
+            self.counters.compile_time_s += elapsed
+            if self.config.print_command:
+                print("[kernforge.runtime] Running command: " + " ".join(out.command), file=sys.stderr)
+            closure = build_closure(out.deps, tmp, req.anchors, self.stats)
+            key = digest_json({"prekey": req.prekey, "closure": closure})
+            with open(os.path.join(tmp, "build.log"), "w") as f:
+                f.write(out.log)
+            names = (compiler.source_name, compiler.binary_name, "build.log")
+            manifest = {
+                "format": manifest_io.FORMAT,
+                "tag": req.tag,
+                "prekey": req.prekey,
+                "key": key,
+                "backend": req.backend,
+                "inputs": req.inputs,
+                "closure": closure,
+                "files": {name: digest_file(os.path.join(tmp, name)) for name in names},
+                "binary": compiler.binary_name,
+                "command": out.command,
+                "compiler_path": compiler.binary,
+                "extra": out.extra,
+                "created": time.time(),
+                "host": socket.gethostname(),
+                "compile_time_s": elapsed,
+            }
+            manifest_io.write(tmp, manifest)
+            fsync_tree(tmp)
+            final = os.path.join(group_dir(root, req.tag, req.prekey), key)
+            won = publish(tmp, final)
+            tmp = None
+        except OSError as exc:
+            raise CacheError(f"cannot write cache entry under {root}: {exc}") from exc
+        finally:
+            if tmp is not None:
+                remove_tree(tmp)
+        if not won:
+            self.counters.races_lost += 1
+            manifest = manifest_io.read(final)
+        return Entry(root, final, manifest)
+
+    # -- diagnostics ------------------------------------------------------
+    def save_counters(self) -> None:
+        """Append this process's counters to ``<root0>/stats.jsonl`` (best effort)."""
+        counters = asdict(self.counters)
+        if not any(counters.values()):
+            return
+        line = json.dumps(dict(counters, pid=os.getpid(), host=socket.gethostname(), time=time.time())) + "\n"
+        try:
+            fd = os.open(os.path.join(self.config.cache_dirs[0], "stats.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError:
+            return  # counters are diagnostics; a read-only cache must not fail exit
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+        self.counters = Counters()
+
+
+def _validate(tag, source, backend, options, include_dirs, signature) -> None:
+    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+        raise ConfigError(f"cache tag must contain only letters, digits, or underscores: {tag!r}")
+    if not isinstance(source, str) or not source:
+        raise ConfigError("source must be a non-empty string")
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    for name, value in (("options", options), ("include_dirs", include_dirs)):
+        if isinstance(value, (str, bytes)):
+            raise ConfigError(f"{name} must be a sequence of strings, not a single string")
+    for option in options:
+        if not isinstance(option, str) or not option:
+            raise ConfigError(f"options must be non-empty strings, got {option!r}")
+    for directory in include_dirs:
+        if not os.path.isdir(directory):
+            raise ConfigError(f"include directory does not exist: {directory}")
+    if not isinstance(signature, str):
+        raise ConfigError(f"dependency_signature must be a string, got {type(signature).__name__}")
+
+
+def _ensure_writable(root: str) -> None:
+    for sub in ("tmp", "locks", "cache"):
+        try:
+            os.makedirs(os.path.join(root, sub), exist_ok=True)
+        except OSError as exc:
+            raise CacheError(
+                f"cache directory {root} is not writable ({exc.strerror or exc}); "
+                "put a writable directory first in KERNFORGE_CACHE_DIR"
+            ) from exc
+    if not os.access(os.path.join(root, "tmp"), os.W_OK):
+        raise CacheError(f"cache directory {root} is not writable; put a writable directory first in KERNFORGE_CACHE_DIR")
+
+
+def _load(entry: Entry, reason: str | None) -> Module:
+    backend = entry.manifest["backend"]
+    if backend == "cpu":
+        return CpuModule(entry.path, entry.manifest, reason)
+    if backend == "cuda":
+        from .cuda_module import CudaModule
+
+        return CudaModule(entry.path, entry.manifest, reason)
+    raise LoadError(
+        f"{backend} binaries are built and cached but not loaded in-process here (Ascend needs the ACL runtime); "
+        "use compile_without_load and hand .binary_path to the launcher"
+    )
+
+
+_default: Runtime | None = None
+_default_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Runtime()
+    return _default
+
+
+def reset() -> None:
+    """Drop the default runtime: the next call re-reads the environment."""
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.save_counters()
+        _default = None

@@ -1,0 +1,369 @@
+"""Incremental parser of raw DeepSeek V4-family output.
+
+Text goes in as it arrives; typed events come out as soon as they are certain:
+reasoning and content deltas, tool-call starts, argument deltas (string values
+stream before their closing tag arrives) and tool-call ends. Anything that could
+still be the start of a marker is held back, never emitted twice or dropped.
+Malformed output becomes a `ParseIssue` and plain text; the parser never raises
+on model output.
+"""
+import json
+import re
+import secrets
+import string
+from dataclasses import dataclass, field
+
+from .errors import UnsupportedFeatureError
+from .options import ParsingOptions, ThinkingInitialStage
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_tool_call_id(index: int) -> str:
+    return f"call_{index:02d}_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+
+
+@dataclass
+class ReasoningDelta:
+    text: str
+
+
+@dataclass
+class ContentDelta:
+    text: str
+
+
+@dataclass
+class ToolCallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass
+class ToolCallDelta:
+    index: int
+    arguments: str
+
+
+@dataclass
+class ToolCallEnd:
+    index: int
+    arguments: str
+
+
+@dataclass
+class ParseIssue:
+    """Malformed model output, reported instead of raised."""
+
+    kind: str
+    message: str
+
+
+REASONING, CONTENT, BLOCK, INVOKE, VALUE, AFTER, STOPPED = range(7)
+
+_ATTR = re.compile(r'\s+(\w+)="([^"]*)"')
+
+
+def _held_suffix(buf: str, markers) -> int:
+    """Length of the longest tail of `buf` that is a proper prefix of some marker."""
+    best = 0
+    for m in markers:
+        k = min(len(m) - 1, len(buf))
+        while k > best:
+            if buf.endswith(m[:k]):
+                best = k
+                break
+            k -= 1
+    return best
+
+
+@dataclass
+class ToolCallState:
+    index: int
+    id: str
+    name: str
+    parts: list = field(default_factory=list)
+    params: set = field(default_factory=set)
+    valid: bool = True
+
+
+class OutputParser:
+    """Feed text with `feed`, then `finish`; both return lists of events."""
+
+    def __init__(self, options: ParsingOptions):
+        if options.parse_json_output:
+            raise UnsupportedFeatureError("parse_json_output", "JSON extraction is not implemented")
+        t, d = options.special_tokens, options.dsml
+        self.think_end = t.thinking_end
+        self.eos = t.eos
+        self.block_open = f"<{t.dsml}{d.block}>"
+        self.block_close = f"</{t.dsml}{d.block}>"
+        self.invoke_open = f"<{t.dsml}{d.invoke}"
+        self.invoke_close = f"</{t.dsml}{d.invoke}>"
+        self.param_open = f"<{t.dsml}{d.parameter}"
+        self.param_close = f"</{t.dsml}{d.parameter}>"
+        self.parse_tools = options.parse_tool_calls
+        self.stops = options.stop_sequences
+        stage = options.thinking_initial_stage
+        self.strip_leading = stage is ThinkingInitialStage.ReasoningStart
+        if options.starts_in_tool_calls:
+            self.state = BLOCK
+        elif stage is not None and stage.starts_in_reasoning():
+            self.state = REASONING
+        else:
+            self.state = CONTENT
+        self.buf = ""
+        self.pending_newlines = ""
+        self.calls: list[ToolCallState] = []
+        self.call: ToolCallState | None = None
+        self.value_is_string = True
+        self.value_parts: list = []
+        self.stopped_by_sequence = False
+        self.saw_eos = False
+        self.issues: list[ParseIssue] = []
+
+    # --- public -------------------------------------------------------------
+    def feed(self, text: str) -> list:
+        if self.state == STOPPED or not text:
+            return []
+        self.buf += text
+        out: list = []
+        self._run(out, final=False)
+        return out
+
+    def finish(self) -> list:
+        out: list = []
+        if self.state != STOPPED:
+            self._run(out, final=True)
+            if self.buf and self.state in (REASONING, CONTENT):
+                self._emit_text(out, self.buf)
+                self.buf = ""
+            if self.state in (BLOCK, INVOKE, VALUE):
+                self._issue(out, "unterminated_tool_calls", "output ended inside a tool-call block")
+                if self.call is not None:
+                    self.call.valid = False
+            if self.pending_newlines and self.state == CONTENT:
+                out.append(ContentDelta(self.pending_newlines))
+                self.pending_newlines = ""
+            self.state = STOPPED
+        return out
+
+    # --- machinery ----------------------------------------------------------
+    def _issue(self, out, kind, message):
+        issue = ParseIssue(kind, message)
+        self.issues.append(issue)
+        out.append(issue)
+
+    def _emit_text(self, out, text):
+        if not text:
+            return
+        if self.state == REASONING:
+            if self.strip_leading:
+                text = text.lstrip("\n")
+                if not text:
+                    return
+                self.strip_leading = False
+            out.append(ReasoningDelta(text))
+            return
+        # Content: newlines right before a tool-call block belong to the markup.
+        if self.parse_tools:
+            body = text.rstrip("\n")
+            if body:
+                if self.pending_newlines:
+                    out.append(ContentDelta(self.pending_newlines))
+                    self.pending_newlines = ""
+                out.append(ContentDelta(body))
+            self.pending_newlines += text[len(body):]
+        else:
+            out.append(ContentDelta(text))
+
+    def _find_stop(self, buf):
+        best = -1
+        for s in self.stops:
+            i = buf.find(s)
+            if i >= 0 and (best < 0 or i < best):
+                best = i
+        return best
+
+    def _run(self, out, final):
+        while self.buf:
+            st = self.state
+            if st in (REASONING, CONTENT):
+                if not self._scan_text(out, final):
+                    return
+            elif st == VALUE:
+                if not self._scan_value(out, final):
+                    return
+            elif st in (BLOCK, INVOKE):
+                if not self._scan_tag(out, final):
+                    return
+            elif st == AFTER:
+                stripped = self.buf.lstrip()
+                if stripped:
+                    self._issue(out, "text_after_tool_calls", "text after the tool-call block")
+                    self.state = CONTENT
+                    self.pending_newlines = ""
+                    self.buf = stripped
+                    continue
+                self.buf = ""
+                return
+            else:
+                self.buf = ""
+                return
+
+    def _scan_text(self, out, final) -> bool:
+        buf = self.buf
+        markers = [self.eos] + self.stops
+        if self.state == REASONING:
+            markers.append(self.think_end)
+        elif self.parse_tools:
+            markers.append(self.block_open)
+        # Earliest complete marker.
+        hit, which = -1, None
+        for m in markers:
+            i = buf.find(m)
+            if i >= 0 and (hit < 0 or i < hit):
+                hit, which = i, m
+        if hit < 0:
+            keep = 0 if final else _held_suffix(buf, markers)
+            self._emit_text(out, buf[:len(buf) - keep])
+            self.buf = buf[len(buf) - keep:]
+            return False
+        self._emit_text(out, buf[:hit])
+        self.buf = buf[hit + len(which):]
+        if which == self.think_end and self.state == REASONING:
+            self.state = CONTENT
+        elif which == self.block_open and self.state == CONTENT:
+            self.pending_newlines = ""
+            self.state = BLOCK
+        elif which == self.eos:
+            self.saw_eos = True
+            self._stop()
+        else:
+            self.stopped_by_sequence = True
+            self._stop()
+        return True
+
+    def _stop(self):
+        self.state = STOPPED
+        self.buf = ""
+
+    def _scan_tag(self, out, final) -> bool:
+        buf = self.buf
+        i = 0
+        while i < len(buf) and buf[i].isspace():
+            i += 1
+        if i == len(buf):
+            self.buf = ""
+            return False
+        rest = buf[i:]
+        if self.state == BLOCK:
+            expected = (self.invoke_open, self.block_close)
+        else:
+            expected = (self.param_open, self.invoke_close)
+        for tag in expected:
+            if rest.startswith(tag):
+                end = rest.find(">")
+                if end < 0:
+                    if final:
+                        break
+                    self.buf = rest
+                    return False
+                self.buf = rest[end + 1:]
+                self._on_tag(out, tag, rest[len(tag):end])
+                return True
+            if tag.startswith(rest) and not final:
+                self.buf = rest
+                return False
+        self._issue(out, "malformed_tool_call", f"unexpected text in tool-call block: {rest[:40]!r}")
+        if self.call is not None:
+            self.call.valid = False
+            self._end_call(out)
+        self.state = CONTENT
+        self.pending_newlines = ""
+        self.buf = rest
+        return True
+
+    def _on_tag(self, out, tag, attr_text):
+        attrs = dict(_ATTR.findall(attr_text))
+        if tag == self.block_close:
+            self.state = AFTER
+        elif tag == self.invoke_open:
+            name = attrs.get("name")
+            if not name:
+                self._issue(out, "malformed_tool_call", "invoke tag without a name")
+                name = ""
+            index = len(self.calls)
+            self.call = ToolCallState(index, new_tool_call_id(index), name, valid=bool(name))
+            self.calls.append(self.call)
+            out.append(ToolCallStart(index, self.call.id, name))
+            self.state = INVOKE
+        elif tag == self.invoke_close:
+            self._end_call(out)
+            self.state = BLOCK
+        else:  # parameter
+            name = attrs.get("name", "")
+            call = self.call
+            if not name or name in call.params:
+                kind = "duplicate_parameter" if name else "malformed_tool_call"
+                self._issue(out, kind, f"tool call {call.name!r}: parameter {name!r} "
+                                       f"{'repeated' if name else 'has no name'}")
+                call.valid = False
+                self.value_target = None
+            else:
+                call.params.add(name)
+                self.value_target = call
+                lead = ("{" if len(call.params) == 1 else ", ") + json.dumps(name, ensure_ascii=False) + ": "
+                self.value_is_string = attrs.get("string", "true") != "false"
+                if self.value_is_string:
+                    lead += '"'
+                self._args(out, lead)
+            self.value_parts = []
+            self.state = VALUE
+
+    def _args(self, out, text):
+        call = self.call
+        call.parts.append(text)
+        out.append(ToolCallDelta(call.index, text))
+
+    def _end_call(self, out):
+        call = self.call
+        if call is None:
+            return
+        self._args(out, "}" if call.params else "{}")
+        out.append(ToolCallEnd(call.index, "".join(call.parts)))
+        self.call = None
+
+    def _scan_value(self, out, final) -> bool:
+        buf = self.buf
+        i = buf.find(self.param_close)
+        target = self.value_target
+        if i < 0:
+            keep = 0 if final else _held_suffix(buf, (self.param_close,))
+            chunk = buf[:len(buf) - keep]
+            self.buf = buf[len(buf) - keep:]
+            if chunk and target is not None:
+                if self.value_is_string:
+                    self._args(out, json.dumps(chunk, ensure_ascii=False)[1:-1])
+                else:
+                    self.value_parts.append(chunk)
+            return False
+        chunk = buf[:i]
+        self.buf = buf[i + len(self.param_close):]
+        if target is not None:
+            if self.value_is_string:
+                if chunk:
+                    self._args(out, json.dumps(chunk, ensure_ascii=False)[1:-1])
+                self._args(out, '"')
+            else:
+                raw = "".join(self.value_parts) + chunk
+                try:
+                    text = json.dumps(json.loads(raw), ensure_ascii=False)
+                except ValueError:
+                    self._issue(out, "invalid_json_parameter",
+                                f"tool call {target.name!r}: non-string parameter is not JSON; kept as a string")
+                    text = json.dumps(raw, ensure_ascii=False)
+                self._args(out, text)
+        self.state = INVOKE
+        return True

@@ -24,6 +24,8 @@ Semantics every backend implements identically (see docs/dsl.md):
 from __future__ import annotations
 
 import enum
+import os
+import sys
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterator, Optional, Sequence, Union
 
@@ -118,6 +120,21 @@ class SourceLoc:
         return f"{self.file}:{self.line}"
 
 
+_INTERNAL_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
+                       for d in ("dsl", "codegen"))
+
+
+def caller_loc() -> Optional[SourceLoc]:
+    """File and line of the innermost caller outside kernforge's DSL and IR modules:
+    the kernel author's line."""
+    f = sys._getframe(1)
+    while f is not None:
+        if not os.path.abspath(f.f_code.co_filename).startswith(_INTERNAL_DIRS):
+            return SourceLoc(f.f_code.co_filename, f.f_lineno)
+        f = f.f_back
+    return None
+
+
 class KernelError(Exception):
     """A mistake in a kernel, reported at the author's file and line."""
 
@@ -173,11 +190,11 @@ class Expr:
         raise KernelError(
             f"the truth value of a symbolic expression ({self}) is only known when the kernel "
             "runs: use `if` directly on it inside a @T.prim_func (it becomes a runtime branch), "
-            "T.if_then_else / T.where, or & | ~ instead of and / or / not")
+            "T.if_then_else / T.where, or & | ~ instead of and / or / not", caller_loc())
 
     def __index__(self):
         raise KernelError(f"symbolic expression {self} used where a Python int is required "
-                          "(for example a tile shape or range()); tile sizes must be compile-time")
+                          "(for example a tile shape or range()); tile sizes must be compile-time", caller_loc())
 
     def __repr__(self) -> str:
         from kernforge.codegen.printer import format_expr

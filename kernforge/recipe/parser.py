@@ -119,7 +119,7 @@ class OutputParser:
         self.call: ToolCallState | None = None
         self.value_is_string = True
         self.value_parts: list = []
-        self.stopped_by_sequence = False
+        self.stop_sequence: str | None = None
         self.saw_eos = False
         self.issues: list[ParseIssue] = []
 
@@ -241,7 +241,7 @@ class OutputParser:
             self.saw_eos = True
             self._stop()
         else:
-            self.stopped_by_sequence = True
+            self.stop_sequence = which
             self._stop()
         return True
 

@@ -1,0 +1,123 @@
+"""The IR verifier: structural rules every pass and renderer may rely on.
+
+The DSL already rejects most mistakes at the author's line while tracing; the
+verifier re-checks the finished tree (and every pass's output) so that a
+hand-built or transformed kernel can never reach a renderer malformed.
+"""
+from __future__ import annotations
+
+from kernforge.codegen import ir
+
+
+class _Verifier:
+    def __init__(self, kernel: ir.Kernel):
+        self.k = kernel
+        self.vars = set(kernel.symbols) | set(kernel.scalar_params) | set(kernel.block_vars)
+        self.buffers = [set(kernel.buffer_params)]
+        self.in_parallel = False
+
+    def fail(self, msg, node):
+        raise ir.KernelError(msg, getattr(node, "loc", None) or self.k.loc)
+
+    def live(self, buf, node):
+        if not any(buf in s for s in self.buffers):
+            self.fail(f"buffer {buf.name!r} used out of scope", node)
+
+    def expr(self, e, node):
+        for n in ir.walk(e):
+            if isinstance(n, ir.Var) and n not in self.vars:
+                self.fail(f"variable {n.name!r} used outside the loop or kernel that defines it", node)
+            if isinstance(n, ir.Load):
+                self.live(n.buffer, node)
+                self.indices(n.buffer, n.indices, node)
+
+    def indices(self, buf, idx, node):
+        if len(idx) != buf.ndim:
+            self.fail(f"{buf.name} has {buf.ndim} dims, indexed with {len(idx)}", node)
+        for i in idx:
+            if not i.dtype.is_int:
+                self.fail(f"index {i} into {buf.name} is {i.dtype}, not an integer", node)
+
+    def region(self, r, node):
+        self.live(r.buffer, node)
+        if len(r.starts) != r.buffer.ndim or len(r.extents) != r.buffer.ndim:
+            self.fail(f"region {r!r} does not match {r.buffer.name}'s rank", node)
+        for s in r.starts:
+            self.expr(s, node)
+        if r.buffer.is_static:
+            for s, e, d in zip(r.starts, r.extents, r.buffer.static_shape()):
+                if isinstance(s, ir.Const) and (s.value < 0 or s.value + e > d):
+                    self.fail(f"region {r!r} is outside on-chip buffer {r.buffer.name}{r.buffer.static_shape()}", node)
+
+    def stmt(self, s):
+        if isinstance(s, ir.Seq):
+            self.buffers.append(set())
+            for x in s.body:
+                self.stmt(x)
+            self.buffers.pop()
+        elif isinstance(s, ir.Allocate):
+            if self.in_parallel:
+                self.fail("allocation inside a parallel loop", s)
+            if s.buffer.scope == ir.Scope.GLOBAL:
+                self.fail(f"cannot allocate global buffer {s.buffer.name} inside a kernel", s)
+            self.buffers[-1].add(s.buffer)
+        elif isinstance(s, ir.For):
+            self.expr(s.start, s)
+            self.expr(s.extent, s)
+            self.scoped([s.var], s.body)
+        elif isinstance(s, ir.Parallel):
+            if self.in_parallel:
+                self.fail("nested parallel loop", s)
+            self.in_parallel = True
+            self.scoped(list(s.vars), s.body)
+            self.in_parallel = False
+        elif isinstance(s, ir.If):
+            self.expr(s.cond, s)
+            if not s.cond.dtype.is_bool:
+                self.fail(f"if condition {s.cond} is {s.cond.dtype}, not bool", s)
+            self.scoped([], s.then)
+            if s.orelse is not None:
+                self.scoped([], s.orelse)
+        elif isinstance(s, (ir.Store, ir.Atomic)):
+            self.live(s.buffer, s)
+            self.indices(s.buffer, s.indices, s)
+            self.expr(s.value, s)
+            if s.value.dtype != s.buffer.dtype:
+                self.fail(f"storing {s.value.dtype} into {s.buffer.dtype} buffer {s.buffer.name} "
+                          "without a cast", s)
+        elif isinstance(s, ir.Copy):
+            self.region(s.src, s)
+            self.region(s.dst, s)
+            if s.src.squeezed() != s.dst.squeezed():
+                self.fail(f"copy shape mismatch {s.src.extents} -> {s.dst.extents}", s)
+        elif isinstance(s, ir.Fill):
+            self.region(s.dst, s)
+            self.expr(s.value, s)
+        elif isinstance(s, ir.Gemm):
+            for r in (s.a, s.b, s.c):
+                self.region(r, s)
+        elif isinstance(s, (ir.Reduce, ir.Cumsum)):
+            self.live(s.src, s)
+            self.live(s.dst, s)
+        else:
+            self.fail(f"unknown statement {type(s).__name__}", s)
+
+    def scoped(self, vars_, body):
+        self.vars.update(vars_)
+        self.buffers.append(set())
+        self.stmt(body)
+        self.buffers.pop()
+        self.vars.difference_update(vars_)
+
+
+def verify(kernel: ir.Kernel) -> ir.Kernel:
+    """Raise :class:`ir.KernelError` (with the author's line) if ``kernel`` is malformed."""
+    v = _Verifier(kernel)
+    for g in kernel.grid:
+        for n in ir.walk(g):
+            if isinstance(n, ir.Var) and n not in set(kernel.symbols) | set(kernel.scalar_params):
+                v.fail(f"grid dimension {g} depends on {n.name}, which is not known at launch", kernel)
+            if isinstance(n, ir.Load):
+                v.fail(f"grid dimension {g} reads memory", kernel)
+    v.stmt(kernel.body)
+    return kernel

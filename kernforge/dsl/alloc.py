@@ -1,0 +1,43 @@
+"""On-chip allocations: shared tiles, fragments, per-thread locals and variables."""
+from __future__ import annotations
+
+from kernforge import dtypes
+from kernforge.codegen import ir
+from kernforge.dsl import builder as B
+from kernforge.dsl.handles import TensorHandle, VarHandle
+
+
+def _alloc(shape, dtype, scope: ir.Scope, base: str, cls=TensorHandle):
+    loc = B.user_loc(3)
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
+            raise B.error(f"{scope.value} allocation needs positive compile-time dimensions, "
+                          f"got {shape}", loc)
+    b = B.current()
+    buf = ir.Buffer(b.unique(base), tuple(ir.const(s) for s in shape), dtypes.dtype(dtype), scope)
+    b.declare(buf, loc)
+    return cls(buf, auto_named=True)
+
+
+def alloc_shared(shape, dtype, scope: str = "shared.dyn") -> TensorHandle:
+    """A tile in on-chip memory visible to the whole block."""
+    return _alloc(shape, dtype, ir.Scope.SHARED, "shared")
+
+
+def alloc_fragment(shape, dtype, scope: str = "local.fragment") -> TensorHandle:
+    """A tile private to the block, spread over its threads (registers on CUDA)."""
+    return _alloc(shape, dtype, ir.Scope.FRAGMENT, "frag")
+
+
+def alloc_local(shape, dtype) -> TensorHandle:
+    """Small per-thread storage holding block-uniform values."""
+    return _alloc(shape, dtype, ir.Scope.LOCAL, "local")
+
+
+def alloc_var(dtype, init=None) -> VarHandle:
+    """A scalar variable; ``init`` stores an initial value."""
+    v = _alloc((1,), dtype, ir.Scope.LOCAL, "var", VarHandle)
+    if init is not None:
+        v.assign(init)
+    return v

@@ -1,0 +1,66 @@
+"""``T.atomic_add`` / ``T.atomic_max`` on one element or, element-wise, on a tile."""
+from __future__ import annotations
+
+from kernforge import dtypes
+from kernforge.codegen import ir
+from kernforge.dsl import builder as B
+from kernforge.dsl.handles import TensorHandle, to_region, unwrap_expr
+
+_ATOMIC_TYPES = (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dtypes.uint32)
+
+
+def _atomic(op: ir.Op, dst, value) -> None:
+    loc = B.user_loc(3)
+    b = B.current()
+    if isinstance(value, TensorHandle) and not hasattr(value, "__kf_expr__"):
+        _atomic_tile(op, dst, value, loc)
+        return
+    if not isinstance(dst, ir.Load):
+        raise B.error(f"T.{op.value} destination must be an element like C[i, j] (or a tile start "
+                      "with a tile value)", loc)
+    buf = dst.buffer
+    if buf.scope not in (ir.Scope.GLOBAL, ir.Scope.SHARED):
+        raise B.error(f"T.{op.value} on {buf.scope.value} buffer {buf.name}: atomics act on "
+                      "global or shared memory", loc)
+    if buf.dtype not in _ATOMIC_TYPES:
+        raise B.error(f"T.{op.value} on {buf.dtype} is not supported; use one of "
+                      f"{', '.join(map(str, _ATOMIC_TYPES))}", loc)
+    v = ir.cast(unwrap_expr(value, buf.dtype), buf.dtype)
+    b.emit(ir.Atomic(op, buf, dst.indices, v, loc))
+
+
+def _atomic_tile(op: ir.Op, dst, value: TensorHandle, loc) -> None:
+    b = B.current()
+    src = to_region(value, None, "atomic value")
+    d = to_region(dst, src.extents, "atomic destination")
+    if d.squeezed() != src.squeezed():
+        raise B.error(f"T.{op.value} shape mismatch: {d!r} vs tile {src.extents}", loc)
+    ext = src.extents
+    vars_ = tuple(b.new_var(f"a{k}") for k in range(len(ext)))
+    # map the value tile's indices onto the destination's non-unit dims
+    dvals = iter(v for v, e in zip(vars_, ext) if e != 1)
+    didx, conds = [], []
+    for start, e, dim in zip(d.starts, d.extents, d.buffer.shape):
+        idx = ir.fold(start + next(dvals)) if e != 1 else start
+        didx.append(idx)
+        conds.append(idx < dim)
+    cond = conds[0]
+    for c in conds[1:]:
+        cond = cond & c
+    load = ir.Load(src.buffer, tuple(s + v for s, v in zip(src.starts, vars_)))
+    with b.frame("parallel") as f:
+        _atomic(op, ir.Load(d.buffer, tuple(didx)), load)
+    body = ir.If(cond, ir.seq(f.stmts, loc), None, loc)
+    b.emit(ir.Parallel(vars_, ext, body, loc))
+
+
+def atomic_add(dst, value, return_prev: bool = False) -> None:
+    if return_prev:
+        raise B.error("T.atomic_add(return_prev=True) is not supported")
+    _atomic(ir.Op.ATOMIC_ADD, dst, value)
+
+
+def atomic_max(dst, value, return_prev: bool = False) -> None:
+    if return_prev:
+        raise B.error("T.atomic_max(return_prev=True) is not supported")
+    _atomic(ir.Op.ATOMIC_MAX, dst, value)

@@ -1,0 +1,110 @@
+"""Trace state: the statement lists being built and the buffers in scope.
+
+A DSL call never produces text or looks at a target; it appends one IR node to
+the innermost open frame.  Frames open for the kernel body, loops and branches;
+a buffer allocated in a frame is live until that frame closes, so a use after
+that is reported at the author's line.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Optional
+
+from kernforge.codegen import ir
+
+def user_loc(depth: int = 1) -> Optional[ir.SourceLoc]:
+    """The kernel author's file and line (see :func:`ir.caller_loc`)."""
+    return ir.caller_loc()
+
+
+def error(message: str, loc: Optional[ir.SourceLoc] = None) -> ir.KernelError:
+    return ir.KernelError(message, loc or user_loc(2))
+
+
+@dataclass
+class Frame:
+    kind: str
+    stmts: list = field(default_factory=list)
+    buffers: set = field(default_factory=set)
+
+
+class Builder:
+    """One kernel's trace in progress."""
+
+    def __init__(self, name: str, params: tuple):
+        self.name = name
+        self.params = params
+        self.frames: list[Frame] = [Frame("prim_func")]
+        self.kernel: Optional[dict] = None
+        self.names: set[str] = {p.name for p in params}
+        self.var_count = 0
+        self.global_buffers = {p for p in params if isinstance(p, ir.Buffer)}
+
+    # names ------------------------------------------------------------------
+    def unique(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.names:
+            name, n = f"{base}_{n}", n + 1
+        self.names.add(name)
+        return name
+
+    def new_var(self, base: str, dtype=None) -> ir.Var:
+        from kernforge import dtypes
+
+        return ir.Var(self.unique(base), dtype or dtypes.int32)
+
+    # frames -----------------------------------------------------------------
+    @property
+    def top(self) -> Frame:
+        return self.frames[-1]
+
+    def emit(self, stmt: ir.Stmt) -> ir.Stmt:
+        if self.kernel is None or self.top.kind == "prim_func":
+            raise error(f"{type(stmt).__name__.lower()} outside `with T.Kernel(...)`", stmt.loc)
+        self.top.stmts.append(stmt)
+        return stmt
+
+    @contextmanager
+    def frame(self, kind: str):
+        f = Frame(kind)
+        self.frames.append(f)
+        yield f
+        if self.frames[-1] is not f:
+            raise error("unbalanced DSL scopes: `break`, `return` or an exception inside a "
+                        "T.serial/T.Parallel/T.Pipelined loop or runtime `if` is not supported")
+        self.frames.pop()
+
+    def inside(self, kind: str) -> bool:
+        return any(f.kind == kind for f in self.frames)
+
+    # buffers ----------------------------------------------------------------
+    def declare(self, buffer: ir.Buffer, loc) -> None:
+        if self.inside("parallel"):
+            raise error("allocation inside T.Parallel: allocate tiles before the parallel loop", loc)
+        self.top.buffers.add(buffer)
+        self.emit(ir.Allocate(buffer, loc))
+
+    def check_live(self, buffer: ir.Buffer, loc=None) -> None:
+        if buffer in self.global_buffers or any(buffer in f.buffers for f in self.frames):
+            return
+        raise error(f"buffer {buffer.name!r} used out of scope: it was allocated in a loop, "
+                    "branch or kernel that has already closed", loc)
+
+
+_stack: list[Builder] = []
+
+
+def current() -> Builder:
+    if not _stack:
+        raise error("kernforge DSL call outside a @T.prim_func being traced")
+    return _stack[-1]
+
+
+@contextmanager
+def tracing(builder: Builder):
+    _stack.append(builder)
+    try:
+        yield builder
+    finally:
+        _stack.pop()

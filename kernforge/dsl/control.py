@@ -1,0 +1,43 @@
+"""Runtime branches.  The tracer rewrites ``if c: ... else: ...`` whose condition is
+symbolic into ``with then_(c): ... / with else_(): ...``; static conditions stay
+plain Python and unroll at trace time."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from kernforge.codegen import ir
+from kernforge.dsl import builder as B
+from kernforge.dsl.handles import unwrap_expr
+
+
+def is_static(cond) -> bool:
+    if isinstance(cond, ir.Const):
+        return True
+    return not (isinstance(cond, ir.Expr) or hasattr(cond, "__kf_expr__"))
+
+
+def truth(cond) -> bool:
+    return bool(cond.value) if isinstance(cond, ir.Const) else bool(cond)
+
+
+@contextmanager
+def then_(cond):
+    b = B.current()
+    loc = B.user_loc(3)
+    c = unwrap_expr(cond)
+    if not c.dtype.is_bool:
+        c = c != ir.as_expr(0, c.dtype)
+    with b.frame("branch") as f:
+        yield
+    b.emit(ir.If(c, ir.seq(f.stmts, loc), None, loc))
+
+
+@contextmanager
+def else_():
+    b = B.current()
+    last = b.top.stmts[-1] if b.top.stmts else None
+    if not isinstance(last, ir.If) or last.orelse is not None:
+        raise B.error("internal: else branch without its if")
+    with b.frame("branch") as f:
+        yield
+    b.top.stmts[-1] = ir.If(last.cond, last.then, ir.seq(f.stmts, last.loc), last.loc)

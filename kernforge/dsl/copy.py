@@ -1,0 +1,43 @@
+"""Tile data movement: ``T.copy``, ``T.fill``, ``T.clear``."""
+from __future__ import annotations
+
+from kernforge.codegen import ir
+from kernforge.dsl import builder as B
+from kernforge.dsl.handles import TensorHandle, to_region, unwrap_expr
+
+
+def _shape_of(x):
+    if isinstance(x, TensorHandle) and x.buffer.is_static:
+        return x.buffer.static_shape()
+    if isinstance(x, ir.Region):
+        return x.extents
+    return None
+
+
+def copy(src, dst, **_tilelang_hints) -> None:
+    """Copy a tile, converting dtype.  Edge tiles are masked by the buffers' shapes:
+    elements read outside ``src`` become 0, elements written outside ``dst`` are skipped."""
+    loc = B.user_loc(2)
+    s = to_region(src, _shape_of(dst), "copy source")
+    d = to_region(dst, s.extents, "copy destination")
+    if isinstance(src, ir.Load) and not isinstance(dst, ir.Load):
+        s = to_region(src, d.extents, "copy source")
+    if s.squeezed() != d.squeezed():
+        raise B.error(f"T.copy shape mismatch: source {s!r} has tile shape {s.extents}, "
+                      f"destination {d!r} has {d.extents}", loc)
+    B.current().emit(ir.Copy(s, d, loc))
+
+
+def fill(buffer, value) -> None:
+    """Set every element of a tile to ``value``."""
+    loc = B.user_loc(2)
+    r = to_region(buffer, None, "fill destination")
+    v = ir.cast(unwrap_expr(value, r.buffer.dtype), r.buffer.dtype)
+    B.current().emit(ir.Fill(r, v, loc))
+
+
+def clear(buffer) -> None:
+    """Zero a tile."""
+    loc = B.user_loc(2)
+    r = to_region(buffer, None, "clear destination")
+    B.current().emit(ir.Fill(r, ir.cast(0, r.buffer.dtype), loc))

@@ -1,0 +1,47 @@
+"""``T.gemm(A, B, C, transpose_A=False, transpose_B=False, clear_accum=False)``."""
+from __future__ import annotations
+
+from kernforge import dtypes
+from kernforge.codegen import ir
+from kernforge.dsl import builder as B
+from kernforge.dsl.handles import to_region
+
+_ACCUM = {dtypes.float16: (dtypes.float32, dtypes.float16), dtypes.bfloat16: (dtypes.float32,),
+          dtypes.float8_e4m3: (dtypes.float32,), dtypes.float32: (dtypes.float32,),
+          dtypes.float64: (dtypes.float64,), dtypes.int8: (dtypes.int32,)}
+
+
+def _mat(r: ir.Region, name: str, loc) -> tuple[int, int]:
+    shape = r.squeezed() if len(r.extents) > 2 else r.extents
+    if len(shape) != 2:
+        raise B.error(f"T.gemm operand {name} must be a 2-D tile, got shape {r.extents}", loc)
+    return shape
+
+
+def gemm(A, B_, C, transpose_A: bool = False, transpose_B: bool = False,
+         clear_accum: bool = False, policy=None, k_pack: int = 1, wg_wait: int = 0) -> None:
+    """``C += op(A) @ op(B)`` on tiles (``C = ...`` with ``clear_accum``).  ``C`` is a
+    fragment; ``A`` and ``B`` are shared or fragment tiles of the same dtype."""
+    loc = B.user_loc(2)
+    a, b, c = (to_region(x, None, f"gemm {n}") for x, n in ((A, "A"), (B_, "B"), (C, "C")))
+    (am, ak), (bk, bn), (cm, cn) = _mat(a, "A", loc), _mat(b, "B", loc), _mat(c, "C", loc)
+    if transpose_A:
+        am, ak = ak, am
+    if transpose_B:
+        bk, bn = bn, bk
+    if ak != bk or am != cm or bn != cn:
+        raise B.error(f"T.gemm shape mismatch: A is {am}x{ak}, B is {bk}x{bn}, C is {cm}x{cn} "
+                      f"(transpose_A={transpose_A}, transpose_B={transpose_B})", loc)
+    if a.buffer.dtype != b.buffer.dtype:
+        raise B.error(f"T.gemm dtype mismatch: A is {a.buffer.dtype}, B is {b.buffer.dtype}", loc)
+    allowed = _ACCUM.get(a.buffer.dtype)
+    if allowed is None or c.buffer.dtype not in allowed:
+        raise B.error(f"T.gemm: {a.buffer.dtype} inputs need a {'/'.join(map(str, allowed or ()))} "
+                      f"accumulator, C is {c.buffer.dtype}", loc)
+    if c.buffer.scope not in (ir.Scope.FRAGMENT, ir.Scope.LOCAL):
+        raise B.error(f"T.gemm accumulator {c.buffer.name} must be a fragment "
+                      f"(T.alloc_fragment), not {c.buffer.scope.value}", loc)
+    for r, n in ((a, "A"), (b, "B")):
+        if r.buffer.scope == ir.Scope.GLOBAL:
+            raise B.error(f"T.gemm operand {n} is global memory: T.copy it into shared memory first", loc)
+    B.current().emit(ir.Gemm(a, b, c, bool(transpose_A), bool(transpose_B), bool(clear_accum), loc))

@@ -1,0 +1,186 @@
+"""``@T.prim_func`` (trace a kernel into IR) and ``@T.tunable`` (declare its tuning space)."""
+from __future__ import annotations
+
+import inspect
+import itertools
+from typing import Any, Optional
+
+from kernforge import dtypes
+from kernforge.codegen import ir
+from kernforge.dsl import builder as B
+from kernforge.dsl import control, loop, rewrite
+from kernforge.dsl.handles import TensorHandle, VarHandle
+from kernforge.dsl.types import TensorType
+
+_UNBOUND = object()
+
+
+def _assign(old, new, name):
+    if isinstance(old, VarHandle) and new is not old:
+        if isinstance(new, TensorHandle) and not isinstance(new, VarHandle):
+            return new  # rebinding the name to a new tile is an ordinary Python rebinding
+        return old.assign(new)
+    if isinstance(new, TensorHandle) and new.auto_named and B._stack:
+        # the Buffer is fresh (only its Allocate refers to it), so naming it in place is safe
+        b = B.current()
+        b.names.discard(new.buffer.name)
+        object.__setattr__(new.buffer, "name", b.unique(name))
+        new.auto_named = False
+    return new
+
+
+_HELPERS = {
+    "__kf_is_static": control.is_static,
+    "__kf_truth": control.truth,
+    "__kf_then": control.then_,
+    "__kf_else": control.else_,
+    "__kf_lookup": lambda scope, name: scope.get(name, _UNBOUND),
+    "__kf_assign": _assign,
+    "__kf_name_loop": loop.name_loop,
+}
+
+
+def _annotations(fn) -> dict:
+    """Evaluate annotations with the function's closure visible (for T.Tensor((M, K)))."""
+    raw = getattr(fn, "__annotations__", {})
+    if not any(isinstance(v, str) for v in raw.values()):
+        return dict(raw)
+    scope = dict(fn.__globals__)
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        scope[name] = cell.cell_contents
+    return {k: eval(v, scope) if isinstance(v, str) else v for k, v in raw.items()}
+
+
+class PrimFunc:
+    """A traced kernel: its IR (``.ir``) plus what ``kernforge.compile`` needs."""
+
+    def __init__(self, fn, name: Optional[str] = None, attrs: Optional[dict] = None):
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.ir: ir.Kernel = trace(fn, self.name, attrs or {})
+
+    @property
+    def params(self):
+        return self.ir.params
+
+    def script(self) -> str:
+        return repr(self.ir)
+
+    def __repr__(self) -> str:
+        return f"<PrimFunc {self.name}>"
+
+
+def trace(fn, name: str, attrs: dict) -> ir.Kernel:
+    sig = inspect.signature(fn)
+    ann = _annotations(fn)
+    loc = ir.SourceLoc(fn.__code__.co_filename, fn.__code__.co_firstlineno)
+    params, args = [], []
+    for p in sig.parameters.values():
+        a = ann.get(p.name)
+        if isinstance(a, TensorType):
+            buf = a.make_buffer(p.name)
+            params.append(buf)
+            args.append(TensorHandle(buf))
+        elif isinstance(a, dtypes.DType) or (isinstance(a, str) and a in dtypes.BY_NAME):
+            v = ir.Var(p.name, dtypes.dtype(a))
+            params.append(v)
+            args.append(v)
+        else:
+            raise ir.KernelError(f"parameter {p.name!r} of {name} needs a T.Tensor(shape, dtype) "
+                                 f"or scalar dtype annotation (got {a!r})", loc)
+    traced = rewrite.rewrite(fn, _HELPERS) or fn
+    b = B.Builder(name, tuple(params))
+    with B.tracing(b):
+        traced(*args)
+    if b.kernel is None:
+        raise ir.KernelError(f"{name} has no `with T.Kernel(...)` block", loc)
+    symbols = _symbols(params)
+    kernel = ir.Kernel(name, tuple(params), b.kernel["grid"], b.kernel["vars"], b.kernel["threads"],
+                       b.kernel["body"], symbols, dict(attrs), b.kernel["loc"])
+    from kernforge.codegen.verify import verify
+
+    verify(kernel)
+    return kernel
+
+
+def _symbols(params) -> tuple:
+    seen: list = []
+    for p in params:
+        if isinstance(p, ir.Buffer):
+            for e in p.shape + p.strides:
+                for n in ir.walk(e):
+                    if isinstance(n, ir.Var) and n not in seen:
+                        seen.append(n)
+    return tuple(seen)
+
+
+def prim_func(fn=None, *, name: Optional[str] = None):
+    """Trace ``fn`` into a kernel.  Parameters are annotated with ``T.Tensor`` (global
+    tensors) or a dtype (scalars); the body holds exactly one ``with T.Kernel(...)``."""
+    if fn is None:
+        return lambda f: PrimFunc(f, name)
+    return PrimFunc(fn, name)
+
+
+class KernelFactory:
+    """A function of compile-time parameters that returns a PrimFunc, with a declared
+    tuning space.  ``kernforge.compile(factory, **params)`` specialises it; a tuner
+    iterates :meth:`configs`."""
+
+    def __init__(self, fn, space: dict[str, tuple]):
+        self.fn = fn
+        self.name = fn.__name__
+        self.space = {k: tuple(v) for k, v in space.items()}
+        self.signature = inspect.signature(fn)
+        for k in self.space:
+            if k not in self.signature.parameters:
+                raise TypeError(f"tunable {k!r} is not a parameter of {self.name}")
+        self.defaults = {k: p.default for k, p in self.signature.parameters.items()
+                         if p.default is not inspect.Parameter.empty}
+        self._memo: dict = {}
+
+    def configs(self):
+        """Every point of the tuning space, as keyword dicts."""
+        keys = list(self.space)
+        for values in itertools.product(*(self.space[k] for k in keys)):
+            yield dict(zip(keys, values))
+
+    def bind(self, **params) -> dict[str, Any]:
+        try:
+            bound = self.signature.bind(**params)
+        except TypeError as e:
+            raise TypeError(f"{self.name}: {e}") from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def __call__(self, **params) -> PrimFunc:
+        args = self.bind(**params)
+        key = tuple(sorted((k, repr(v)) for k, v in args.items()))
+        if key not in self._memo:
+            pf = self.fn(**args)
+            if not isinstance(pf, PrimFunc):
+                raise TypeError(f"{self.name} must return a @T.prim_func, got {type(pf).__name__}")
+            pf.ir.attrs.update({k: _attr(v) for k, v in args.items()})
+            self._memo[key] = pf
+        return self._memo[key]
+
+    def __repr__(self) -> str:
+        return f"<KernelFactory {self.name} space={self.space}>"
+
+
+def _attr(v):
+    return v.name if isinstance(v, dtypes.DType) else v
+
+
+def tunable(**space):
+    """Declare the compile-time parameters a tuner may sweep::
+
+        @T.tunable(block_M=[32, 64, 128], num_stages=[1, 2, 3])
+        def matmul(M, N, K, block_M=64, num_stages=2, dtype="float16"):
+            @T.prim_func
+            def main(A: T.Tensor((M, K), dtype), ...): ...
+            return main
+    """
+    def deco(fn):
+        return KernelFactory(fn, space)
+    return deco

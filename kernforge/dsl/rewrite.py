@@ -1,0 +1,110 @@
+"""Source rewrite that lets a traced kernel use Python's own syntax.
+
+Tracing runs the kernel function once.  Three constructs need help, and we get
+it by rewriting the function's AST (keeping its file name and line numbers, so
+errors still point at the author's lines):
+
+* ``if cond:`` -- when ``cond`` is symbolic, both branches are traced into an
+  ``If`` node; when it is a Python value, the branch is chosen at trace time.
+* ``x = value`` where ``x`` holds a ``T.alloc_var`` -- a store, not a rebinding;
+  and ``x = T.alloc_*(...)`` names the buffer ``x``.
+* ``for i, j in T.Parallel(...)`` -- loop variables take the author's names.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+
+class _Rewriter(ast.NodeTransformer):
+    def __init__(self):
+        self.n = 0
+
+    def visit_FunctionDef(self, node):
+        if getattr(self, "_seen_top", False):
+            return node  # nested helper functions are left alone
+        self._seen_top = True
+        node.decorator_list = []
+        self.generic_visit(node)
+        return node
+
+    def visit_If(self, node):
+        self.generic_visit(node)
+        self.n += 1
+        tmp = f"__kf_cond{self.n}"
+        cond_name = ast.Name(tmp, ast.Load())
+        assign = ast.Assign([ast.Name(tmp, ast.Store())], node.test)
+        static_if = ast.If(_call("__kf_truth", cond_name), node.body, node.orelse or [])
+        runtime = [ast.With([ast.withitem(_call("__kf_then", cond_name))], node.body)]
+        if node.orelse:
+            runtime.append(ast.With([ast.withitem(_call("__kf_else"))], node.orelse))
+        dispatch = ast.If(_call("__kf_is_static", cond_name), [static_if], runtime)
+        out = [assign, dispatch]
+        for s in out:
+            ast.copy_location(s, node)
+        return out
+
+    def visit_Assign(self, node):
+        self.generic_visit(node)
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            old = _call("__kf_lookup", _call("locals"), ast.Constant(name))
+            node.value = _call("__kf_assign", old, node.value, ast.Constant(name))
+        return node
+
+    def visit_For(self, node):
+        self.generic_visit(node)
+        names = _target_names(node.target)
+        if names is not None:
+            node.iter = _call("__kf_name_loop", node.iter,
+                              ast.Tuple([ast.Constant(n) for n in names], ast.Load()))
+        return node
+
+
+def _call(fn, *args):
+    return ast.Call(ast.Name(fn, ast.Load()), list(args), [])
+
+
+def _target_names(t):
+    if isinstance(t, ast.Name):
+        return [t.id]
+    if isinstance(t, ast.Tuple) and all(isinstance(e, ast.Name) for e in t.elts):
+        return [e.id for e in t.elts]
+    return None
+
+
+def rewrite(fn, helpers: dict):
+    """Return ``fn`` recompiled with the rewrites above, or ``None`` when its source is
+    not available (the caller then traces it unchanged: runtime ``if`` raises clearly)."""
+    try:
+        src = textwrap.dedent(inspect.getsource(fn))
+        filename = inspect.getsourcefile(fn) or fn.__code__.co_filename
+    except (OSError, TypeError):
+        return None
+    tree = ast.parse(src)
+    fdef = tree.body[0]
+    if not isinstance(fdef, ast.FunctionDef):
+        return None
+    fdef = _Rewriter().visit(fdef)
+    freevars = fn.__code__.co_freevars
+    # wrap in a factory taking the closure's variables, so closures keep working
+    factory = ast.FunctionDef(
+        name="__kf_factory",
+        args=ast.arguments(posonlyargs=[], args=[ast.arg(v) for v in freevars], kwonlyargs=[],
+                           kw_defaults=[], defaults=[]),
+        body=[fdef, ast.Return(ast.Name(fdef.name, ast.Load()))], decorator_list=[], returns=None)
+    if "type_params" in ast.FunctionDef._fields:  # Python >= 3.12
+        factory.type_params = []
+    module = ast.Module([factory], type_ignores=[])
+    ast.fix_missing_locations(module)
+    ast.increment_lineno(module, fn.__code__.co_firstlineno - 1)
+    code = compile(module, filename, "exec")
+    namespace = dict(fn.__globals__)
+    namespace.update(helpers)
+    exec(code, namespace)
+    cells = [c.cell_contents for c in (fn.__closure__ or ())]
+    new = namespace["__kf_factory"](*cells)
+    new.__defaults__ = fn.__defaults__
+    new.__kwdefaults__ = fn.__kwdefaults__
+    return new

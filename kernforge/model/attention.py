@@ -1,0 +1,146 @@
+"""V4 attention (spec §2.4): low-rank q, one shared latent KV vector, sliding
+window plus compressed entries, an attention sink, grouped low-rank output.
+
+Each query at position t attends to a candidate list with a fixed layout:
+`sliding_window` window slots (positions t-W+1..t, oldest first) followed by
+the compressed slots (ratio 4: the indexer's `index_topk` picks; other ratios:
+every entry slot of the cache). Invalid slots are masked. The layout depends
+only on t, so prefill, chunked prefill and decode compute the same thing.
+
+Window cache: a ring `kv_ring` [B, W, head_dim] with token t in slot t mod W
+and `ring_pos` [W] naming the position each slot holds (-1 = empty). A slot
+counts only while it holds the position asked for, so a ring cleared for a
+tail replay simply looks shorter.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernforge.model import numerics as nx
+from kernforge.model.compressor import Compressor, Indexer
+from kernforge.model.config import ModelConfig
+from kernforge.model.primitives import Linear, RMSNorm, RopeTable, rms_normalize
+from kernforge.model.quant import fake_quant_fp8
+
+
+def sparse_attention(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """o = sum_j p_j v_j with p_j = e^{l_j} / (sum e^{l} + e^{sink_h}), l_j = q.v_j * scale.
+
+    q [b, s, h, d]; kv [b, s, c, d] (key = value); valid [b, s, c]; sink [h].
+    The sink logit is not scaled; it only enlarges the denominator.
+    """
+    if nx.is_deterministic():
+        logits = nx.tree_sum(q[:, :, :, None, :] * kv[:, :, None], dim=-1) * scale
+    else:
+        logits = torch.einsum("bshd,bscd->bshc", q, kv) * scale
+    logits = logits.masked_fill(~valid[:, :, None], float("-inf"))
+    sink = sink.to(q.dtype)[None, None, :, None]
+    top = torch.maximum(logits.amax(-1, keepdim=True), sink)
+    e = nx.exp(logits - top)
+    p = e / (nx.tree_sum(e, -1, keepdim=True) + nx.exp(sink - top))
+    if nx.is_deterministic():
+        return nx.tree_sum(p[..., None] * kv[:, :, None], dim=3)
+    return torch.einsum("bshc,bscd->bshd", p, kv)
+
+
+class Attention(nn.Module):
+    def __init__(self, layer_id: int, config: ModelConfig, rope: RopeTable):
+        super().__init__()
+        c = config
+        self.n_heads, self.head_dim, self.rope_dim = c.num_attention_heads, c.head_dim, c.qk_rope_head_dim
+        self.window, self.eps, self.fake_quant = c.sliding_window, c.rms_norm_eps, c.fake_quant
+        self.o_groups, self.o_lora_rank = c.o_groups, c.o_lora_rank
+        self.compress_ratio = c.compress_ratios[layer_id]
+        self.max_batch_size = c.max_batch_size
+        self.rope = rope
+        self.attn_sink = nn.Parameter(torch.empty(self.n_heads))
+        self.wq_a = Linear(c.hidden_size, c.q_lora_rank)
+        self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
+        self.wq_b = Linear(c.q_lora_rank, self.n_heads * self.head_dim)
+        self.wkv = Linear(c.hidden_size, self.head_dim)
+        self.kv_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
+        self.wo_a = Linear(self.n_heads * self.head_dim // self.o_groups, self.o_groups * self.o_lora_rank)
+        self.wo_b = Linear(self.o_groups * self.o_lora_rank, c.hidden_size)
+        self.compressor = self.indexer = None
+        if self.compress_ratio:
+            self.compressor = Compressor(c.hidden_size, self.head_dim, self.rope_dim, self.compress_ratio,
+                                         c.rms_norm_eps, c.max_batch_size, c.max_seq_len, rope,
+                                         rotate=False, fake_quant=c.fake_quant)
+        if self.compress_ratio == 4:
+            self.indexer = Indexer(c.hidden_size, c.q_lora_rank, c.index_n_heads, c.index_head_dim,
+                                   c.index_topk, self.rope_dim, c.rms_norm_eps, c.max_batch_size,
+                                   c.max_seq_len, rope, c.fake_quant)
+        self.kv_ring = self.ring_pos = None
+
+    def reset_cache(self, keep_compressed: bool = False) -> None:
+        ref = self.attn_sink
+        self.kv_ring = torch.zeros(self.max_batch_size, self.window, self.head_dim, dtype=ref.dtype,
+                                   device=ref.device)
+        self.ring_pos = torch.full((self.window,), -1, dtype=torch.int64, device=ref.device)
+        for comp in (self.compressor, self.indexer and self.indexer.compressor):
+            if comp is not None:
+                comp.reset_cache(keep_entries=keep_compressed)
+
+    def forward(self, x: torch.Tensor, start_pos: int) -> torch.Tensor:
+        b, s, _ = x.shape
+        positions = torch.arange(start_pos, start_pos + s, device=x.device)
+        qr = self.q_norm(self.wq_a(x))
+        q = rms_normalize(self.wq_b(qr).unflatten(-1, (self.n_heads, self.head_dim)), self.eps)
+        q = self.rope.rotate(q, positions)
+        kv = self.rope.rotate(self.kv_norm(self.wkv(x)), positions)
+        if self.fake_quant:  # QAT: the nope dims are stored as FP8, the rope dims stay exact
+            kv = torch.cat([fake_quant_fp8(kv[..., :-self.rope_dim]), kv[..., -self.rope_dim:]], dim=-1)
+        cand_kv, valid = self._window_candidates(kv, start_pos)
+        if self.compressor is not None:
+            picks = self.indexer(x, qr, start_pos) if self.indexer is not None else None
+            self.compressor(x, start_pos)
+            comp_kv, comp_valid = self._compressed_candidates(picks, positions, b)
+            cand_kv = torch.cat([cand_kv, comp_kv.to(x.dtype)], dim=2)
+            valid = torch.cat([valid, comp_valid], dim=2)
+        self._write_ring(kv, start_pos)
+        o = sparse_attention(q, cand_kv, valid, self.attn_sink, self.head_dim ** -0.5)
+        o = self.rope.rotate(o, positions, inverse=True)
+        return self.wo_b(self._grouped_wo_a(o))
+
+    def _window_candidates(self, kv: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[b, s, W, d] window KV for each new query, oldest first, and its validity."""
+        b, s, _ = kv.shape
+        w = self.window
+        back = min(start_pos, w - 1)  # earlier positions that still fall in some window
+        old_pos = torch.arange(start_pos - back, start_pos, device=kv.device)
+        old_kv = self.kv_ring[:b, old_pos % w].to(kv.dtype)
+        old_ok = self.ring_pos[old_pos % w] == old_pos
+        seq_kv = torch.cat([old_kv, kv], dim=1)
+        seq_ok = torch.cat([old_ok, torch.ones(s, dtype=torch.bool, device=kv.device)])
+        idx = back + torch.arange(s, device=kv.device)[:, None] - (w - 1) + torch.arange(w, device=kv.device)
+        ok = (idx >= 0) & seq_ok[idx.clamp(min=0)]
+        return seq_kv[:, idx.clamp(min=0)], ok[None].expand(b, s, w)
+
+    def _compressed_candidates(self, picks: torch.Tensor | None, positions: torch.Tensor,
+                               b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = self.compressor.kv_cache[:b]  # [b, n_max, d]
+        if picks is None:  # every entry slot; entry k is visible once token k*r+r-1 is in
+            n_max = cache.shape[1]
+            k = torch.arange(n_max, device=cache.device)
+            ok = (k[None, :] < ((positions + 1) // self.compress_ratio)[:, None])[None].expand(b, -1, -1)
+            return cache[:, None].expand(-1, positions.shape[0], -1, -1), ok
+        ok = picks >= 0
+        gathered = torch.gather(cache[:, None].expand(-1, picks.shape[1], -1, -1), 2,
+                                picks.clamp(min=0)[..., None].expand(-1, -1, -1, cache.shape[-1]))
+        return gathered, ok
+
+    def _write_ring(self, kv: torch.Tensor, start_pos: int) -> None:
+        b, s, _ = kv.shape
+        keep = min(s, self.window)
+        pos = torch.arange(start_pos + s - keep, start_pos + s, device=kv.device)
+        self.kv_ring[:b, pos % self.window] = kv[:, s - keep:].to(self.kv_ring.dtype)
+        self.ring_pos[pos % self.window] = pos
+
+    def _grouped_wo_a(self, o: torch.Tensor) -> torch.Tensor:
+        """o [b, s, h, d] -> groups of h/G heads -> per-group projection to o_lora_rank -> [b, s, G*R]."""
+        groups = o.flatten(2).unflatten(-1, (self.o_groups, -1))  # [b, s, G, h*d/G]
+        w = self.wo_a.dense_weight(o.dtype).unflatten(0, (self.o_groups, self.o_lora_rank))
+        return torch.cat([nx.linear(groups[:, :, g], w[g]) for g in range(self.o_groups)], dim=-1)

@@ -1,0 +1,90 @@
+"""Mixture of experts (spec §2.5): sqrt-softplus gate, hash-routed first layers,
+one shared expert, SwiGLU clamped at `swiglu_limit`.
+
+Routing weights are the unbiased scores of the chosen experts, renormalised to
+sum to one and multiplied by `routed_scaling_factor`; the gate bias only
+changes which experts are chosen. Each expert multiplies its hidden
+activation by the routing weight before its down projection, as upstream does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernforge.model import numerics as nx
+from kernforge.model.config import ModelConfig
+from kernforge.model.primitives import Linear
+
+
+class Gate(nn.Module):
+    def __init__(self, layer_id: int, config: ModelConfig):
+        super().__init__()
+        self.topk, self.scoring_func = config.num_experts_per_tok, config.scoring_func
+        self.route_scale, self.norm_topk_prob = config.routed_scaling_factor, config.norm_topk_prob
+        self.hash = config.is_hash_layer(layer_id)
+        self.weight = nn.Parameter(torch.empty(config.n_routed_experts, config.hidden_size))
+        if self.hash:
+            self.register_buffer("tid2eid", torch.zeros(config.vocab_size, self.topk, dtype=torch.int64))
+            self.bias = None
+        else:
+            self.bias = nn.Parameter(torch.empty(config.n_routed_experts))
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [n, D], token_ids [n] -> (weights [n, k], expert indices [n, k])."""
+        logits = nx.linear(x, self.weight.to(x.dtype))
+        if self.scoring_func == "sqrtsoftplus":
+            scores = torch.sqrt(nx.softplus(logits))
+        elif self.scoring_func == "sigmoid":
+            scores = nx.sigmoid(logits)
+        else:
+            scores = nx.softmax(logits, dim=-1)
+        if self.hash:
+            indices = self.tid2eid[token_ids]
+        else:
+            indices = nx.topk_indices(scores + self.bias.to(x.dtype), self.topk)
+        weights = scores.gather(1, indices)
+        if self.scoring_func != "softmax" and self.norm_topk_prob:
+            weights = weights / nx.tree_sum(weights, -1, keepdim=True)
+        return weights * self.route_scale, indices
+
+
+class Expert(nn.Module):
+    def __init__(self, hidden_size: int, moe_intermediate_size: int, swiglu_limit: float):
+        super().__init__()
+        self.w1 = Linear(hidden_size, moe_intermediate_size)
+        self.w2 = Linear(moe_intermediate_size, hidden_size)
+        self.w3 = Linear(hidden_size, moe_intermediate_size)
+        self.swiglu_limit = swiglu_limit
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        gate, up = self.w1(x), self.w3(x)
+        if self.swiglu_limit > 0:
+            up = up.clamp(-self.swiglu_limit, self.swiglu_limit)
+            gate = gate.clamp(max=self.swiglu_limit)
+        h = nx.silu(gate) * up
+        if weights is not None:
+            h = h * weights
+        return self.w2(h)
+
+
+class MoE(nn.Module):
+    def __init__(self, layer_id: int, config: ModelConfig):
+        super().__init__()
+        self.n_routed_experts = config.n_routed_experts
+        self.gate = Gate(layer_id, config)
+        self.experts = nn.ModuleList(
+            Expert(config.hidden_size, config.moe_intermediate_size, config.swiglu_limit)
+            for _ in range(config.n_routed_experts))
+        # The current checkpoint revision clamps the shared expert too (spec §7).
+        self.shared_experts = Expert(config.hidden_size, config.moe_intermediate_size, config.swiglu_limit)
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        weights, indices = self.gate(x, token_ids.reshape(-1))
+        y = torch.zeros_like(x)
+        for e in torch.unique(indices).tolist():  # ascending: a token sums its experts in index order
+            rows, slot = torch.where(indices == e)
+            y[rows] += self.experts[e](x[rows], weights[rows, slot, None])
+        return (y + self.shared_experts(x)).reshape(shape)

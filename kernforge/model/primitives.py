@@ -1,0 +1,128 @@
+"""Building blocks shared by every layer (spec §2.2): linear, RMSNorm, RoPE/YaRN, Hadamard."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from kernforge.model import numerics as nx
+from kernforge.model.quant import dequantize_fp4, dequantize_fp8
+
+
+class Linear(nn.Module):
+    """y = x W^T with W [out, in], stored dense or as the checkpoint's quantized bytes.
+
+    `quantize_as(fmt, weight, scale)` swaps the dense parameter for the
+    checkpoint's FP8/FP4 tensors (kept under the official names `weight` and
+    `scale`); forward then dequantizes on every call, which keeps memory at
+    the checkpoint's size and gives the same values as dequantizing at load.
+    """
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.format: str | None = None
+
+    def quantize_as(self, fmt: str, weight: torch.Tensor, scale: torch.Tensor) -> None:
+        if fmt not in ("fp8", "fp4"):
+            raise ValueError(f"unknown weight format {fmt!r}")
+        del self.weight
+        self.register_buffer("weight", weight)
+        self.register_buffer("scale", scale)
+        self.format = fmt
+        if tuple(self.dense_weight().shape) != (self.out_features, self.in_features):
+            raise ValueError(f"{fmt} weight dequantizes to {tuple(self.dense_weight().shape)}, "
+                             f"expected {(self.out_features, self.in_features)}")
+
+    def dense_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        if self.format == "fp8":
+            w = dequantize_fp8(self.weight, self.scale)
+        elif self.format == "fp4":
+            w = dequantize_fp4(self.weight, self.scale)
+        else:
+            w = self.weight
+        return w if dtype is None else w.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nx.linear(x, self.dense_weight(x.dtype))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_normalize(x, self.eps) * self.weight
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x * (mean(x^2) + eps)^-1/2 over the last dim, without a weight."""
+    return x * nx.rsqrt(nx.mean(x * x, dim=-1, keepdim=True) + eps)
+
+
+def rope_frequencies(rope_dim: int, base: float, yarn_original_len: int = 0, factor: float = 1.0,
+                     beta_fast: float = 32.0, beta_slow: float = 1.0) -> torch.Tensor:
+    """Per-pair frequencies f_i = base^(-2i/rd), blended toward f_i/factor by the YaRN ramp.
+
+    YaRN applies only when `yarn_original_len` > 0 (compressed layers); there is
+    no attention-scale correction in V4.
+    """
+    freqs = base ** (-torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim)
+    if yarn_original_len > 0:
+        low, high = yarn_correction_range(rope_dim, base, yarn_original_len, beta_fast, beta_slow)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(rope_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        freqs = freqs * (1 - ramp) + (freqs / factor) * ramp
+    return freqs
+
+
+def yarn_correction_range(rope_dim: int, base: float, original_len: int, beta_fast: float,
+                          beta_slow: float) -> tuple[int, int]:
+    def corr(n_rotations: float) -> float:
+        return rope_dim * math.log(original_len / (n_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    return max(math.floor(corr(beta_fast)), 0), min(math.ceil(corr(beta_slow)), rope_dim - 1)
+
+
+class RopeTable(nn.Module):
+    """cos/sin of t * f_i for every position t < max_seq_len, computed once in float64."""
+
+    def __init__(self, rope_dim: int, max_seq_len: int, freqs: torch.Tensor):
+        super().__init__()
+        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), freqs)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.rope_dim = rope_dim
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """Rotate the LAST rope_dim dims of x [b, s, (h,) d] at positions [s]; pairs are interleaved."""
+        cos = self.cos[positions].to(x.dtype)
+        sin = self.sin[positions].to(x.dtype)
+        if inverse:
+            sin = -sin
+        if x.dim() == 4:
+            cos, sin = cos[:, None], sin[:, None]
+        rope = x[..., -self.rope_dim:]
+        a, b = rope[..., 0::2], rope[..., 1::2]
+        rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+        return torch.cat([x[..., :-self.rope_dim], rotated], dim=-1)
+
+
+def hadamard(x: torch.Tensor) -> torch.Tensor:
+    """Sylvester-ordered Walsh-Hadamard transform over the last dim, scaled by n^-1/2."""
+    n = x.shape[-1]
+    if n & (n - 1):
+        raise ValueError(f"Hadamard size must be a power of two, got {n}")
+    lead = x.shape[:-1]
+    h = 1
+    while h < n:
+        y = x.reshape(*lead, n // (2 * h), 2, h)
+        x = torch.stack([y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]], dim=-2).reshape(*lead, n)
+        h *= 2
+    return x * n ** -0.5

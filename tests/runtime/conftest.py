@@ -8,7 +8,6 @@ import os
 import shutil
 import stat
 import sys
-import textwrap
 
 import pytest
 
@@ -48,11 +47,12 @@ class Wrapper:
 
     def write(self, version=None, sleep_s=0.0):
         version_case = f'if [ "$1" = "--version" ]; then echo "{version}"; exit 0; fi\n' if version else ""
-        script = textwrap.dedent(f"""\
-            #!/bin/sh
-            {version_case}case " $* " in *" -shared "*) echo "$$" >> {self.log}; sleep {sleep_s};; esac
-            exec {GXX} "$@"
-            """)
+        script = (
+            "#!/bin/sh\n"
+            + version_case
+            + f'case " $* " in *" -shared "*) echo "$$" >> {self.log}; sleep {sleep_s};; esac\n'
+            + f'exec {GXX} "$@"\n'
+        )
         tmp = self.path + ".new"
         with open(tmp, "w") as f:
             f.write(script)

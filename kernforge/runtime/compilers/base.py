@@ -77,8 +77,8 @@ def run_tool(argv: list[str], cwd: str | None = None, what: str = "compiler") ->
         return subprocess.run(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except FileNotFoundError as exc:
         raise ToolchainNotFoundError(f"toolchain not found: cannot run {argv[0]}: {exc}") from exc
-    except PermissionError as exc:
-        raise ToolchainNotFoundError(f"toolchain not found: {argv[0]} is not executable: {exc}") from exc
+    except OSError as exc:  # EACCES, ENOEXEC (a script without #!), ...
+        raise ToolchainNotFoundError(f"toolchain not found: {argv[0]} cannot be executed: {exc}") from exc
 
 
 def check_ran(proc: subprocess.CompletedProcess, argv: list[str]) -> str:

@@ -6,7 +6,6 @@ the hot path, and the request models already validated the input.
 from collections.abc import Sequence
 from typing import Any
 
-from .tokens import DEFAULT_SPECIAL_TOKENS
 
 TOOL_CHOICES = ("auto", "none", "required")
 REASONING_EFFORTS = ("low", "high", "xhigh", "max")
@@ -232,4 +231,3 @@ class Conversation:
         return out
 
 
-IMAGE_TOKEN = DEFAULT_SPECIAL_TOKENS.image

@@ -73,3 +73,23 @@ def nonnegative(e: ir.Expr, known: frozenset = frozenset()) -> bool:
             return nonnegative(e.a, known) or nonnegative(e.b, known)
         return nonnegative(e.a, known) and nonnegative(e.b, known)
     return False
+
+
+def evaluate(e: ir.Expr, env: dict) -> int:
+    """Evaluate an integer expression of launch-time values (grid, output shapes)."""
+    if isinstance(e, ir.Const):
+        return e.value
+    if isinstance(e, ir.Var):
+        if e not in env:
+            raise ir.KernelError(f"{e.name} is not known at launch")
+        return env[e]
+    if isinstance(e, ir.Cast):
+        return int(evaluate(e.a, env))
+    if isinstance(e, ir.Binary):
+        a, b = evaluate(e.a, env), evaluate(e.b, env)
+        ops = {ir.Op.ADD: lambda: a + b, ir.Op.SUB: lambda: a - b, ir.Op.MUL: lambda: a * b,
+               ir.Op.FLOORDIV: lambda: a // b, ir.Op.MOD: lambda: a % b,
+               ir.Op.MAX: lambda: max(a, b), ir.Op.MIN: lambda: min(a, b)}
+        if e.op in ops:
+            return ops[e.op]()
+    raise ir.KernelError(f"cannot evaluate {e} at launch")

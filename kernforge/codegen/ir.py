@@ -15,7 +15,10 @@ Semantics every backend implements identically (see docs/dsl.md):
 
 * Arithmetic on float16/bfloat16/fp8 happens in float32; values round (RNE)
   only when stored into a low-precision buffer or cast explicitly.
-* ``FLOORDIV``/``MOD`` on integers follow Python (floor) semantics.
+* ``FLOORDIV``/``MOD`` on integers follow Python (floor) semantics; on floats
+  ``MOD`` has the sign of the divisor (Python/numpy ``%``).
+* ``MAX``/``MIN`` propagate NaN (as ``numpy.maximum`` / ``torch.maximum``).
+* Float->int casts truncate toward zero; shifts by >= the bit width are undefined.
 * A ``Copy`` that reads outside its source buffer writes 0 to those
   destination elements; one that writes outside its destination skips them.
 * Statements outside a ``Parallel`` loop are executed "by the block": their

@@ -1,0 +1,226 @@
+"""``kernforge.compile`` and the compiled-kernel object users call.
+
+The compiled kernel is where every argument is checked against the kernel's IR
+before anything runs: count, type, dtype, rank, shape (binding symbolic
+dimensions consistently), strides, device and scalar ranges.  A mistake raises
+a typed error naming the parameter; no backend ever sees a bad pointer.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from kernforge import dtypes
+from kernforge.codegen import arith, ir
+from kernforge.dsl.prim_func import KernelFactory, PrimFunc
+from kernforge.jit import backend as backends
+
+
+class ArgumentError(TypeError):
+    """A kernel was called with arguments that do not match its parameters."""
+
+
+class ShapeError(ArgumentError, ValueError):
+    """A tensor's shape or strides do not match the kernel's declaration."""
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def to_numpy(t):
+    """Zero-copy numpy view of a CPU torch tensor (bf16/fp8 through ml-dtypes)."""
+    import torch
+
+    dt = dtypes.dtype(t.dtype)
+    if dt in (dtypes.bfloat16, dtypes.float16):
+        return t.view(torch.int16).numpy().view(dt.np_dtype)
+    if dt == dtypes.float8_e4m3:
+        return t.view(torch.uint8).numpy().view(dt.np_dtype)
+    return t.numpy()
+
+
+class CompiledKernel:
+    """A kernel specialised, built for one backend, and ready to call.
+
+    ``kernel(*args)`` takes torch tensors or numpy arrays for every parameter
+    except those listed in ``out_idx``, which it allocates and returns (as
+    ``tilelang.compile(..., out_idx=...)`` does)."""
+
+    def __init__(self, prim_func: PrimFunc, backend: str = "interp",
+                 out_idx: Optional[Union[int, Sequence[int]]] = None, arch: Optional[str] = None):
+        self.prim_func = prim_func
+        self.ir: ir.Kernel = prim_func.ir
+        self.backend_name = backend
+        self.arch = arch
+        self.backend = backends.get(backend)
+        n = len(self.ir.params)
+        if out_idx is None:
+            out_idx = ()
+        elif isinstance(out_idx, int):
+            out_idx = (out_idx,)
+        outs = []
+        for i in out_idx:
+            if not -n <= i < n:
+                raise ArgumentError(f"out_idx {i} out of range for {n} parameters")
+            p = self.ir.params[i % n]
+            if not isinstance(p, ir.Buffer):
+                raise ArgumentError(f"out_idx {i} names scalar parameter {p.name}")
+            outs.append(i % n)
+        self.out_idx = tuple(outs)
+        self.launcher = self.backend.build(self.ir, arch)
+
+    @property
+    def name(self) -> str:
+        return self.ir.name
+
+    def get_kernel_source(self) -> str:
+        return self.backend.source(self.ir, self.arch)
+
+    # ------------------------------------------------------------------ calling
+    def __call__(self, *args):
+        params = self.ir.params
+        expected = len(params) - len(self.out_idx)
+        if len(args) != expected:
+            names = [p.name for i, p in enumerate(params) if i not in self.out_idx]
+            raise ArgumentError(f"{self.name} takes {expected} arguments ({', '.join(names)}), "
+                                f"got {len(args)}")
+        it = iter(args)
+        full = [None if i in self.out_idx else next(it) for i in range(len(params))]
+        use_torch = any(_is_torch(a) for a in args) or not args
+        env: dict = {}
+        for p, a in zip(params, full):
+            if a is None:
+                continue
+            if isinstance(p, ir.Buffer):
+                self._bind_buffer(p, a, env)
+            else:
+                env[p] = self._check_scalar(p, a)
+        for i in self.out_idx:
+            full[i] = self._allocate(params[i], env, use_torch)
+            self._bind_buffer(params[i], full[i], env)
+        dims = [env[s] for s in self.ir.symbols]
+        grid = [arith.evaluate(g, env) for g in self.ir.grid]
+        if any(g < 0 for g in grid):
+            raise ShapeError(f"{self.name}: negative grid {grid} for these shapes")
+        if all(g > 0 for g in grid):
+            launch_args = [self._device_view(a) if isinstance(p, ir.Buffer) else a
+                           for p, a in zip(params, full)]
+            self.launcher(launch_args, dims, grid)
+        outs = [full[i] for i in self.out_idx]
+        if not outs:
+            return None
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _bind_buffer(self, p: ir.Buffer, a, env: dict) -> None:
+        where = f"{self.name}: parameter {p.name!r}"
+        if _is_torch(a):
+            import torch
+
+            if not isinstance(a, torch.Tensor):
+                raise ArgumentError(f"{where} expects a tensor, got {type(a).__name__}")
+            dev = a.device.type
+            if dev != self.backend.device:
+                raise ArgumentError(f"{where} is on {dev}, backend {self.backend_name!r} needs "
+                                    f"{self.backend.device} tensors")
+            shape, dt = tuple(a.shape), dtypes.dtype(a.dtype)
+            strides = tuple(a.stride())
+        elif isinstance(a, np.ndarray):
+            if self.backend.device != "cpu":
+                raise ArgumentError(f"{where}: backend {self.backend_name!r} needs "
+                                    f"{self.backend.device} torch tensors, got a numpy array")
+            shape, dt = a.shape, dtypes.dtype(a.dtype)
+            if any(s % a.itemsize for s in a.strides):
+                raise ShapeError(f"{where}: strides {a.strides} are not multiples of the element size")
+            strides = tuple(s // a.itemsize for s in a.strides)
+        else:
+            raise ArgumentError(f"{where} expects a torch tensor or numpy array, got {type(a).__name__}")
+        if dt != p.dtype:
+            raise ArgumentError(f"{where} must be {p.dtype}, got {dt}")
+        if len(shape) != p.ndim:
+            raise ShapeError(f"{where} must have {p.ndim} dimensions {_fmt(p.shape)}, got shape {shape}")
+        for d, (want, got) in enumerate(zip(p.shape, shape)):
+            self._bind(want, got, env, f"{where} dim {d}", shape)
+        for d, (want, got, n) in enumerate(zip(p.strides, strides, shape)):
+            if got < 0:
+                raise ShapeError(f"{where}: negative stride {strides}")
+            if isinstance(want, ir.Var) and want not in env:
+                env[want] = got
+            elif n > 1:
+                value = arith.evaluate(want, env)
+                if value != got:
+                    raise ShapeError(f"{where}: stride {d} must be {value} (declared {_fmt(p.strides)}, "
+                                     f"contiguous unless T.StridedTensor), got strides {strides}")
+
+    @staticmethod
+    def _bind(want: ir.Expr, got: int, env: dict, where: str, shape) -> None:
+        if isinstance(want, ir.Var):
+            if want in env and env[want] != got:
+                raise ShapeError(f"{where}: {want.name} = {got} here but {env[want]} elsewhere "
+                                 f"(shape {shape})")
+            if got >= 2 ** (want.dtype.bits - 1):
+                raise ShapeError(f"{where}: {got} does not fit {want.name}'s {want.dtype}")
+            env[want] = got
+        elif arith.evaluate(want, env) != got:
+            raise ShapeError(f"{where} must be {want}, got {got} (shape {shape})")
+
+    @staticmethod
+    def _check_scalar(p: ir.Var, a):
+        if _is_torch(a) or isinstance(a, np.ndarray):
+            raise ArgumentError(f"scalar parameter {p.name!r} got an array")
+        if p.dtype.is_bool:
+            return bool(a)
+        if p.dtype.is_int:
+            if isinstance(a, float) or not isinstance(a, (int, np.integer)):
+                raise ArgumentError(f"scalar parameter {p.name!r} ({p.dtype}) got {a!r}")
+            info = np.iinfo(p.dtype.np_dtype)
+            if not info.min <= int(a) <= info.max:
+                raise ArgumentError(f"scalar parameter {p.name!r} = {a} does not fit {p.dtype}")
+            return int(a)
+        if not isinstance(a, (int, float, np.floating, np.integer)):
+            raise ArgumentError(f"scalar parameter {p.name!r} ({p.dtype}) got {a!r}")
+        return float(a)
+
+    def _allocate(self, p: ir.Buffer, env: dict, use_torch: bool):
+        try:
+            shape = tuple(arith.evaluate(s, env) for s in p.shape)
+        except ir.KernelError:
+            raise ShapeError(f"{self.name}: cannot infer the shape {_fmt(p.shape)} of output "
+                             f"{p.name!r} from the inputs") from None
+        if use_torch:
+            import torch
+
+            device = "cuda" if self.backend.device == "cuda" else "cpu"
+            return torch.empty(shape, dtype=p.dtype.torch, device=device)
+        return np.empty(shape, dtype=p.dtype.np_dtype)
+
+    def _device_view(self, a):
+        if self.backend.device == "cpu" and _is_torch(a):
+            return to_numpy(a)
+        return a
+
+    def __repr__(self) -> str:
+        return f"<CompiledKernel {self.name} backend={self.backend_name}>"
+
+
+def _fmt(exprs) -> str:
+    return "(" + ", ".join(str(e) for e in exprs) + ")"
+
+
+def compile(func, backend: str = "interp", out_idx=None, arch: Optional[str] = None,
+            target: Optional[str] = None, **params) -> CompiledKernel:
+    """Specialise ``func`` (a PrimFunc, or a ``@T.tunable`` factory with ``params``),
+    build it for ``backend`` and return a callable kernel (TileLang's ``tilelang.compile``)."""
+    if target is not None:
+        backend = target
+    if isinstance(func, KernelFactory):
+        func = func(**params)
+    elif params:
+        if isinstance(func, PrimFunc):
+            raise ArgumentError(f"{func.name} has no tunable parameters; got {sorted(params)}")
+        func = func(**params)
+    if not isinstance(func, PrimFunc):
+        raise ArgumentError(f"kernforge.compile expects a @T.prim_func or @T.tunable factory, "
+                            f"got {type(func).__name__}")
+    return CompiledKernel(func, backend, out_idx, arch)

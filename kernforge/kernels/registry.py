@@ -1,0 +1,77 @@
+"""The kernel library's catalogue: what ``kernforge list/emit/run/build/demo`` iterate.
+
+Each kernel family module registers one :class:`KernelSpec` per kernel.  A spec
+knows how to specialise its DSL factory for a problem size, make random inputs
+(never all zeros), and compute an independent torch reference, so the CLI, the
+demo, the tests and ``benchmarks/gpu_check.py`` all check kernels the same way.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+# modules that register kernels when imported
+_FAMILIES = ("kernforge.kernels.topk", "kernforge.kernels.mla_decode", "kernforge.kernels.grouped_gemm")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem size for a kernel: compile-time params plus a label."""
+
+    label: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A library kernel as the tools see it.
+
+    * ``factory``: a ``@T.tunable`` KernelFactory (or a function of params
+      returning a PrimFunc).
+    * ``problems``: named sizes; ``"small"`` is used by tests and emulation,
+      ``"demo"`` by ``kernforge demo``/``run``, ``"bench"`` by benchmarks.
+    * ``make_inputs(params, seed, device)`` -> list of torch tensors in the
+      kernel's parameter order (outputs included, poisoned with NaN/sentinels).
+    * ``outputs``: indices into that list of the outputs to check.
+    * ``reference(inputs, params)`` -> list of torch tensors, one per output.
+    * ``check(outputs, expected, inputs, params)`` -> raises AssertionError with a
+      message when results disagree (tolerances are the spec's business: exact
+      for indices, bf16 tolerance for low precision).
+    """
+
+    name: str
+    family: str
+    description: str
+    factory: Callable
+    problems: dict[str, Problem]
+    make_inputs: Callable
+    outputs: tuple[int, ...]
+    reference: Callable
+    check: Callable
+    flops: Optional[Callable] = None  # params -> flop count, for reports
+    bytes: Optional[Callable] = None  # params -> bytes moved, for reports
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+_SPECS: dict[str, KernelSpec] = {}
+
+
+def register(spec: KernelSpec) -> KernelSpec:
+    if spec.name in _SPECS and _SPECS[spec.name] is not spec:
+        raise ValueError(f"kernel {spec.name!r} registered twice")
+    _SPECS[spec.name] = spec
+    return spec
+
+
+def all_specs() -> dict[str, KernelSpec]:
+    for m in _FAMILIES:
+        importlib.import_module(m)
+    return dict(_SPECS)
+
+
+def get(name: str) -> KernelSpec:
+    specs = all_specs()
+    if name not in specs:
+        raise KeyError(f"unknown kernel {name!r}; known: {', '.join(sorted(specs))}")
+    return specs[name]

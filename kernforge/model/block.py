@@ -45,13 +45,22 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.T
     post = 2 * nx.sigmoid(scale[1] * mixes[..., m_count:2 * m_count] + base[m_count:2 * m_count])
     comb_logits = (scale[2] * mixes[..., 2 * m_count:] + base[2 * m_count:]).unflatten(-1, (m_count, m_count))
     comb = sinkhorn(comb_logits, iters, hc_eps)
-    u = nx.tree_sum(pre[..., None] * x, dim=2)
-    return u, post, comb
+    return weighted_streams(pre, x), post, comb
+
+
+def weighted_streams(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """sum_j w[b,s,j] X[b,s,j,:]."""
+    if nx.is_deterministic():
+        return nx.tree_sum(w[..., None] * x, dim=2)
+    return torch.einsum("bsj,bsjd->bsd", w, x)
 
 
 def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """X'_k = post_k y + sum_j comb[j, k] X_j."""
-    mixed = nx.tree_sum(comb[..., None] * x[:, :, :, None, :], dim=2)  # sum over sources j
+    if nx.is_deterministic():
+        mixed = nx.tree_sum(comb[..., None] * x[:, :, :, None, :], dim=2)  # sum over sources j
+    else:
+        mixed = torch.einsum("bsjk,bsjd->bskd", comb, x)
     return post[..., None] * y[:, :, None, :] + mixed
 
 
@@ -59,7 +68,7 @@ def hc_head(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.
             norm_eps: float, hc_eps: float) -> torch.Tensor:
     """Final collapse of the M copies: sigmoid pre weights only, no Sinkhorn, no post."""
     pre = nx.sigmoid(scale.to(x.dtype) * hc_mixes(x, fn, norm_eps) + base.to(x.dtype)) + hc_eps
-    return nx.tree_sum(pre[..., None] * x, dim=2)
+    return weighted_streams(pre, x)
 
 
 class Block(nn.Module):

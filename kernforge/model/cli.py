@@ -1,0 +1,34 @@
+"""`kernforge generate "prompt" --max-tokens N`: the smoke path from the command line.
+
+The main CLI calls `register(subparsers)`; the parsed namespace carries the
+handler as `func`, which returns the process exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "generate", help="run chat recipe -> prompt -> tiny random DeepSeek-V4 model (smoke test, not quality)")
+    parser.add_argument("prompt", help="user message text")
+    parser.add_argument("--max-tokens", type=int, default=16, help="tokens to generate (default 16)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random tiny model (default 0)")
+    parser.add_argument("--json", action="store_true", help="print a JSON record instead of text")
+    parser.set_defaults(func=run_generate)
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from kernforge.model.generate import generate
+
+    result = generate(args.prompt, args.max_tokens, seed=args.seed)
+    if args.json:
+        print(json.dumps({"prompt_tokens": len(result.prompt_ids), "output_ids": result.output_ids,
+                          "text": result.text}, ensure_ascii=False))
+    else:
+        print(f"prompt: {len(result.prompt_ids)} tokens; generated {len(result.output_ids)} tokens")
+        print(result.text)
+    return 0

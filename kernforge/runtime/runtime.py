@@ -200,7 +200,7 @@ class Runtime:
             key = digest_json({"prekey": req.prekey, "closure": closure})
             with open(os.path.join(tmp, "build.log"), "w") as f:
                 f.write(out.log)
-            names = (compiler.source_name, compiler.binary_name, "build.log")
+            names = (compiler.source_name, out.binary, "build.log")
             manifest = {
                 "format": manifest_io.FORMAT,
                 "tag": req.tag,
@@ -210,7 +210,7 @@ class Runtime:
                 "inputs": req.inputs,
                 "closure": closure,
                 "files": {name: digest_file(os.path.join(tmp, name)) for name in names},
-                "binary": compiler.binary_name,
+                "binary": out.binary,
                 "command": out.command,
                 "compiler_path": compiler.binary,
                 "extra": out.extra,

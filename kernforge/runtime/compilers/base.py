@@ -22,13 +22,13 @@ class CompileOutput:
     command: list[str]
     log: str
     deps: list[str]  # files the compiler read, from its depfile
+    binary: str  # file name of the binary inside the build dir
     extra: dict = field(default_factory=dict)  # backend facts for the manifest (e.g. resource usage)
 
 
 class Compiler(ABC):
     backend: str
     source_name: str
-    binary_name: str
 
     @abstractmethod
     def identity(self, options: tuple[str, ...]) -> dict:
@@ -47,7 +47,7 @@ class Compiler(ABC):
 
     @abstractmethod
     def compile(self, build_dir: str, options: tuple[str, ...], include_dirs: tuple[str, ...]) -> CompileOutput:
-        """Compile ``build_dir/source_name`` into ``build_dir/binary_name``."""
+        """Compile ``build_dir/source_name`` into a binary in ``build_dir``."""
 
     @property
     @abstractmethod

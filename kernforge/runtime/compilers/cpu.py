@@ -62,7 +62,6 @@ def parse_probe(stderr: str) -> dict:
 class CpuCompiler(Compiler):
     backend = "cpu"
     source_name = "kernel.cpp"
-    binary_name = "kernel.so"
 
     def __init__(self, configured: str | None):
         self._binary = find_executable(configured, "KERNFORGE_JIT_CXX", ("g++", "clang++"), "C++ compiler")
@@ -112,9 +111,9 @@ class CpuCompiler(Compiler):
     def compile(self, build_dir, options, include_dirs) -> CompileOutput:
         argv = [self._binary, *self._full_options(options)]
         argv += [f"-I{os.path.abspath(d)}" for d in include_dirs]
-        argv += ["-MD", "-MF", "kernel.d", "-o", self.binary_name, self.source_name]
+        argv += ["-MD", "-MF", "kernel.d", "-o", "kernel.so", self.source_name]
         proc = run_tool(argv, cwd=build_dir)
         log = check_ran(proc, argv)
         deps = read_depfile(os.path.join(build_dir, "kernel.d"), argv)
         os.unlink(os.path.join(build_dir, "kernel.d"))
-        return CompileOutput(command=argv, log=log, deps=deps)
+        return CompileOutput(command=argv, log=log, deps=deps, binary="kernel.so")

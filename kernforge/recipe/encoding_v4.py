@@ -14,6 +14,8 @@ class DeepseekV4Encoding(PromptEncoding):
     dsml = V4_DSML
     system_token = False
     hoist_system = True
+    filter_empty_user_parts = True
+    blank_line_in_empty_invoke = False
     supports_images = False
     json_object_text = V4_JSON_OBJECT_FORMAT
 

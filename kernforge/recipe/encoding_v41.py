@@ -11,6 +11,8 @@ class DeepseekV41Encoding(PromptEncoding):
     dsml = V41_DSML
     system_token = True
     hoist_system = False
+    filter_empty_user_parts = False
+    blank_line_in_empty_invoke = True
     supports_images = True
     json_object_text = SCHEMA_FORMAT + dump_json({"type": "json_object"})
 

@@ -54,13 +54,17 @@ class PromptEncoding:
 
     Subclasses set: `dsml` names, `system_token` (V4.1 marks system turns),
     `hoist_system` (V4 gathers every system message into the opening block),
-    `supports_images`, and `effort_text(effort)` / `json_object_text`.
+    `supports_images`, `filter_empty_user_parts` (V4 skips empty user texts when it
+    merges a user turn; V4.1 joins every part), `blank_line_in_empty_invoke` (V4.1
+    writes an empty line inside a call without parameters) and `effort_text` / `json_object_text`.
     """
 
     dsml: DsmlNames
     system_token: bool
     hoist_system: bool
     supports_images: bool
+    filter_empty_user_parts: bool
+    blank_line_in_empty_invoke: bool
     json_object_text: str
 
     def __init__(self, special_tokens: SpecialTokens = DEFAULT_SPECIAL_TOKENS):
@@ -83,7 +87,7 @@ class PromptEncoding:
     def _tool_prompt(self, b: _Builder, tools: list[ToolDefinition]):
         b.pieces(self._tool_head)
         b.text("\n".join(dump_json({"name": tool.name, "description": tool.description or "",
-                                    "parameters": tool.parameters if tool.parameters is not None else {}})
+                                    "parameters": tool.parameters})
                          for tool in tools))
         b.text(TOOL_PROMPT_TAIL)
 
@@ -112,7 +116,10 @@ class PromptEncoding:
         for call in calls:
             self._open_tag(b, d.invoke, f' name="{call.name}"')
             b.text("\n")
-            for name, text, is_string in arguments_to_parameters(call.name, call.arguments):
+            params = arguments_to_parameters(call.name, call.arguments)
+            if not params and self.blank_line_in_empty_invoke:
+                b.text("\n")
+            for name, text, is_string in params:
                 self._open_tag(b, d.parameter, f' name="{name}" string="{"true" if is_string else "false"}"')
                 b.text(text)
                 self._close_tag(b, d.parameter)
@@ -170,7 +177,7 @@ class PromptEncoding:
             if self.system_token:
                 b.special(t.system)
             b.text(effort)
-            b.text("\n\n".join(m.content for m in opening))
+            b.text("\n\n".join(m.content for m in opening if m.content))
             for m in opening:
                 if m.tools:
                     b.text("\n\n")
@@ -187,30 +194,57 @@ class PromptEncoding:
             for i, m in enumerate(rest):
                 if m.role in ("user", "developer"):
                     last_user = i
-        in_user = False
+        turn: list = []  # user-side messages (user, tool, developer) of the open user turn
         task = None
+
+        def write_user_side(m):
+            nonlocal task
+            if m.role == "tool":
+                b.text("<tool_result>")
+                self._content_with_images(b, m, images)
+                b.text("</tool_result>")
+            elif m.role == "developer":
+                b.text(m.content)
+                if m.tools:
+                    b.text("\n\n")
+                    self._tool_prompt(b, m.tools)
+            else:
+                self._content_with_images(b, m, images)
+                task = m.task
+
+        def flush():
+            if not turn:
+                return
+            b.special(t.user)
+            if self.filter_empty_user_parts:
+                # V4: tool results, then the non-empty user texts, blank-line separated.
+                n_tools = sum(1 for m in turn if m.role == "tool")
+                written = 0
+                for m in turn:
+                    if m.role != "tool" and not m.content and not m.tools:
+                        continue
+                    if written:
+                        b.text("\n\n")
+                    write_user_side(m)
+                    written += 1
+                if n_tools and written == n_tools and n_tools < len(turn):
+                    b.text("\n\n")  # a user part follows the results, but it is empty
+            else:
+                for k, m in enumerate(turn):
+                    if k:
+                        b.text("\n\n")
+                    write_user_side(m)
+            turn.clear()
+
         for i, m in enumerate(rest):
             role = m.role
             if role in ("user", "tool", "developer"):
-                if in_user:
-                    b.text("\n\n")
-                else:
-                    b.special(t.user)
-                    in_user = True
-                if role == "tool":
-                    b.text("<tool_result>")
-                    self._content_with_images(b, m, images)
-                    b.text("</tool_result>")
-                elif role == "developer":
-                    b.text(m.content)
-                    if m.tools:
-                        b.text("\n\n")
-                        self._tool_prompt(b, m.tools)
-                else:
-                    self._content_with_images(b, m, images)
-                    task = m.task
+                if (role == "tool" and self.filter_empty_user_parts and turn
+                        and turn[-1].role != "tool"):
+                    flush()  # V4 starts a new user turn for tool results after user text
+                turn.append(m)
                 continue
-            in_user = False
+            flush()
             if role == "assistant":
                 b.special(t.assistant)
                 content = m.content
@@ -244,6 +278,7 @@ class PromptEncoding:
             else:
                 raise ConversionError(f"unknown message role {role!r}")
 
+        flush()
         if not (messages and messages[-1].prefix):
             b.special(t.assistant)
             b.special(t.thinking_start if thinking else t.thinking_end)

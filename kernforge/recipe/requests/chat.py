@@ -183,7 +183,8 @@ def _messages(b: ChatBody):
                                   param=f"messages[{i}].tool_call_id")
         if role in ("system", "developer"):
             text, _ = _content(m, i, allow_images=False)
-            out.append(SystemMessage(text))
+            if text:  # an empty system message renders nothing useful; deepseek-recipe drops it too
+                out.append(SystemMessage(text))
         elif role == "user":
             text, images = _content(m, i, allow_images=True)
             out.append(UserMessage(text, images))

@@ -98,6 +98,9 @@ def assemble(p: Parts, options: ConversionOptions) -> ConversationRequest:
     thinking = options.default_thinking_mode if p.thinking is None else p.thinking
     effort = p.effort if thinking else None
     tools = p.tools
+    for tool in tools:
+        if tool.parameters is None:
+            tool.parameters = {}  # an omitted schema means "no parameters", as in the official APIs
     _check_unique_tools(tools)
     choice = p.tool_choice
     if p.forced_tool is not None:

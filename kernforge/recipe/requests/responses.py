@@ -209,7 +209,9 @@ def _items(b: ResponsesBody):
                 msg = assistant()
                 msg.content = (msg.content + text) if msg.content else text
             elif it.role in ("system", "developer"):
-                out.append(SystemMessage(_text(it.content, f"{where}.content")[0]))
+                text = _text(it.content, f"{where}.content")[0]
+                if text:
+                    out.append(SystemMessage(text))
             else:
                 text, images = _text(it.content, f"{where}.content", allow_images=True)
                 out.append(UserMessage(text, images))

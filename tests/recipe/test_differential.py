@@ -1,0 +1,138 @@
+"""Differential tests against deepseek-recipe 0.2.0 on generated requests.
+
+Known, documented differences are kept out of the generated space: a request
+ending with an assistant turn (we keep its reasoning, as the reference encoder
+does), the Chat `developer` role (we accept it), images on V4 (we reject them).
+"""
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kernforge.recipe as K
+
+P = pytest.importorskip("deepseek_recipe")
+
+text = st.lists(st.sampled_from(list("ab c\n{}\"<>/|_é中") + ["<think>", "</think>", "<｜User｜>", "json"]),
+                max_size=8).map("".join)
+names = st.sampled_from(["get_weather", "search", "ls"])
+arg_values = st.one_of(text, st.integers(-5, 10**6), st.booleans(), st.none(),
+                       st.lists(st.integers(0, 3), max_size=3), st.dictionaries(st.sampled_from("xy"), text,
+                                                                                max_size=2))
+TOOLS = [{"type": "function", "function": {"name": n, "description": f"{n} tool",
+                                           "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}}
+         for n in ("get_weather", "search", "ls")]
+
+
+@st.composite
+def chat_bodies(draw):
+    model = draw(st.sampled_from(["DeepSeek-V4-Pro", "DeepSeek-V4.1-Flash"]))
+    with_tools = draw(st.booleans())
+    thinking = draw(st.sampled_from([None, "enabled", "disabled"]))
+    msgs = []
+    if draw(st.booleans()):
+        msgs.append({"role": "system", "content": draw(text)})
+    call_no = 0
+    for _ in range(draw(st.integers(1, 3))):
+        msgs.append({"role": "user", "content": draw(text)})
+        if draw(st.booleans()):
+            msgs.append({"role": draw(st.sampled_from(["system", "latest_reminder"])), "content": draw(text)})
+        for _ in range(draw(st.integers(0, 2))):
+            m = {"role": "assistant", "content": draw(text)}
+            if draw(st.booleans()):
+                m["reasoning_content"] = draw(text)
+            if with_tools and draw(st.booleans()):
+                calls = []
+                for _ in range(draw(st.integers(1, 2))):
+                    call_no += 1
+                    args = draw(st.dictionaries(st.sampled_from(["a", "b", "city"]), arg_values, max_size=3))
+                    calls.append({"id": f"c{call_no}", "type": "function",
+                                  "function": {"name": draw(names), "arguments": json.dumps(args)}})
+                m["tool_calls"] = calls
+                msgs.append(m)
+                for c in calls:
+                    msgs.append({"role": "tool", "tool_call_id": c["id"], "content": draw(text)})
+            else:
+                msgs.append(m)
+                break
+    if msgs[-1]["role"] == "assistant":
+        msgs.append({"role": "user", "content": draw(text)})
+    body = {"model": model, "messages": msgs}
+    if with_tools:
+        body["tools"] = TOOLS
+        if thinking == "disabled":
+            body["tool_choice"] = draw(st.sampled_from(["auto", "none", "required"]))
+    if thinking:
+        body["thinking"] = {"type": thinking}
+    if thinking != "disabled" and draw(st.booleans()):
+        body["reasoning_effort"] = draw(st.sampled_from(["low", "medium", "high", "max"]))
+    if draw(st.booleans()):
+        body["stop"] = [draw(st.sampled_from(["END", "\n\n"]))]
+    return body
+
+
+def _render(lib, body):
+    try:
+        req = lib.ChatCompletionRequest(json.loads(json.dumps(body))).convert(lib.ConversionOptions())
+    except Exception as exc:  # the peer raises its own classes; compare only that both fail
+        return ("error", type(exc).__name__ != "")
+    enc = lib.DeepseekV41Encoding() if req.model_version == lib.ModelVersion.DeepseekV41Flash \
+        else lib.DeepseekV4Encoding()
+    r = enc.render_conversation(req.conversation)
+    po = req.parsing_options
+    return (r.prompt, [tuple(x) for x in r.special_ranges], po.parse_tool_calls, po.starts_in_tool_calls,
+            list(po.stop_sequences), po.thinking_initial_stage is not None)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chat_bodies())
+def test_chat_prompts_match_peer(body):
+    assert _render(K, body) == _render(P, body)
+
+
+def _messages_body(chat):
+    """The same conversation as an Anthropic Messages body."""
+    out, system = [], []
+    for m in chat["messages"]:
+        if m["role"] in ("system", "latest_reminder"):
+            continue
+        if m["role"] == "user":
+            out.append({"role": "user", "content": [{"type": "text", "text": m["content"] or "."}]})
+        elif m["role"] == "tool":
+            block = {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}
+            if out and out[-1]["role"] == "user":
+                blocks = out[-1]["content"]
+                at = next((k for k, b in enumerate(blocks) if b["type"] != "tool_result"), len(blocks))
+                blocks.insert(at, block)
+            else:
+                out.append({"role": "user", "content": [block]})
+        else:
+            blocks = [{"type": "thinking", "thinking": m.get("reasoning_content") or "", "signature": "s"}]
+            if m["content"]:
+                blocks.append({"type": "text", "text": m["content"]})
+            for c in m.get("tool_calls") or ():
+                blocks.append({"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                               "input": json.loads(c["function"]["arguments"])})
+            out.append({"role": "assistant", "content": blocks})
+    body = {"model": chat["model"], "max_tokens": 64, "messages": out,
+            "tools": [{"name": t["function"]["name"], "description": t["function"]["description"],
+                       "input_schema": t["function"]["parameters"]} for t in chat.get("tools", [])]}
+    return body
+
+
+def _render_messages(lib, body):
+    try:
+        req = lib.MessagesRequest(json.loads(json.dumps(body))).convert(lib.ConversionOptions())
+    except Exception as exc:
+        return ("error", type(exc).__name__ != "")
+    enc = lib.DeepseekV41Encoding() if req.model_version == lib.ModelVersion.DeepseekV41Flash \
+        else lib.DeepseekV4Encoding()
+    return enc.render_conversation(req.conversation).prompt
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chat_bodies())
+def test_messages_prompts_match_peer(chat):
+    body = _messages_body(chat)
+    assert _render_messages(K, body) == _render_messages(P, body)

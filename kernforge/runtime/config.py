@@ -75,7 +75,7 @@ def _parse_float(name: str, value: str) -> float:
     return number
 
 
-def _parse_size(name: str, value: str) -> int:
+def parse_size(name: str, value: str) -> int:
     match = re.fullmatch(r"([0-9]+)([KMGT]?)B?", value.strip().upper())
     if not match:
         raise ConfigError(f"invalid value for {name}: {value!r} (expected bytes, e.g. 10G)")
@@ -131,7 +131,7 @@ class Config:
             verbose=flag("VERBOSE"),
             print_command=flag("PRINT_COMMAND"),
             lock_timeout_s=600.0 if timeout is None else _parse_float(*timeout),
-            cache_size_limit=(10 << 30) if size is None else _parse_size(*size),
+            cache_size_limit=(10 << 30) if size is None else parse_size(*size),
         )
 
 

@@ -154,3 +154,35 @@ def test_ascend_without_toolchain(monkeypatch, tmp_path):
     runtime.reset()
     with pytest.raises(runtime.ToolchainNotFoundError, match="toolchain not found.*bisheng"):
         runtime.compile_without_load("asc", "int x;\n", backend="ascend")
+
+
+def _has_nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+
+        return nvrtc.nvrtcVersion()[0] == nvrtc.nvrtcResult.NVRTC_SUCCESS
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _has_nvrtc(), reason="cuda-bindings with NVRTC not installed")
+def test_nvrtc_builds_cubin_and_tracks_include_dirs(cuda_inc, monkeypatch, tmp_path):
+    monkeypatch.setenv("KERNFORGE_JIT_USE_NVRTC", "1")
+    runtime.reset()
+    first = runtime.compile_without_load("rtc", CUDA_SRC, backend="cuda", options=("-arch=sm_90a",),
+                                         include_dirs=(cuda_inc,))
+    with open(first.binary_path, "rb") as f:
+        assert f.read(4) == b"\x7fELF"
+    assert first.manifest["inputs"]["compiler"]["kind"] == "nvrtc"
+    assert first.resource_usage["kf_scale"]["shared_bytes"] == 256 * 4
+    (cuda_inc / "kf_test" / "cfg.cuh").write_text("#define KF_TILE 64\n")
+    second = runtime.compile_without_load("rtc", CUDA_SRC, backend="cuda", options=("-arch=sm_90a",),
+                                          include_dirs=(cuda_inc,))
+    assert second.key != first.key and second.resource_usage["kf_scale"]["shared_bytes"] == 64 * 4
+    with pytest.raises(runtime.ConfigError, match="include_dirs"):
+        runtime.compile_without_load("rtc", CUDA_SRC, backend="cuda", options=("-arch=sm_90a", f"-I{cuda_inc}"))
+    outside = tmp_path / "abs.cuh"
+    outside.write_text("#define KF_TILE 32\n")
+    with pytest.raises(runtime.ConfigError, match="absolute path"):
+        runtime.compile_without_load("rtc", f'#include "{outside}"\n' + CUDA_SRC.split("\n", 2)[2],
+                                     backend="cuda", options=("-arch=sm_90a",))

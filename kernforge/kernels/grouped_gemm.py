@@ -1,0 +1,125 @@
+"""MoE grouped GEMM, DeepGEMM's M-grouped contiguous layout: ``D[r] = A[r] @ B[m_indices[r]]^T``.
+
+After token dispatch, the rows routed to each expert sit together in one tall
+matrix ``A [M_sum, K]``; expert ``g``'s weight is ``B[g] [N, K]`` (DeepGEMM's "NT":
+both operands K-major).  Each expert's segment starts on a multiple of the layout
+alignment (128 in DeepGEMM) and is padded with rows whose index is ``-1``, so a
+``block_M``-row tile (``block_M`` divides the alignment) belongs to exactly one
+expert, read from its first row.  A tile whose first row is padding is skipped and
+stored as zeros; inside a tile, padding rows are stored as zeros too, whatever A
+holds there (DeepGEMM leaves that to the caller zeroing A; here it is guaranteed).
+
+The program is a plain tiled GEMM per ``(N tile, M tile)`` block: pipelined
+global->shared copies of A and of the expert's B tile, ``T.gemm`` into a float32
+fragment, one store.  N and K are compile-time (DeepGEMM's ``compiled_dims="nk"``),
+M_sum is symbolic, and ragged N/K edges rely on the copy semantics (reads past the
+end give 0, writes past the end are skipped).
+
+The fp8 variant (``m_grouped_fp8_gemm_nt_contiguous``) takes e4m3 operands with
+DeepGEMM's default SM90 recipe: per-token 1x128 scales for A (``[M_sum, ceil(K/128)]``)
+and per-block 128x128 scales for B (``[G, ceil(N/128), ceil(K/128)]``), applied to
+each 128-wide K slice's partial product before it is added to the accumulator.
+"""
+# no `from __future__ import annotations`: T.Tensor annotations must see the factory's
+# parameters as values when the prim_func is traced
+import torch
+
+import kernforge.dsl as T
+
+
+@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64], num_stages=[1, 2, 3])
+def m_grouped_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: int = 64,
+                                 block_N: int = 64, block_K: int = 64, num_stages: int = 2,
+                                 dtype: str = "bfloat16", out_dtype: str = "bfloat16",
+                                 threads: int = 128):
+    """bf16 (or fp16) grouped GEMM.  Kernel parameters: ``A [M, K]``, ``B [num_groups, N, K]``,
+    ``m_indices int32 [M]`` (expert of each row, ``-1`` = padding), output ``D [M, N]``."""
+    accum = "float32"
+    M = T.symbolic("M")
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((num_groups, N, K), dtype),
+             m_indices: T.Tensor((M,), "int32"), D: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A_shared = T.alloc_shared((block_M, block_K), dtype)
+            B_shared = T.alloc_shared((block_N, block_K), dtype)
+            C = T.alloc_fragment((block_M, block_N), accum)
+            expert = m_indices[by * block_M]
+            T.clear(C)
+            if expert >= 0:
+                for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                    T.copy(A[by * block_M, k * block_K], A_shared)
+                    T.copy(B[expert, bx * block_N, k * block_K], B_shared)
+                    T.gemm(A_shared, B_shared, C, transpose_B=True)
+            for i, j in T.Parallel(block_M, block_N):
+                row = T.min(by * block_M + i, M - 1)
+                C[i, j] = T.if_then_else(m_indices[row] >= 0, C[i, j], 0.0)
+            T.copy(C, D[by * block_M, bx * block_N])
+
+    return main
+
+
+@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], num_stages=[1, 2, 3])
+def m_grouped_fp8_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: int = 64,
+                                     block_N: int = 128, num_stages: int = 2,
+                                     out_dtype: str = "bfloat16", threads: int = 128):
+    """fp8 e4m3 grouped GEMM with 1x128 (A) / 128x128 (B) float32 block scales.
+    Kernel parameters: ``A [M, K]`` e4m3, ``SFA [M, ceil(K/128)]``, ``B [num_groups, N, K]``
+    e4m3, ``SFB [num_groups, ceil(N/128), ceil(K/128)]``, ``m_indices int32 [M]``,
+    output ``D [M, N]``.  ``block_N`` divides 128, so a tile sees one SFB row."""
+    if 128 % block_N:
+        raise ValueError(f"block_N ({block_N}) must divide the 128-wide B scale block")
+    accum = "float32"
+    gran = 128
+    k_blocks = -(-K // gran)
+    n_blocks = -(-N // gran)
+    M = T.symbolic("M")
+
+    @T.prim_func
+    def main(A: T.Tensor((M, K), "float8_e4m3"), SFA: T.Tensor((M, k_blocks), accum),
+             B: T.Tensor((num_groups, N, K), "float8_e4m3"),
+             SFB: T.Tensor((num_groups, n_blocks, k_blocks), accum),
+             m_indices: T.Tensor((M,), "int32"), D: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A_shared = T.alloc_shared((block_M, gran), "float8_e4m3")
+            B_shared = T.alloc_shared((block_N, gran), "float8_e4m3")
+            partial = T.alloc_fragment((block_M, block_N), accum)
+            C = T.alloc_fragment((block_M, block_N), accum)
+            expert = m_indices[by * block_M]
+            T.clear(C)
+            if expert >= 0:
+                for k in T.Pipelined(k_blocks, num_stages=num_stages):
+                    T.copy(A[by * block_M, k * gran], A_shared)
+                    T.copy(B[expert, bx * block_N, k * gran], B_shared)
+                    T.gemm(A_shared, B_shared, partial, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(block_M, block_N):
+                        row = T.min(by * block_M + i, M - 1)
+                        C[i, j] = C[i, j] + partial[i, j] * SFA[row, k] * \
+                            SFB[expert, (bx * block_N) // gran, k]
+            for i, j in T.Parallel(block_M, block_N):
+                row = T.min(by * block_M + i, M - 1)
+                C[i, j] = T.if_then_else(m_indices[row] >= 0, C[i, j], 0.0)
+            T.copy(C, D[by * block_M, bx * block_N])
+
+    return main
+
+
+# ---------------------------------------------------------------- reference
+
+
+def reference(a: torch.Tensor, b: torch.Tensor, m_indices: torch.Tensor) -> torch.Tensor:
+    """``D[r] = A[r] @ B[m_indices[r]]^T`` in float64; padding rows (``-1``) are 0."""
+    d = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
+    idx = m_indices.long().cpu()
+    for g in idx[idx >= 0].unique().tolist():
+        rows = idx == g
+        d[rows] = a.cpu()[rows].double() @ b.cpu()[g].double().T
+    return d
+
+
+def dequantize(data: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """float64 ``data * scale`` with one scale per ``block`` (rows, cols) of the last two dims."""
+    s = scale.cpu().double()
+    s = s.repeat_interleave(block[0], dim=-2)[..., :data.shape[-2], :]
+    s = s.repeat_interleave(block[1], dim=-1)[..., :data.shape[-1]]
+    return data.cpu().double() * s

@@ -109,7 +109,7 @@ def _symbols(params) -> tuple:
         if isinstance(p, ir.Buffer):
             for e in p.shape + p.strides:
                 for n in ir.walk(e):
-                    if isinstance(n, ir.Var) and n not in seen:
+                    if isinstance(n, ir.Var) and not any(n is v for v in seen):  # `in` would build ==
                         seen.append(n)
     return tuple(seen)
 

@@ -25,6 +25,7 @@ each 128-wide K slice's partial product before it is added to the accumulator.
 import torch
 
 import kernforge.dsl as T
+from kernforge.kernels.registry import KernelSpec, Problem, register
 
 
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64], num_stages=[1, 2, 3])
@@ -123,3 +124,103 @@ def dequantize(data: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) 
     s = s.repeat_interleave(block[0], dim=-2)[..., :data.shape[-2], :]
     s = s.repeat_interleave(block[1], dim=-1)[..., :data.shape[-1]]
     return data.cpu().double() * s
+
+
+# ---------------------------------------------------------------- library entry
+
+_RUNTIME_SIZES = ("group_rows", "alignment")
+
+
+def _specialise(**params):
+    """Problem params -> kernel: the per-expert row counts only shape ``make_inputs``."""
+    return m_grouped_gemm_nt_contiguous(**{k: v for k, v in params.items()
+                                           if k not in _RUNTIME_SIZES})
+
+
+_specialise.space = m_grouped_gemm_nt_contiguous.space
+_specialise.__name__ = m_grouped_gemm_nt_contiguous.name
+
+
+def contiguous_layout(group_rows: list[int], alignment: int, device="cpu") -> torch.Tensor:
+    """``m_indices`` for experts with ``group_rows`` rows: each segment padded with ``-1``
+    up to a multiple of ``alignment`` (DeepGEMM's contiguous layout)."""
+    ids: list[int] = []
+    for g, n in enumerate(group_rows):
+        ids += [g] * n + [-1] * (-(-n // alignment) * alignment - n)
+    return torch.tensor(ids, dtype=torch.int32, device=device)
+
+
+def make_inputs(params: dict, seed: int, device: str = "cpu") -> list:
+    g = torch.Generator().manual_seed(seed)
+    m_indices = contiguous_layout(params["group_rows"], params.get("alignment", 128), device)
+    m, n, k = m_indices.numel(), params["N"], params["K"]
+    a = torch.randn(m, k, generator=g)
+    a[m_indices.cpu() < 0] = torch.randn(int((m_indices < 0).sum()), k, generator=g) * 1e3  # padding: garbage
+    b = torch.randn(params["num_groups"], n, k, generator=g)
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    return [a.bfloat16().to(device), b.bfloat16().to(device), m_indices, d.to(device)]
+
+
+def _reference(inputs: list, params: dict) -> list:
+    a, b, m_indices = inputs[:3]
+    return [reference(a, b, m_indices)]
+
+
+def error_bound(a: torch.Tensor, b: torch.Tensor, m_indices: torch.Tensor,
+                expected: torch.Tensor, rounding_steps: int = 1) -> torch.Tensor:
+    """Elementwise bound on ``|D - reference|`` for float32 accumulation and a bf16 store.
+
+    Products of bf16 (or e4m3) values are exact in float32; summing K of them errs by at
+    most ``K * 2^-24 * sum|a_i b_i|`` (``rounding_steps`` more roundings per term for
+    scaled partial sums), and the bf16 store adds ``2^-8 |d|``."""
+    absprod = reference(a.abs(), b.abs(), m_indices)
+    k = a.shape[1]
+    return 2.0 ** -8 * expected.abs() + (k + rounding_steps + 1) * 2.0 ** -24 * absprod + 1e-30
+
+
+def assert_close(d: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> None:
+    got = d.cpu().double()
+    assert not torch.isnan(got).any(), "D has NaN (unwritten or poisoned elements)"
+    excess = (got - expected).abs() - bound
+    worst = excess.max().item()
+    assert worst <= 0, f"D exceeds its error bound by {worst:.3g} at {divmod(int(excess.argmax()), got.shape[1])}"
+
+
+def _check(outputs: list, expected: list, inputs: list, params: dict) -> None:
+    a, b, m_indices = inputs[:3]
+    assert_close(outputs[0], expected[0], error_bound(a, b, m_indices, expected[0]))
+
+
+def _flops(p: dict) -> float:
+    return 2.0 * sum(p["group_rows"]) * p["N"] * p["K"]
+
+
+def _bytes(p: dict) -> float:
+    m = sum(p["group_rows"])
+    return 2.0 * (m * p["K"] + p["num_groups"] * p["N"] * p["K"] + m * p["N"])
+
+
+SPEC = register(KernelSpec(
+    name="m_grouped_gemm_nt_contiguous",
+    family="grouped_gemm",
+    description="DeepGEMM-style MoE grouped GEMM, contiguous layout (m_indices), bf16 in, fp32 accum",
+    factory=_specialise,
+    problems={
+        # an expert with no rows, unaligned row counts, N/K not multiples of the tiles
+        "small": Problem("small", dict(group_rows=[5, 0, 70, 32], alignment=32, num_groups=4,
+                                       N=40, K=72, block_M=32, block_N=32, block_K=32)),
+        "demo": Problem("demo", dict(group_rows=[200, 77, 0, 310], alignment=128, num_groups=4,
+                                     N=256, K=512, block_M=64, block_N=64, block_K=64)),
+        # DeepGEMM's contiguous test shape (G=4, 8192 rows each, N=4096, K=2048: V4 MoE dims)
+        "bench": Problem("bench", dict(group_rows=[8192] * 4, alignment=128, num_groups=4,
+                                       N=4096, K=2048, block_M=128, block_N=128, block_K=64,
+                                       num_stages=3)),
+    },
+    make_inputs=make_inputs,
+    outputs=(3,),
+    reference=_reference,
+    check=_check,
+    flops=_flops,
+    bytes=_bytes,
+    tags=("moe", "gemm"),
+))

@@ -65,7 +65,7 @@ class TensorHandle:
         if len(key) != self.ndim or not all(_is_scalar_index(k) for k in key):
             raise B.error(f"tile assignment to {self.name}[...]: use T.copy or T.fill for tiles, "
                           "or index every dimension inside T.Parallel", loc)
-        if isinstance(value, TensorHandle):
+        if isinstance(value, TensorHandle) and not isinstance(value, VarHandle):
             raise B.error(f"cannot store tile {value.name} into one element of {self.name}", loc)
         if self.buffer.scope == ir.Scope.LOCAL and b.inside("parallel"):
             raise B.error(f"store to local {self.name} inside T.Parallel: every iteration would "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 import itertools
 from typing import Any, Optional
 
@@ -40,12 +41,15 @@ _HELPERS = {
 }
 
 
-def _annotations(fn) -> dict:
-    """Evaluate annotations with the function's closure visible (for T.Tensor((M, K)))."""
+def _annotations(fn, caller_locals: Optional[dict] = None) -> dict:
+    """Evaluate annotations.  Under ``from __future__ import annotations`` they are
+    strings that may name the enclosing factory's locals (``T.Tensor((M, K))``),
+    which a closure does not capture; so the decorating frame's locals are used."""
     raw = getattr(fn, "__annotations__", {})
     if not any(isinstance(v, str) for v in raw.values()):
         return dict(raw)
     scope = dict(fn.__globals__)
+    scope.update(caller_locals or {})
     for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
         scope[name] = cell.cell_contents
     return {k: eval(v, scope) if isinstance(v, str) else v for k, v in raw.items()}
@@ -54,10 +58,11 @@ def _annotations(fn) -> dict:
 class PrimFunc:
     """A traced kernel: its IR (``.ir``) plus what ``kernforge.compile`` needs."""
 
-    def __init__(self, fn, name: Optional[str] = None, attrs: Optional[dict] = None):
+    def __init__(self, fn, name: Optional[str] = None, attrs: Optional[dict] = None,
+                 caller_locals: Optional[dict] = None):
         self.fn = fn
         self.name = name or fn.__name__
-        self.ir: ir.Kernel = trace(fn, self.name, attrs or {})
+        self.ir: ir.Kernel = trace(fn, self.name, attrs or {}, caller_locals)
 
     @property
     def params(self):
@@ -70,9 +75,9 @@ class PrimFunc:
         return f"<PrimFunc {self.name}>"
 
 
-def trace(fn, name: str, attrs: dict) -> ir.Kernel:
+def trace(fn, name: str, attrs: dict, caller_locals: Optional[dict] = None) -> ir.Kernel:
     sig = inspect.signature(fn)
-    ann = _annotations(fn)
+    ann = _annotations(fn, caller_locals)
     loc = ir.SourceLoc(fn.__code__.co_filename, fn.__code__.co_firstlineno)
     params, args = [], []
     for p in sig.parameters.values():
@@ -117,9 +122,10 @@ def _symbols(params) -> tuple:
 def prim_func(fn=None, *, name: Optional[str] = None):
     """Trace ``fn`` into a kernel.  Parameters are annotated with ``T.Tensor`` (global
     tensors) or a dtype (scalars); the body holds exactly one ``with T.Kernel(...)``."""
+    caller = sys._getframe(1).f_locals
     if fn is None:
-        return lambda f: PrimFunc(f, name)
-    return PrimFunc(fn, name)
+        return lambda f: PrimFunc(f, name, caller_locals=caller)
+    return PrimFunc(fn, name, caller_locals=caller)
 
 
 class KernelFactory:

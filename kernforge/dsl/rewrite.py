@@ -13,6 +13,7 @@ errors still point at the author's lines):
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import textwrap
 
@@ -36,9 +37,11 @@ class _Rewriter(ast.NodeTransformer):
         cond_name = ast.Name(tmp, ast.Load())
         assign = ast.Assign([ast.Name(tmp, ast.Store())], node.test)
         static_if = ast.If(_call("__kf_truth", cond_name), node.body, node.orelse or [])
-        runtime = [ast.With([ast.withitem(_call("__kf_then", cond_name))], node.body)]
+        # the runtime branch gets its own copy of the body: a node shared by two parents
+        # would have its line number shifted twice
+        runtime = [ast.With([ast.withitem(_call("__kf_then", cond_name))], copy.deepcopy(node.body))]
         if node.orelse:
-            runtime.append(ast.With([ast.withitem(_call("__kf_else"))], node.orelse))
+            runtime.append(ast.With([ast.withitem(_call("__kf_else"))], copy.deepcopy(node.orelse)))
         dispatch = ast.If(_call("__kf_is_static", cond_name), [static_if], runtime)
         out = [assign, dispatch]
         for s in out:

@@ -23,8 +23,10 @@ class TensorType:
 
 
 def _dim(s, name):
-    if isinstance(s, bool) or not isinstance(s, (int, ir.Var)):
-        raise ir.KernelError(f"parameter {name}: dimensions must be ints or T.symbolic vars, got {s!r}")
+    if isinstance(s, bool) or not isinstance(s, (int, ir.Expr)) or (
+            isinstance(s, ir.Expr) and not s.dtype.is_int):
+        raise ir.KernelError(f"parameter {name}: dimensions must be ints, T.symbolic vars or "
+                             f"integer expressions of them, got {s!r}")
     if isinstance(s, int) and s < 0:
         raise ir.KernelError(f"parameter {name}: negative dimension {s}")
     return ir.const(s) if isinstance(s, int) else s

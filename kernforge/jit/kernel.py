@@ -216,9 +216,10 @@ def compile(func, backend: str = "interp", out_idx=None, arch: Optional[str] = N
         backend = target
     if isinstance(func, KernelFactory):
         func = func(**params)
-    elif params:
-        if isinstance(func, PrimFunc):
+    elif isinstance(func, PrimFunc):
+        if params:
             raise ArgumentError(f"{func.name} has no tunable parameters; got {sorted(params)}")
+    elif callable(func):  # a plain factory function of compile-time parameters
         func = func(**params)
     if not isinstance(func, PrimFunc):
         raise ArgumentError(f"kernforge.compile expects a @T.prim_func or @T.tunable factory, "

@@ -121,6 +121,12 @@ def _log64(y: torch.Tensor) -> torch.Tensor:
     return e * _LN2 + 2.0 * s * p
 
 
+def _log1p64(z: torch.Tensor) -> torch.Tensor:
+    """log(1 + z) without losing small z: log(u) * z / (u - 1) with u = 1 + z (Goldberg's trick)."""
+    u = 1.0 + z
+    return torch.where(u == 1.0, z, _log64(u) * (z / (u - 1.0)))
+
+
 def exp(x: torch.Tensor) -> torch.Tensor:
     if not is_deterministic():
         return torch.exp(x)
@@ -145,7 +151,7 @@ def softplus(x: torch.Tensor) -> torch.Tensor:
     if not is_deterministic():
         return F.softplus(x)
     xd = x.double()
-    return (xd.clamp(min=0.0) + _log64(1.0 + _exp64(-xd.abs()))).to(x.dtype)
+    return (xd.clamp(min=0.0) + _log1p64(_exp64(-xd.abs()))).to(x.dtype)
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

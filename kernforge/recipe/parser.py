@@ -106,7 +106,10 @@ class OutputParser:
         self.parse_tools = options.parse_tool_calls
         self.stops = options.stop_sequences
         stage = options.thinking_initial_stage
+        # A new turn's reasoning, and content that starts fresh (not a continuation),
+        # drop the newlines the model writes after `<think>` / `</think>`.
         self.strip_leading = stage is ThinkingInitialStage.ReasoningStart
+        self.strip_content = stage is not ThinkingInitialStage.ContentContinuation
         if options.starts_in_tool_calls:
             self.state = BLOCK
         elif stage is not None and stage.starts_in_reasoning():
@@ -115,6 +118,7 @@ class OutputParser:
             self.state = CONTENT
         self.buf = ""
         self.pending_newlines = ""
+        self.pending_reasoning_newlines = ""
         self.calls: list[ToolCallState] = []
         self.call: ToolCallState | None = None
         self.value_is_string = True
@@ -143,6 +147,9 @@ class OutputParser:
                 self._issue(out, "unterminated_tool_calls", "output ended inside a tool-call block")
                 if self.call is not None:
                     self.call.valid = False
+            if self.pending_reasoning_newlines and self.state == REASONING:
+                out.append(ReasoningDelta(self.pending_reasoning_newlines))
+                self.pending_reasoning_newlines = ""
             if self.pending_newlines and self.state == CONTENT:
                 out.append(ContentDelta(self.pending_newlines))
                 self.pending_newlines = ""
@@ -164,8 +171,20 @@ class OutputParser:
                 if not text:
                     return
                 self.strip_leading = False
-            out.append(ReasoningDelta(text))
+            # Newlines right before `</think>` are markup, held until more reasoning comes.
+            body = text.rstrip("\n")
+            if body:
+                if self.pending_reasoning_newlines:
+                    out.append(ReasoningDelta(self.pending_reasoning_newlines))
+                    self.pending_reasoning_newlines = ""
+                out.append(ReasoningDelta(body))
+            self.pending_reasoning_newlines += text[len(body):]
             return
+        if self.strip_content:
+            text = text.lstrip("\n")
+            if not text:
+                return
+            self.strip_content = False
         # Content: newlines right before a tool-call block belong to the markup.
         if self.parse_tools:
             body = text.rstrip("\n")
@@ -233,6 +252,7 @@ class OutputParser:
         self._emit_text(out, buf[:hit])
         self.buf = buf[hit + len(which):]
         if which == self.think_end and self.state == REASONING:
+            self.pending_reasoning_newlines = ""
             self.state = CONTENT
         elif which == self.block_open and self.state == CONTENT:
             self.pending_newlines = ""

@@ -1,0 +1,386 @@
+"""TopK select (DeepSelect-compatible), written once in the tile DSL.
+
+One block owns one row.  It streams the row in tiles and keeps a *candidate
+buffer* in shared memory (keys and indices, always in ascending index order)
+plus a running threshold ``thr``:
+
+1. Every element becomes an **ordered key**: its float bits with the sign
+   flipped (and the rest inverted for negatives), so that unsigned order is
+   float order (``-inf < ... < -0 < +0 < ... < +inf``).  Every NaN maps to the
+   largest key, so NaNs are always selected and the row's NaN flag costs
+   nothing extra on the stream.
+2. A tile's keys are compared with ``thr`` in groups; only groups whose maximum
+   beats ``thr`` are compacted into the buffer (append in index order).
+3. When the buffer could overflow (and once at the end) a **radix select**
+   (8-bit digits) over the buffer finds the k-th key ``K`` and the number of
+   keys equal to ``K`` that still fit; the buffer is compacted to exactly k
+   entries, ``thr`` becomes ``K`` and later elements must be strictly greater.
+
+Tie policy (identical on every backend, since nothing depends on thread
+order): among elements whose keys equal the k-th key, the **lowest indices
+win**.  Unsorted output comes out in ascending index order (so
+``sorted_index`` costs nothing); ``sorted_values`` sorts the k winners by
+value descending, equal values by ascending index (a bitonic network).
+
+Work is ``O(N)`` streaming plus radix selects over ``O(k log(N/k))``
+candidates for a random visit order; the threshold is exact (monotone), never
+a guess, so adversarial (ascending) rows only cost more refinements.
+"""
+from __future__ import annotations
+
+import torch
+
+import kernforge.dsl as T
+from kernforge import dtypes
+from kernforge.kernels.registry import KernelSpec, Problem, register
+
+#: written over a whole row of indices when that row holds a NaN and the caller
+#: asked not to abort (DeepSelect's marker)
+NAN_ROW_MARKER = 0x3F3F3F3F
+MAX_TOPK = 4096
+MAX_VOCAB = 1 << 23
+
+_KEY_DTYPE = {"float32": "uint32", "bfloat16": "uint16"}
+_RADIX_BITS = 8
+_RADIX = 1 << _RADIX_BITS
+
+
+def _ordered_key(v, kdt, bits: int):
+    """Unsigned key with the order of the float ``v``; NaN -> the largest key."""
+    raw = T.reinterpret(kdt, v)
+    flip = T.where((raw >> (bits - 1)) == T.cast(1, kdt), T.cast((1 << bits) - 1, kdt),
+                   T.cast(1 << (bits - 1), kdt))
+    return T.where(T.isnan(v), T.cast((1 << bits) - 1, kdt), raw ^ flip)
+
+
+def _key_to_value(key, kdt, dtype, bits: int):
+    """The float whose ordered key is ``key`` (exact inverse for non-NaN keys)."""
+    flip = T.where((key >> (bits - 1)) == T.cast(1, kdt), T.cast(1 << (bits - 1), kdt),
+                   T.cast((1 << bits) - 1, kdt))
+    return T.reinterpret(dtype, key ^ flip)
+
+
+def _next_pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+@T.tunable(tile=[1024, 2048, 4096], group=[16, 32, 64], slack=[1024, 2048, 4096],
+           compaction=["group_serial", "tile_scan"])
+def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
+                sorted_values: bool = False, return_value: bool = True, tile: int = 2048,
+                group: int = 32, slack: int = 2048, compaction: str = "group_serial",
+                threads: int = 256):
+    """Top-``k`` of every row of ``x[:, :end[row]]``.
+
+    ``compaction`` chooses how a tile's survivors are appended to the buffer;
+    both keep index order, so results are identical bit for bit:
+    ``"group_serial"`` walks only the groups whose maximum beats the threshold,
+    one element at a time (cheap on a CPU, where survivors are rare);
+    ``"tile_scan"`` computes every survivor's slot with a two-level prefix sum
+    over the tile and scatters in parallel (the data-parallel form for GPUs and
+    the vectorised interpreter)."""
+    if dtype not in _KEY_DTYPE:
+        raise ValueError(f"topk_select: dtype must be float32 or bfloat16, got {dtype!r}")
+    if compaction not in ("group_serial", "tile_scan"):
+        raise ValueError(f"topk_select: unknown compaction {compaction!r}")
+    if tile % group:
+        raise ValueError(f"topk_select: tile {tile} is not a multiple of group {group}")
+    kdt = _KEY_DTYPE[dtype]
+    bits = 16 if dtype == "bfloat16" else 32
+    maxkey = (1 << bits) - 1
+    ngroups = tile // group
+    pow2 = max(2, _next_pow2(k))
+    cap = max(k + tile + slack, pow2)
+    cap = -(-cap // _RADIX) * _RADIX
+    passes = bits // _RADIX_BITS
+
+    B = T.symbolic("batch")
+    V = T.symbolic("vocab")
+    S = T.symbolic("row_stride")
+    SI = T.symbolic("idx_stride")
+    BV = T.symbolic("val_rows")
+    KV = T.symbolic("val_cols")
+    SV = T.symbolic("val_stride")
+
+    @T.prim_func
+    def topk_select_kernel(x: T.StridedTensor((B, V), (S, 1), dtype),
+                           end: T.Tensor((B,), "int32"),
+                           offset: T.Tensor((B,), "int32"),
+                           idx_fill: T.int32,
+                           val_fill: T.float32,
+                           nan_rows: T.Tensor((B,), "int32"),
+                           out_idx: T.StridedTensor((B, k), (SI, 1), index_dtype),
+                           out_val: T.StridedTensor((BV, KV), (SV, 1), dtype)):
+        with T.Kernel(B, threads=threads) as row:
+            cand_key = T.alloc_shared((cap,), kdt)
+            cand_idx = T.alloc_shared((cap,), "int32")
+            old_key = T.alloc_shared((cap,), kdt)
+            old_idx = T.alloc_shared((cap,), "int32")
+            rank = T.alloc_shared((cap,), "int32")
+            slot = T.alloc_shared((cap,), "int32")
+            hist = T.alloc_shared((_RADIX,), "int32")
+            above = T.alloc_shared((_RADIX,), "int32")
+            reached = T.alloc_fragment((_RADIX,), "int32")
+            nreached = T.alloc_fragment((1,), "int32")
+            xt = T.alloc_fragment((tile,), dtype)
+            keys = T.alloc_fragment((ngroups, group), kdt)
+            gmax = T.alloc_fragment((ngroups,), kdt)
+            nan_flag = T.alloc_fragment((k,), "int32")
+            nan_any = T.alloc_fragment((1,), "int32")
+            length = T.alloc_var("int32", end[row])
+            cnt = T.alloc_var("int32", 0)
+            thr = T.alloc_var(kdt, 0)
+            prefix = T.alloc_var(kdt, 0)
+            need = T.alloc_var("int32", k)
+            ntiles = T.alloc_var("int32", (length + (tile - 1)) // tile)
+            if compaction == "tile_scan":
+                flags = T.alloc_fragment((ngroups, group), "int32")
+                gcount = T.alloc_fragment((ngroups,), "int32")
+                gstart = T.alloc_shared((ngroups,), "int32")
+
+            for t in T.serial(ntiles + 1):
+                # ---- refine: radix-select the k-th key of the buffer, keep exactly k
+                if (cnt > cap - tile) | ((t == ntiles) & (cnt > k)):
+                    prefix = T.cast(0, kdt)
+                    need = k
+                    for p in range(passes):
+                        shift = bits - _RADIX_BITS * (p + 1)
+                        T.clear(hist)
+                        for i in T.Parallel(cap):
+                            if p == 0:
+                                if i < cnt:
+                                    T.atomic_add(hist[T.cast((cand_key[i] >> shift) & T.cast(_RADIX - 1, kdt), "int32")], 1)
+                            else:
+                                if (i < cnt) & ((cand_key[i] >> (shift + _RADIX_BITS)) == (prefix >> (shift + _RADIX_BITS))):
+                                    T.atomic_add(hist[T.cast((cand_key[i] >> shift) & T.cast(_RADIX - 1, kdt), "int32")], 1)
+                        T.cumsum(hist, above, reverse=True)
+                        for b in T.Parallel(_RADIX):
+                            reached[b] = T.where(above[b] >= need, 1, 0)
+                        T.reduce_sum(reached, nreached)
+                        # digit of the k-th key: the last bucket whose suffix count reaches `need`
+                        if nreached[0] < _RADIX:
+                            need = need - above[nreached[0]]
+                        prefix = prefix | (T.cast(nreached[0] - 1, kdt) << shift)
+                    # `prefix` is now the k-th key; `need` keys equal to it still fit
+                    for i in T.Parallel(cap):
+                        rank[i] = T.where((i < cnt) & (cand_key[i] == prefix), 1, 0)
+                        old_key[i] = cand_key[i]
+                        old_idx[i] = cand_idx[i]
+                    T.cumsum(rank)
+                    for i in T.Parallel(cap):
+                        slot[i] = T.where((i < cnt) & ((old_key[i] > prefix) | ((old_key[i] == prefix) & (rank[i] <= need))), 1, 0)
+                    T.cumsum(slot)
+                    for i in T.Parallel(cap):
+                        if (i < cnt) & ((old_key[i] > prefix) | ((old_key[i] == prefix) & (rank[i] <= need))):
+                            cand_key[slot[i] - 1] = old_key[i]
+                            cand_idx[slot[i] - 1] = old_idx[i]
+                    cnt = k
+                    thr = prefix
+
+                # ---- stream one tile: keys, group maxima, append survivors in index order
+                if t < ntiles:
+                    T.copy(x[row, t * tile], xt)
+                    for g, j in T.Parallel(ngroups, group):
+                        keys[g, j] = T.where(t * tile + g * group + j < length,
+                                             _ordered_key(xt[g * group + j], kdt, bits), T.cast(0, kdt))
+                    T.reduce_max(keys, gmax, dim=1)
+                    if compaction == "group_serial":
+                        for g in T.serial(ngroups):
+                            if gmax[g] > thr:
+                                for j in T.serial(group):
+                                    if keys[g, j] > thr:
+                                        cand_key[cnt] = keys[g, j]
+                                        cand_idx[cnt] = t * tile + g * group + j
+                                        cnt = cnt + 1
+                    else:
+                        for g, j in T.Parallel(ngroups, group):
+                            flags[g, j] = T.where(keys[g, j] > thr, 1, 0)
+                        T.reduce_sum(flags, gcount, dim=1)
+                        T.cumsum(flags, dim=1)
+                        T.cumsum(gcount, gstart)
+                        for g, j in T.Parallel(ngroups, group):
+                            if keys[g, j] > thr:
+                                cand_key[cnt + gstart[g] - gcount[g] + flags[g, j] - 1] = keys[g, j]
+                                cand_idx[cnt + gstart[g] - gcount[g] + flags[g, j] - 1] = t * tile + g * group + j
+                        cnt = cnt + gstart[ngroups - 1]
+
+            # ---- epilogue: the buffer holds min(length, k) winners in index order
+            if sorted_values:
+                lo_key = T.alloc_fragment((pow2 // 2,), kdt)
+                hi_key = T.alloc_fragment((pow2 // 2,), kdt)
+                lo_idx = T.alloc_fragment((pow2 // 2,), "int32")
+                hi_idx = T.alloc_fragment((pow2 // 2,), "int32")
+                for i in T.Parallel(pow2):
+                    if i >= cnt:
+                        cand_key[i] = T.cast(0, kdt)
+                        cand_idx[i] = 2 ** 31 - 1
+                size = 2
+                while size <= pow2:
+                    stride = size // 2
+                    while stride >= 1:
+                        # compare-exchange pairs (a, a + stride): read everything, then write
+                        for q in T.Parallel(pow2 // 2):
+                            a = (q // stride) * (2 * stride) + q % stride
+                            a_first = (cand_key[a] > cand_key[a + stride]) | (
+                                (cand_key[a] == cand_key[a + stride]) & (cand_idx[a] < cand_idx[a + stride]))
+                            keep = T.where((a & size) == 0, a_first, ~a_first)
+                            lo_key[q] = T.where(keep, cand_key[a], cand_key[a + stride])
+                            hi_key[q] = T.where(keep, cand_key[a + stride], cand_key[a])
+                            lo_idx[q] = T.where(keep, cand_idx[a], cand_idx[a + stride])
+                            hi_idx[q] = T.where(keep, cand_idx[a + stride], cand_idx[a])
+                        for q in T.Parallel(pow2 // 2):
+                            a = (q // stride) * (2 * stride) + q % stride
+                            cand_key[a] = lo_key[q]
+                            cand_key[a + stride] = hi_key[q]
+                            cand_idx[a] = lo_idx[q]
+                            cand_idx[a + stride] = hi_idx[q]
+                        stride //= 2
+                    size *= 2
+            for j in T.Parallel(k):
+                nan_flag[j] = T.where((j < cnt) & (cand_key[j] == T.cast(maxkey, kdt)), 1, 0)
+            T.reduce_max(nan_flag, nan_any)
+            nan_rows[row] = nan_any[0]
+            for j in T.Parallel(k):
+                out_idx[row, j] = T.where(
+                    nan_any[0] > 0, T.cast(NAN_ROW_MARKER, index_dtype),
+                    T.where(j < cnt, T.cast(cand_idx[j], index_dtype) + T.cast(offset[row], index_dtype),
+                            T.cast(idx_fill, index_dtype)))
+                if return_value:
+                    out_val[row, j] = T.where(j < cnt, _key_to_value(cand_key[j], kdt, dtype, bits),
+                                              T.cast(val_fill, dtype))
+
+    return topk_select_kernel
+
+
+# ---------------------------------------------------------------- reference
+
+
+def ordered_keys(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys with the kernel's total order: float order, ``-0 < +0``, NaN largest."""
+    if x.dtype == torch.bfloat16:
+        raw = x.view(torch.int16).to(torch.int64) & 0xFFFF
+        bits = 16
+    else:
+        raw = x.float().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        bits = 32
+    top = 1 << (bits - 1)
+    keys = torch.where(raw >= top, ((1 << bits) - 1) - raw, raw + top)
+    return torch.where(torch.isnan(x), torch.full_like(keys, (1 << bits) - 1), keys)
+
+
+def reference(x: torch.Tensor, k: int, end=None, sorted_values: bool = False,
+              offset=None, idx_fill: int = 2**31 - 1, val_fill: float = float("-inf"),
+              index_dtype=torch.int64):
+    """Plain torch top-k with the kernel's semantics, by a stable full sort (independent
+    of the radix select): ``(values, indices, nan_rows)``.
+
+    Winners are the ``min(end[i], k)`` largest keys, ties to the lowest index;
+    unsorted output is in ascending index order.  NaN rows get the marker row."""
+    b, n = x.shape
+    values = torch.empty((b, k), dtype=x.dtype)
+    indices = torch.empty((b, k), dtype=index_dtype)
+    nan_rows = torch.zeros(b, dtype=torch.int32)
+    fill = torch.tensor(val_fill, dtype=torch.float32).to(x.dtype)
+    for r in range(b):
+        length = n if end is None else int(end[r])
+        keys = ordered_keys(x[r, :length].cpu())
+        order = torch.sort(keys, descending=True, stable=True).indices[:k]
+        if not sorted_values:
+            order = torch.sort(order).values
+        c = order.numel()
+        values[r, :c] = x[r, order].cpu()
+        values[r, c:] = fill
+        off = 0 if offset is None else int(offset[r])
+        indices[r, :c] = (order.to(torch.int64) + off).to(index_dtype)
+        indices[r, c:] = idx_fill
+        if bool(torch.isnan(x[r, :length]).any()):
+            nan_rows[r] = 1
+            indices[r] = NAN_ROW_MARKER
+    return values, indices, nan_rows
+
+
+# ---------------------------------------------------------------- catalogue
+
+
+def topk_problem(batch: int, vocab: int, **kernel_params):
+    """The spec's factory: problem sizes (for inputs) plus the kernel's own parameters."""
+    return topk_select(**kernel_params)
+
+
+def _make_inputs(params, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    b, n, k = params["batch"], params["vocab"], params["k"]
+    dt = getattr(torch, params.get("dtype", "float32"))
+    idt = getattr(torch, params.get("index_dtype", "int64"))
+    x = torch.randn((b, n), generator=g).to(dt)
+    end = torch.randint(0, n + 1, (b,), generator=g, dtype=torch.int32)
+    end[0] = n
+    offset = torch.randint(-1000, 1000, (b,), generator=g, dtype=torch.int32)
+    nan_rows = torch.full((b,), -1, dtype=torch.int32)
+    out_idx = torch.full((b, k), -77, dtype=idt)
+    out_val = torch.full((b, k), float("nan"), dtype=dt)
+    ins = [x, end, offset, 2**31 - 1, float("-inf"), nan_rows, out_idx, out_val]
+    return [a.to(device) if isinstance(a, torch.Tensor) else a for a in ins]
+
+
+def _reference(inputs, params):
+    x, end, offset, idx_fill, val_fill = inputs[:5]
+    v, i, nan = reference(x.cpu(), params["k"], end.cpu(), params.get("sorted_values", False),
+                          offset.cpu(), idx_fill, val_fill,
+                          getattr(torch, params.get("index_dtype", "int64")))
+    return [nan, i, v]
+
+
+def _check(outputs, expected, inputs, params):
+    names = ("nan_rows", "indices", "values")
+    for name, got, want in zip(names, outputs, expected):
+        got = got.cpu()
+        same = (torch.equal(got.view(torch.int16), want.view(torch.int16))
+                if got.dtype == torch.bfloat16 else
+                torch.equal(got.view(torch.int32), want.view(torch.int32))
+                if got.dtype == torch.float32 else torch.equal(got, want))
+        if not same:
+            bad = (got != want).nonzero()[:5].tolist()
+            raise AssertionError(f"topk {name} differ at {bad}: got {got.flatten()[:8].tolist()}..., "
+                                 f"want {want.flatten()[:8].tolist()}...")
+
+
+def _problems(**kernel):
+    return {
+        "small": Problem("small", dict(batch=3, vocab=700, k=16, tile=128, group=16, slack=128,
+                                       compaction="tile_scan", **kernel)),
+        "demo": Problem("demo", dict(batch=8, vocab=32768, k=512, **kernel)),
+        "bench": Problem("bench", dict(batch=32, vocab=129280, k=512, **kernel)),
+    }
+
+
+register(KernelSpec(
+    name="topk_fp32",
+    family="topk",
+    description="TopK select over float32 rows (the sampler path), values sorted descending",
+    factory=topk_problem,
+    problems=_problems(dtype="float32", index_dtype="int64", sorted_values=True),
+    make_inputs=_make_inputs,
+    outputs=(5, 6, 7),
+    reference=_reference,
+    check=_check,
+    bytes=lambda p: p["batch"] * p["vocab"] * 4 + p["batch"] * p["k"] * 12,
+    tags=("topk", "sampler"),
+))
+
+register(KernelSpec(
+    name="topk_bf16",
+    family="topk",
+    description="TopK select over bfloat16 rows (the DSA lightning-indexer path), int32 indices",
+    factory=topk_problem,
+    problems=_problems(dtype="bfloat16", index_dtype="int32"),
+    make_inputs=_make_inputs,
+    outputs=(5, 6, 7),
+    reference=_reference,
+    check=_check,
+    bytes=lambda p: p["batch"] * p["vocab"] * 2 + p["batch"] * p["k"] * 6,
+    tags=("topk", "indexer"),
+))

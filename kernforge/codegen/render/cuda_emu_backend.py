@@ -1,0 +1,192 @@
+"""Backend "cuda-emu": the CUDA backend's generated source, run on the host.
+
+Why it exists: most machines that build kernforge have no GPU, yet the CUDA
+code path (fragment layouts of mma.sync/wgmma, ldmatrix, cp.async pipelines,
+TMA + mbarrier, warp shuffles, barriers) is where the subtle bugs live.  This
+backend compiles the *unchanged* output of :func:`kernforge.codegen.render.cuda.render_cuda`
+with g++ under ``-DKF_HOST_EMULATION``: the device library then includes its
+host implementations from ``templates/cuda/include/kf/emu/`` and the force-
+included ``kf/emu/cuda_emu.h`` maps the CUDA language onto host threads.
+Results are "CUDA semantics verified on host emulation", never "GPU verified";
+see ``docs/backends/cuda-emu.md`` for what emulation cannot catch.
+
+Launch ABI of the generated host entry (``templates/cuda/emu_launch.cpp.j2``)::
+
+    extern "C" int kf_emu_<name>(void** args, const int64_t* dims, const int64_t* grid)
+
+``args[i]`` points at kernel parameter i (buffers: their data; scalars: one
+value of the scalar's dtype), ``dims`` holds ``kernel.symbols`` in order and
+``grid`` the launch grid.  A nonzero return carries ``kf_emu_last_error()``.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import jinja2
+import numpy as np
+
+from kernforge import dtypes
+from kernforge.codegen import ir
+from kernforge.jit import backend as backends
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "cuda"
+INCLUDE_DIR = TEMPLATES / "include"
+SHIM_DIR = INCLUDE_DIR / "kf" / "emu" / "sys"  # stands in for the CUDA toolkit's headers
+DEFAULT_ARCH = "sm_80"
+# Barrier/mbarrier waits longer than this abort the launch as a deadlock.
+DEFAULT_TIMEOUT_MS = 20_000
+
+# -O1: emulated kernels are small and built often; compile time dominates.
+# -fno-weak: lets device-library inline functions keep __shared__ statics in the
+# shared-memory section (kf/emu/shared.h).
+BASE_OPTIONS = ("-O1", "-std=c++17", "-pthread", "-fno-weak", "-fno-strict-aliasing", "-DKF_HOST_EMULATION",
+                "-include", "kf/emu/cuda_emu.h", "-Wno-attributes", "-Wno-unused-result")
+
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
+                          keep_trailing_newline=True)
+
+
+class EmulationError(RuntimeError):
+    """The emulated launch failed: a deadlock, a bad shared-memory access, a trap."""
+
+
+def arch_number(arch: str) -> int:
+    """``sm_90a`` -> 900 (the value of ``__CUDA_ARCH__`` on that target)."""
+    m = re.fullmatch(r"sm_(\d+)(a?)", arch)
+    if not m:
+        raise ValueError(f"cuda-emu: arch must look like 'sm_80' or 'sm_90a', got {arch!r}")
+    return int(m.group(1)) * 10
+
+
+@dataclass(frozen=True)
+class HostParam:
+    """How the host entry passes one kernel parameter: ``kind`` is buffer, scalar or symbol."""
+
+    ctype: str
+    kind: str
+
+
+def call_args(params: Sequence[HostParam]) -> str:
+    """The C argument list that unpacks ``args``/``dims`` into by-value parameters."""
+    out, arg, dim = [], 0, 0
+    for p in params:
+        if p.kind == "buffer":
+            out.append(f"static_cast<{p.ctype}>(args[{arg}])")
+            arg += 1
+        elif p.kind == "scalar":
+            out.append(f"*static_cast<{p.ctype}*>(args[{arg}])")
+            arg += 1
+        elif p.kind == "symbol":
+            out.append(f"static_cast<{p.ctype}>(dims[{dim}])")
+            dim += 1
+        else:
+            raise ValueError(f"unknown parameter kind {p.kind!r}")
+    return ", ".join(out)
+
+
+def emu_source(kernel_source: str, *, name: str, entry: str, params: Sequence[HostParam], threads: int,
+               grid_rank: int) -> str:
+    """The kernel's CUDA source followed by its generated host entry."""
+    wrapper = _ENV.get_template("emu_launch.cpp.j2").render(
+        name=name, entry=entry, threads=threads, grid_rank=grid_rank, call_args=call_args(params))
+    return kernel_source.rstrip() + "\n\n" + wrapper
+
+
+class EmulatedKernel:
+    """A compiled emulation module's entry, called with host arrays."""
+
+    def __init__(self, name: str, source: str, *, dynamic_smem: int = 0, arch: str = DEFAULT_ARCH,
+                 timeout_ms: int = DEFAULT_TIMEOUT_MS, extra_options: Sequence[str] = ()):
+        from kernforge import runtime
+
+        self.name = name
+        self.source = source
+        options = BASE_OPTIONS + (f"-D__CUDA_ARCH__={arch_number(arch)}",
+                                  f"-DKF_EMU_DYNAMIC_SMEM_BYTES={max(16, -(-int(dynamic_smem) // 16) * 16)}",
+                                  f"-I{SHIM_DIR}") + tuple(extra_options)
+        tag = re.sub(r"[^A-Za-z0-9_]", "_", f"emu_{name}")
+        self.module = runtime.compile(tag, source, backend="cpu", options=options, include_dirs=(str(INCLUDE_DIR),))
+        self._entry = self.module.get_function(f"kf_emu_{name}").cfunc
+        self._entry.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        self._entry.restype = ctypes.c_int
+        lib = self.module._library
+        self._last_error = lib.kf_emu_last_error
+        self._last_error.restype = ctypes.c_char_p
+        self._set_timeout = lib.kf_emu_set_timeout_ms
+        self._set_timeout.argtypes = (ctypes.c_longlong,)
+        self.timeout_ms = timeout_ms
+
+    def __call__(self, args: Sequence[np.ndarray], dims: Sequence[int], grid: Sequence[int]) -> None:
+        """``args``: numpy arrays (buffers) and 0-d numpy arrays (scalars, already in their dtype)."""
+        if not 1 <= len(grid) <= 3:
+            raise ValueError(f"cuda-emu: grid must have 1 to 3 extents, got {tuple(grid)}")
+        pointers = (ctypes.c_void_p * max(1, len(args)))(*[a.ctypes.data for a in args])
+        dims_arr = np.ascontiguousarray(np.asarray(list(dims) or [0], dtype=np.int64))
+        grid_arr = np.ascontiguousarray(np.asarray(list(grid), dtype=np.int64))
+        self._set_timeout(int(self.timeout_ms))
+        status = self._entry(pointers, dims_arr.ctypes.data, grid_arr.ctypes.data)
+        if status != 0:
+            raise EmulationError(f"cuda-emu kernel {self.name}: {self._last_error().decode(errors='replace')}")
+
+
+def host_params(kernel: ir.Kernel, program) -> list[HostParam]:
+    """Classify the rendered kernel's parameters (kernel params, then symbols)."""
+    n = len(kernel.params)
+    if len(program.params) != n + len(kernel.symbols):
+        raise ValueError(f"cuda-emu: rendered kernel has {len(program.params)} parameters, expected "
+                         f"{n} + {len(kernel.symbols)} symbols")
+    out = []
+    for i, (_, ctype) in enumerate(program.params):
+        if i >= n:
+            out.append(HostParam(ctype, "symbol"))
+        elif isinstance(kernel.params[i], ir.Buffer):
+            out.append(HostParam(ctype, "buffer"))
+        else:
+            out.append(HostParam(ctype, "scalar"))
+    return out
+
+
+class EmuLauncher:
+    """The Launcher contract (kernforge.jit.backend) over an :class:`EmulatedKernel`."""
+
+    def __init__(self, kernel: ir.Kernel, emulated: EmulatedKernel):
+        self.kernel = kernel
+        self.emulated = emulated
+
+    def __call__(self, args: Sequence, dims: Sequence[int], grid: Sequence[int]) -> None:
+        packed = []
+        for p, a in zip(self.kernel.params, args):
+            if isinstance(p, ir.Buffer):
+                packed.append(a)
+            else:
+                packed.append(np.array(a, dtype=p.dtype.np_dtype))
+        self.emulated(packed, dims, grid)
+
+
+class CudaEmuBackend:
+    name = "cuda-emu"
+    device = "cpu"
+
+    def _render(self, kernel: ir.Kernel, arch: Optional[str]):
+        from kernforge.codegen.render.cuda import render_cuda
+
+        arch = arch or DEFAULT_ARCH
+        program = render_cuda(kernel, arch)
+        grid_rank = len(kernel.grid)
+        source = emu_source(program.source, name=kernel.name, entry=program.entry,
+                            params=host_params(kernel, program), threads=program.threads, grid_rank=grid_rank)
+        return program, source, arch
+
+    def source(self, kernel: ir.Kernel, arch: Optional[str] = None) -> str:
+        return self._render(kernel, arch)[1]
+
+    def build(self, kernel: ir.Kernel, arch: Optional[str] = None) -> EmuLauncher:
+        program, source, arch = self._render(kernel, arch)
+        return EmuLauncher(kernel, EmulatedKernel(kernel.name, source, dynamic_smem=program.dynamic_smem, arch=arch))
+
+
+backends.register("cuda-emu", CudaEmuBackend)

@@ -1,0 +1,18 @@
+"""Pure ``Kernel -> Kernel`` passes, the runner that names and verifies them, and
+the analyses they share (variable ranges, on-chip memory plans).
+
+Each renderer owns its ordered list, e.g. the CPU's
+``[simplify, lower_copies, simplify]``; target differences are extra list
+entries, never ``if target`` inside a pass.
+"""
+from kernforge.codegen.passes.allocate import MemoryPlan, Slot, buffer_bytes, lifetimes, plan_memory
+from kernforge.codegen.passes.masks import edge_conditions, lower_copies
+from kernforge.codegen.passes.pipeline import PassError, pass_name, run_pipeline
+from kernforge.codegen.passes.ranges import expr_range, nonneg_vars, proves, var_ranges
+from kernforge.codegen.passes.simplify import simplify
+
+__all__ = [
+    "MemoryPlan", "PassError", "Slot", "buffer_bytes", "edge_conditions", "expr_range", "lifetimes",
+    "lower_copies", "nonneg_vars", "pass_name", "plan_memory", "proves", "run_pipeline", "simplify",
+    "var_ranges",
+]

@@ -1,0 +1,147 @@
+"""Edge masks of tile copies and fills, made explicit as element loops.
+
+A ``Copy`` reads 0 outside its source and skips writes outside its destination
+(ir docstring).  Backends that execute tiles as loops (CPU) want that as
+ordinary IR: this pass turns each ``Copy``/``Fill`` into a ``Parallel`` map
+over the tile, guarded by per-element conditions only on the dimensions that
+can leave their global buffer.  When a mask is needed, the whole-tile test is
+hoisted in front of the loop, so interior tiles run an unmasked copy and only
+edge tiles pay for the per-element test::
+
+    if (tile inside every buffer) parallel: dst[..] = cast(src[..])
+    else parallel: if (dst in) { if (src in) dst[..] = cast(src[..]) else dst[..] = 0 }
+
+Dimensions proven in bounds from variable ranges (static shapes, constant
+grids) get no mask at all.  On-chip buffers have static shapes that the author's
+tile indices stay inside (the verifier checks constant starts), so they are
+never masked.  Backends that keep ``Copy`` as a tile op (CUDA's cp.async/TMA)
+can reuse :func:`edge_conditions` to learn which dimensions need a guard.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from kernforge.codegen import ir
+from kernforge.codegen.passes import ranges
+
+
+def _all(conds: list[ir.Expr]) -> Optional[ir.Expr]:
+    out = None
+    for c in conds:
+        out = c if out is None else ir.binary(ir.Op.AND, out, c)
+    return out
+
+
+def edge_conditions(region: ir.Region, table: dict) -> list[tuple[int, bool, bool]]:
+    """``(dim, needs_lower, needs_upper)`` for each dimension of a *global* region
+    that may fall outside its buffer (empty for on-chip regions)."""
+    if region.buffer.scope != ir.Scope.GLOBAL:
+        return []
+    out = []
+    for d, (start, ext, dim) in enumerate(zip(region.starts, region.extents, region.buffer.shape)):
+        lower = not ranges.proves(ir.binary(ir.Op.GE, start, 0), table)
+        upper = not ranges.proves(ir.binary(ir.Op.LE, ir.fold(ir.binary(ir.Op.ADD, start, ext)), dim), table)
+        if lower or upper:
+            out.append((d, lower, upper))
+    return out
+
+
+class _Tile:
+    """Element indices of one region inside a map over the squeezed tile shape."""
+
+    def __init__(self, region: ir.Region, vars_: tuple[ir.Var, ...], table: dict):
+        self.region = region
+        it = iter(vars_)
+        self.indices = tuple(ir.fold(ir.binary(ir.Op.ADD, s, next(it))) if e != 1 else s
+                             for s, e in zip(region.starts, region.extents))
+        edges = edge_conditions(region, table)
+        tile, elem = [], []
+        for d, lower, upper in edges:
+            start, ext, dim, idx = region.starts[d], region.extents[d], region.buffer.shape[d], self.indices[d]
+            if lower:
+                tile.append(ir.binary(ir.Op.GE, start, 0))
+                elem.append(ir.binary(ir.Op.GE, idx, 0))
+            if upper:
+                tile.append(ir.binary(ir.Op.LE, ir.fold(ir.binary(ir.Op.ADD, start, ext)), dim))
+                elem.append(ir.binary(ir.Op.LT, idx, dim))
+        self.tile_cond = _all(tile)
+        self.elem_cond = _all(elem)
+
+
+class _Lower(ir.Mutator):
+    def __init__(self, table: dict):
+        self.table = table
+        self.count = 0
+        self.inside_parallel = False
+
+    def _vars(self, shape: tuple[int, ...]) -> tuple[ir.Var, ...]:
+        self.count += 1
+        vs = tuple(ir.Var(f"t{self.count}_{k}") for k in range(len(shape)))
+        for v, e in zip(vs, shape):
+            self.table[v] = (0, e - 1)
+        return vs
+
+    def visit_Parallel(self, s: ir.Parallel) -> ir.Stmt:
+        self.inside_parallel = True
+        try:
+            return self.generic(s)
+        finally:
+            self.inside_parallel = False
+
+    def _loop(self, vs, shape, body, loc) -> ir.Stmt:
+        """A map over the tile; inside another map (no nesting allowed) serial loops."""
+        if not self.inside_parallel:
+            return ir.Parallel(vs, shape, body, loc)
+        for v, e in reversed(list(zip(vs, shape))):
+            body = ir.For(v, ir.const(e), body, loc=loc)
+        return body
+
+    def visit_Copy(self, s: ir.Copy) -> ir.Stmt:
+        shape = s.src.squeezed() or (1,)
+
+        def body(vs, masked):
+            src, dst = _Tile(s.src, vs, self.table), _Tile(s.dst, vs, self.table)
+            store = ir.Store(s.dst.buffer, dst.indices, ir.cast(ir.Load(s.src.buffer, src.indices), s.dst.buffer.dtype), s.loc)
+            if masked and src.elem_cond is not None:
+                zero = ir.Store(s.dst.buffer, dst.indices, ir.cast(0, s.dst.buffer.dtype), s.loc)
+                store = ir.If(src.elem_cond, store, zero, s.loc)
+            if masked and dst.elem_cond is not None:
+                store = ir.If(dst.elem_cond, store, None, s.loc)
+            return store, _all([c for c in (src.tile_cond, dst.tile_cond) if c is not None])
+
+        return self._guarded(shape, body, s.loc)
+
+    def visit_Fill(self, s: ir.Fill) -> ir.Stmt:
+        shape = s.dst.extents
+        value, prelude = s.value, []
+        if any(isinstance(n, ir.Load) and n.buffer is s.dst.buffer for n in ir.walk(value)):
+            # the value reads the tile being filled: evaluate it once, before the map
+            tmp = ir.Buffer(f"fill{self.count}", (ir.const(1),), value.dtype, ir.Scope.LOCAL)
+            prelude = [ir.Allocate(tmp, s.loc), ir.Store(tmp, (ir.const(0),), value, s.loc)]
+            value = ir.Load(tmp, (ir.const(0),))
+
+        def body(vs, masked):
+            dst = _Tile(s.dst, vs, self.table)
+            store = ir.Store(s.dst.buffer, dst.indices, value, s.loc)
+            if masked and dst.elem_cond is not None:
+                store = ir.If(dst.elem_cond, store, None, s.loc)
+            return store, dst.tile_cond
+
+        lowered = self._guarded(tuple(e for e in shape if e != 1) or (1,), body, s.loc)
+        return ir.Seq(tuple(prelude) + (lowered,), s.loc) if prelude else lowered
+
+    def _guarded(self, shape, body, loc) -> ir.Stmt:
+        fast_vars = self._vars(shape)
+        fast, tile_cond = body(fast_vars, masked=False)
+        fast_loop = self._loop(fast_vars, shape, fast, loc)
+        if tile_cond is None:
+            return fast_loop
+        slow_vars = self._vars(shape)
+        slow, _ = body(slow_vars, masked=True)
+        return ir.If(tile_cond, fast_loop, self._loop(slow_vars, shape, slow, loc), loc)
+
+
+def lower_copies(kernel: ir.Kernel) -> ir.Kernel:
+    """Replace every ``Copy`` and ``Fill`` with element maps carrying explicit edge masks."""
+    return replace(kernel, body=_Lower(ranges.var_ranges(kernel)).visit(kernel.body))

@@ -1,0 +1,135 @@
+"""Constant folding and algebraic identities on integer and boolean expressions.
+
+Index math written by authors and produced by lowering (``by * 64 + 0``,
+``(k * 1) // 1``, conditions on constants) is folded here so that renderers see
+the smallest expression and can spot contiguous inner loops.  Floating-point
+expressions are left alone: folding them in Python (double precision) would not
+round like the float32 arithmetic every backend performs, and ``x + 0.0`` is
+not ``x`` for ``x = -0.0``.  Statements whose condition or extent folds to a
+constant are pruned (dead branches, empty loops).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from kernforge import dtypes
+from kernforge.codegen import ir
+
+_FOLD = {
+    ir.Op.ADD: lambda a, b: a + b, ir.Op.SUB: lambda a, b: a - b, ir.Op.MUL: lambda a, b: a * b,
+    ir.Op.FLOORDIV: lambda a, b: a // b if b else None, ir.Op.MOD: lambda a, b: a % b if b else None,
+    ir.Op.MAX: max, ir.Op.MIN: min,
+    ir.Op.LT: lambda a, b: a < b, ir.Op.LE: lambda a, b: a <= b, ir.Op.GT: lambda a, b: a > b,
+    ir.Op.GE: lambda a, b: a >= b, ir.Op.EQ: lambda a, b: a == b, ir.Op.NE: lambda a, b: a != b,
+    ir.Op.AND: lambda a, b: a & b, ir.Op.OR: lambda a, b: a | b, ir.Op.XOR: lambda a, b: a ^ b,
+    ir.Op.SHL: lambda a, b: a << b if 0 <= b < 64 else None,
+    ir.Op.SHR: lambda a, b: a >> b if 0 <= b < 64 else None,
+}
+
+
+def _fits(value: int, dt: dtypes.DType) -> bool:
+    if dt.is_bool:
+        return True
+    lo, hi = (-(1 << (dt.bits - 1)), (1 << (dt.bits - 1)) - 1) if dt.kind == "int" else (0, (1 << dt.bits) - 1)
+    return lo <= value <= hi
+
+
+def _exact(e: ir.Expr) -> bool:
+    """Integer or boolean: safe to fold in Python."""
+    return e.dtype.is_int or e.dtype.is_bool
+
+
+def _const(e: ir.Expr) -> Optional[int]:
+    return e.value if isinstance(e, ir.Const) and _exact(e) else None
+
+
+def _as(e: ir.Expr, dt: dtypes.DType) -> ir.Expr:
+    return e if e.dtype == dt else ir.cast(e, dt)
+
+
+class _Simplify(ir.Mutator):
+    def visit_Binary(self, e: ir.Binary):
+        e = self.generic(e)
+        a, b = e.a, e.b
+        ca, cb = _const(a), _const(b)
+        if not (_exact(a) and _exact(b)):
+            return e
+        if ca is not None and cb is not None and e.op in _FOLD:
+            v = _FOLD[e.op](ca, cb)
+            if v is not None and _fits(int(v), e.dtype):
+                return ir.const(v, e.dtype)
+            return e
+        if e.dtype.is_bool and e.op in (ir.Op.AND, ir.Op.OR):
+            for x, cx, y in ((a, ca, b), (b, cb, a)):
+                if cx is not None:
+                    keep = bool(cx) if e.op == ir.Op.AND else not bool(cx)
+                    return y if keep else ir.const(bool(cx))
+            return e
+        if not e.dtype.is_int:
+            return e
+        if e.op == ir.Op.ADD and cb == 0 or e.op == ir.Op.SUB and cb == 0:
+            return _as(a, e.dtype)
+        if e.op == ir.Op.ADD and ca == 0:
+            return _as(b, e.dtype)
+        if e.op == ir.Op.MUL:
+            if cb == 1:
+                return _as(a, e.dtype)
+            if ca == 1:
+                return _as(b, e.dtype)
+            if 0 in (ca, cb):
+                return ir.const(0, e.dtype)
+        if e.op == ir.Op.FLOORDIV and cb == 1:
+            return _as(a, e.dtype)
+        if e.op == ir.Op.MOD and cb == 1:
+            return ir.const(0, e.dtype)
+        if e.op in (ir.Op.ADD, ir.Op.SUB) and cb is not None:
+            return self._reassociate(e, cb)
+        return e
+
+    def _reassociate(self, e: ir.Binary, cb: int) -> ir.Expr:
+        """``(x + c1) + c2`` and friends -> ``x + (c1 + c2)``."""
+        inner = e.a
+        if not (isinstance(inner, ir.Binary) and inner.op in (ir.Op.ADD, ir.Op.SUB)
+                and inner.dtype == e.dtype and _const(inner.b) is not None):
+            return e
+        c = (inner.b.value if inner.op == ir.Op.ADD else -inner.b.value) + (cb if e.op == ir.Op.ADD else -cb)
+        if not _fits(c, e.dtype):
+            return e
+        if c == 0:
+            return inner.a
+        return ir.Binary(ir.Op.ADD if c > 0 else ir.Op.SUB, inner.a, ir.const(abs(c), e.dtype), e.dtype)
+
+    def visit_Select(self, e: ir.Select):
+        e = self.generic(e)
+        c = _const(e.cond)
+        if c is None:
+            return e
+        return e.a if c else e.b
+
+    def visit_Cast(self, e: ir.Cast):
+        e = self.generic(e)
+        c = _const(e.a)
+        if c is not None and e.dtype.is_int and _fits(int(c), e.dtype):
+            return ir.const(int(c), e.dtype)
+        return e
+
+    def visit_If(self, s: ir.If):
+        s = self.generic(s)
+        c = _const(s.cond)
+        if c is None:
+            return s
+        return s.then if c else (s.orelse if s.orelse is not None else ir.Seq((), s.loc))
+
+    def visit_For(self, s: ir.For):
+        s = self.generic(s)
+        n = _const(s.extent)
+        if n is not None and n <= 0:
+            return ir.Seq((), s.loc)
+        return s
+
+
+def simplify(kernel: ir.Kernel) -> ir.Kernel:
+    """Fold integer/boolean constants, drop identities, prune constant branches and empty loops."""
+    m = _Simplify()
+    return replace(kernel, body=m.visit(kernel.body), grid=tuple(m.visit(g) for g in kernel.grid))

@@ -1,0 +1,297 @@
+"""The CPU C++ renderer: tile IR -> one OpenMP C++ translation unit.
+
+How each construct maps onto a CPU (see docs/backends/cpu.md):
+
+* the grid is an OpenMP ``parallel for collapse(n)`` over blocks; a block runs
+  start to finish on one thread, so statements outside ``Parallel`` simply run
+  once and on-chip buffers are private per-thread storage;
+* shared/fragment tiles (and large locals) live in a 64-byte-aligned
+  per-thread arena at offsets from the memory plan (``passes.allocate``);
+  small locals are stack arrays the compiler keeps in registers;
+* ``Copy``/``Fill`` are lowered by ``passes.masks`` into element maps with a
+  whole-tile bounds test in front (unmasked fast path for interior tiles);
+* ``Parallel`` is a loop nest whose innermost loop carries ``#pragma omp simd``
+  when its body is only stores and branches (iterations are independent);
+* ``Gemm``/``Reduce``/``Cumsum`` call the templates of ``kf/gemm.h`` and
+  ``kf/tile.h`` with every shape and stride as a compile-time constant;
+* ``Atomic`` on a global buffer is a real atomic (blocks run concurrently);
+  on block-private buffers it is a plain read-modify-write.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+import jinja2
+
+from kernforge import dtypes
+from kernforge.codegen import arith, ir
+from kernforge.codegen.passes import (buffer_bytes, lower_copies, nonneg_vars, plan_memory, run_pipeline,
+                                      simplify)
+from kernforge.codegen.render.base import CRenderer
+
+TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "templates", "cpu")
+INCLUDE_DIR = os.path.join(TEMPLATE_DIR, "include")
+ERR_GRID = 1  # a grid dimension is negative or does not fit int32
+ERR_ALLOC = 2  # a thread could not allocate its arena
+
+
+def c_identifier(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def entry_symbol(kernel: ir.Kernel) -> str:
+    """The exported C symbol of a kernel (the launch ABI's ``kf_<name>``)."""
+    return "kf_" + c_identifier(kernel.name)
+
+
+class CpuRenderer(CRenderer):
+    name = "cpu"
+    pipeline = (simplify, lower_copies, simplify)
+    template = "kernel_module.cpp.j2"
+    schedule = "guided"
+    stack_bytes = 1024  # LOCAL buffers up to this size are stack arrays, larger ones go to the arena
+    gemm_compute = {dtypes.float32: "float", dtypes.float16: "float", dtypes.bfloat16: "float",
+                    dtypes.float8_e4m3: "float", dtypes.float64: "double", dtypes.int8: "int32_t"}
+    reduce_op = {ir.Op.REDUCE_MAX: "kf::Reduce::Max", ir.Op.REDUCE_MIN: "kf::Reduce::Min",
+                 ir.Op.REDUCE_SUM: "kf::Reduce::Sum"}
+    atomic_op = {ir.Op.ATOMIC_ADD: "kf::atomic_add", ir.Op.ATOMIC_MAX: "kf::atomic_max"}
+
+    def __init__(self):
+        super().__init__()
+        self.names = NameTable()
+        self.plan = None
+
+    def var_name(self, v: ir.Var) -> str:
+        return self.names[v]
+
+    def buffer_name(self, b: ir.Buffer) -> str:
+        return self.names[b]
+
+    def in_arena(self, b: ir.Buffer) -> bool:
+        return b.scope in (ir.Scope.SHARED, ir.Scope.FRAGMENT) or buffer_bytes(b) > self.stack_bytes
+
+    # ------------------------------------------------------------------ kernel
+    def lower(self, kernel: ir.Kernel, dump=None) -> ir.Kernel:
+        return run_pipeline(kernel, self.pipeline, dump)
+
+    def render_kernel(self, kernel: ir.Kernel, dump=None) -> str:
+        k = self.lower(kernel, dump)
+        self.names = NameTable.for_kernel(k)
+        self.nonneg_vars = nonneg_vars(k)
+        self.plan = plan_memory(k, self.in_arena)
+        self.scratch: list[str] = []
+        written = {n.buffer for n in ir.walk(k.body) if isinstance(n, (ir.Store, ir.Atomic))}
+        body: list[str] = []
+        self.stmt(k.body, body, 0)
+        rank = len(k.grid)
+        grid_names = [f"kf_grid{d}" for d in range(rank)]
+        return _environment().get_template(self.template).render({
+            "kernel_name": k.name,
+            "entry": entry_symbol(k),
+            "attrs": repr(dict(sorted(k.attrs.items()))),
+            "buffers_bytes": self.plan.total,
+            "scratch_terms": ", ".join(self.scratch) or "0",
+            "param_lines": [self.param_line(i, p, p in written) for i, p in enumerate(k.params)]
+            + [f"const {self.ctype(s.dtype)} {self.names[s]} = static_cast<{self.ctype(s.dtype)}>(dims[{i}]);"
+               for i, s in enumerate(k.symbols)],
+            "grid_lines": [f"const int64_t {g} = static_cast<int64_t>({self.expr(e)});"
+                           for g, e in zip(grid_names, k.grid)],
+            "grid_invalid": " || ".join(f"{g} < 0 || {g} > 2147483647" for g in grid_names),
+            "err_grid": ERR_GRID, "err_alloc": ERR_ALLOC,
+            "grid_rank": rank,
+            "schedule": self.schedule,
+            "block_loops": [f"for (int32_t {self.names[v]} = 0; {self.names[v]} < {g}; ++{self.names[v]})"
+                            for v, g in reversed(list(zip(k.block_vars, grid_names)))],
+            "body_lines": body,
+        })
+
+    def param_line(self, index: int, p, written: bool) -> str:
+        if isinstance(p, ir.Var):
+            t = self.ctype(p.dtype)
+            return f"const {t} {self.names[p]} = *static_cast<const {t}*>(args[{index}]);"
+        t = self.ctype(p.dtype) if written else f"const {self.ctype(p.dtype)}"
+        return f"{t}* {self.names[p]} = static_cast<{t}*>(args[{index}]);"
+
+    # ------------------------------------------------------------------ statements
+    def stmt(self, s: ir.Stmt, out: list[str], depth: int) -> None:
+        pad = "  " * depth
+        getattr(self, "stmt_" + type(s).__name__)(s, out, pad, depth)
+
+    def block(self, s: ir.Stmt, out: list[str], depth: int) -> None:
+        if isinstance(s, ir.Seq):
+            for x in s.body:
+                self.stmt(x, out, depth)
+        else:
+            self.stmt(s, out, depth)
+
+    def stmt_Seq(self, s: ir.Seq, out, pad, depth):
+        scoped = any(isinstance(x, ir.Allocate) for x in s.body) and depth > 0
+        if scoped:
+            out.append(pad + "{")
+        self.block(s, out, depth + 1 if scoped else depth)
+        if scoped:
+            out.append(pad + "}")
+
+    def stmt_Allocate(self, s: ir.Allocate, out, pad, depth):
+        b, t = s.buffer, self.ctype(s.buffer.dtype)
+        if b in self.plan:
+            out.append(f"{pad}{t}* __restrict__ {self.names[b]} = "
+                       f"reinterpret_cast<{t}*>(kf_arena + {self.plan.offset(b)});")
+        else:
+            out.append(f"{pad}alignas(64) {t} {self.names[b]}[{buffer_bytes(b) // b.dtype.itemsize}];")
+
+    def stmt_For(self, s: ir.For, out, pad, depth):
+        v, t = self.names[s.var], self.ctype(s.var.dtype)
+        end = s.extent if arith.const_int(s.start) == 0 else ir.fold(ir.binary(ir.Op.ADD, s.start, s.extent))
+        out.append(f"{pad}const {t} kf_end_{v} = {self.cast_to(end, s.var.dtype)};")
+        if s.kind == ir.LoopKind.UNROLLED:
+            n = s.extent.value if isinstance(s.extent, ir.Const) else 8
+            out.append(f"{pad}#pragma GCC unroll {max(1, min(int(n), 64))}")
+        elif s.kind == ir.LoopKind.PIPELINED:
+            out.append(f"{pad}// pipelined (num_stages={s.num_stages}): stages run in order on a CPU")
+        out.append(f"{pad}for ({t} {v} = {self.cast_to(s.start, s.var.dtype)}; {v} < kf_end_{v}; ++{v}) {{")
+        self.block(s.body, out, depth + 1)
+        out.append(pad + "}")
+
+    def stmt_Parallel(self, s: ir.Parallel, out, pad, depth):
+        simd = all(isinstance(n, (ir.Seq, ir.If, ir.Store)) for n in ir.walk(s.body) if isinstance(n, ir.Stmt))
+        for level, (v, e) in enumerate(zip(s.vars, s.extents)):
+            p = "  " * (depth + level)
+            if simd and level == len(s.vars) - 1:
+                out.append(p + "#pragma omp simd")
+            name = self.names[v]
+            out.append(f"{p}for ({self.ctype(v.dtype)} {name} = 0; {name} < {e}; ++{name}) {{")
+        self.block(s.body, out, depth + len(s.vars))
+        for level in reversed(range(len(s.vars))):
+            out.append("  " * (depth + level) + "}")
+
+    def stmt_If(self, s: ir.If, out, pad, depth):
+        out.append(f"{pad}if ({self.expr(s.cond)}) {{")
+        self.block(s.then, out, depth + 1)
+        if s.orelse is not None:
+            out.append(pad + "} else {")
+            self.block(s.orelse, out, depth + 1)
+        out.append(pad + "}")
+
+    def stmt_Store(self, s: ir.Store, out, pad, depth):
+        out.append(f"{pad}{self.names[s.buffer]}[{self.offset(s.buffer, s.indices)}] = "
+                   f"{self.store_value(s.value, s.buffer.dtype)};")
+
+    def stmt_Atomic(self, s: ir.Atomic, out, pad, depth):
+        ref = f"{self.names[s.buffer]}[{self.offset(s.buffer, s.indices)}]"
+        value = self.store_value(s.value, s.buffer.dtype)
+        if s.buffer.scope == ir.Scope.GLOBAL:
+            out.append(f"{pad}{self.atomic_op[s.op]}(&{ref}, {value});")
+        elif s.op == ir.Op.ATOMIC_ADD:
+            out.append(f"{pad}{ref} = {ref} + {value};")
+        else:
+            out.append(f"{pad}{ref} = kf_max({ref}, {value});")
+
+    def stmt_Gemm(self, s: ir.Gemm, out, pad, depth):
+        (m, ka), (a_rs, a_cs) = self.matrix(s.a, s.trans_a)
+        (kb, n), (b_rs, b_cs) = self.matrix(s.b, s.trans_b)
+        _, (c_rs, c_cs) = self.matrix(s.c, False)
+        ct = self.gemm_compute[s.a.buffer.dtype]
+        self.scratch.append(f"kf::gemm_scratch_bytes<{ct}, {m}, {n}, {ka}>()")
+        out.append(f"{pad}kf::gemm<{ct}, {m}, {n}, {ka}, {a_rs}, {a_cs}, {b_rs}, {b_cs}, {c_rs}, {c_cs}, "
+                   f"{'true' if s.clear_accum else 'false'}>({self.pointer(s.a)}, {self.pointer(s.b)}, "
+                   f"{self.pointer(s.c)}, kf_scratch);")
+
+    def stmt_Reduce(self, s: ir.Reduce, out, pad, depth):
+        outer, n, inner = self.split(s.src, s.dim)
+        ct = self.ctype(dtypes.promote(s.src.dtype, s.dst.dtype))
+        out.append(f"{pad}kf::reduce<{self.reduce_op[s.op]}, {outer}, {n}, {inner}, "
+                   f"{'true' if s.clear else 'false'}, {ct}>({self.names[s.src]}, {self.names[s.dst]});")
+
+    def stmt_Cumsum(self, s: ir.Cumsum, out, pad, depth):
+        outer, n, inner = self.split(s.src, s.dim)
+        ct = self.ctype(dtypes.promote(s.src.dtype, s.dst.dtype))
+        out.append(f"{pad}kf::cumsum<{outer}, {n}, {inner}, {'true' if s.reverse else 'false'}, {ct}>"
+                   f"({self.names[s.src]}, {self.names[s.dst]});")
+
+    # ------------------------------------------------------------------ tile operands
+    def matrix(self, r: ir.Region, trans: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Logical (rows, cols) of a 2-D tile operand and its element strides."""
+        if r.buffer.scope == ir.Scope.GLOBAL or not r.buffer.is_static:
+            raise ir.KernelError(f"the CPU gemm needs on-chip operands, {r.buffer.name} is global")
+        dims = [d for d, e in enumerate(r.extents) if e != 1] if len(r.extents) > 2 else [0, 1]
+        dims = dims if len(dims) == 2 else list(range(len(r.extents)))[-2:]
+        rows, cols = (r.extents[d] for d in dims)
+        rs, cs = (int(r.buffer.strides[d].value) for d in dims)
+        return ((cols, rows), (cs, rs)) if trans else ((rows, cols), (rs, cs))
+
+    def pointer(self, r: ir.Region) -> str:
+        return f"({self.names[r.buffer]} + {self.offset(r.buffer, r.starts)})"
+
+    @staticmethod
+    def split(b: ir.Buffer, dim: int) -> tuple[int, int, int]:
+        shape = b.static_shape()
+        outer = inner = 1
+        for d in shape[:dim]:
+            outer *= d
+        for d in shape[dim + 1:]:
+            inner *= d
+        return outer, shape[dim], inner
+
+    def stmt_Copy(self, s, out, pad, depth):
+        raise ir.KernelError("internal: Copy reached the CPU renderer (the masks pass lowers it)", s.loc)
+
+    stmt_Fill = stmt_Copy
+
+
+@functools.lru_cache(maxsize=None)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                              autoescape=False)
+
+
+_RESERVED = frozenset("""
+alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t
+class compl concept const consteval constexpr constinit const_cast continue co_await co_return co_yield
+decltype default delete do double dynamic_cast else enum explicit export extern false float for friend
+goto if inline int long mutable namespace new noexcept not not_eq nullptr operator or or_eq private
+protected public register reinterpret_cast requires return short signed sizeof static static_assert
+static_cast struct switch template this thread_local throw true try typedef typeid typename union
+unsigned using virtual void volatile wchar_t while xor xor_eq restrict
+args dims std kf main NULL errno
+int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t size_t ptrdiff_t intptr_t uintptr_t
+""".split())
+
+
+class NameTable:
+    """C identifiers for a kernel's variables and buffers (keyed by identity).
+
+    Author names are kept where possible so the source reads like the DSL;
+    C++ keywords, the ``kf_`` prefix (generated names) and names the generated
+    code uses (``args``, ``dims``) get a suffix, and clashes get ``_<n>``."""
+
+    def __init__(self):
+        self._names: dict[int, str] = {}
+        self._used: set[str] = set()
+
+    @classmethod
+    def for_kernel(cls, kernel: ir.Kernel) -> "NameTable":
+        table = cls()
+        for node in list(kernel.params) + list(kernel.symbols) + list(kernel.block_vars) + list(ir.walk(kernel.body)):
+            if isinstance(node, (ir.Var, ir.Buffer)):
+                table.add(node)
+        return table
+
+    def add(self, node) -> None:
+        if id(node) in self._names:
+            return
+        base = c_identifier(node.name) or "v"
+        if base[0].isdigit() or base in _RESERVED or base.startswith(("kf_", "__")) or re.match(r"_[A-Z]", base):
+            base += "_"
+        name, n = base, 1
+        while name in self._used:
+            name, n = f"{base}_{n}", n + 1
+        self._used.add(name)
+        self._names[id(node)] = name
+
+    def __getitem__(self, node) -> str:
+        return self._names[id(node)]

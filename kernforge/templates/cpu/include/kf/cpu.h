@@ -1,0 +1,16 @@
+// Everything generated CPU kernels include: low-precision types, the scalar
+// helpers of the shared C printer, atomics, the per-thread arena and the tile
+// routines (gemm, reduce, cumsum).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "arena.h"
+#include "atomic.h"
+#include "convert.h"
+#include "gemm.h"
+#include "scalar.h"
+#include "tile.h"
+#include "types.h"

@@ -145,3 +145,35 @@ def check_closure(records, anchors: Anchors, stats: StatCache) -> str | None:
                 if os.path.exists(os.path.join(earlier, rel)):
                     return f"header {rel} is now shadowed by {os.path.join(earlier, rel)}"
     return None
+
+
+class ClosureWatch:
+    """A loaded module's project headers, resolved once for per-hit checks.
+
+    System headers (anchors ``sys<i>``) are validated when the module is
+    loaded and not re-stated on each in-process hit: re-checking ~100 toolchain
+    headers would cost ~200 us per call, and a toolchain is not upgraded under
+    a running process.  Project headers (include dirs, absolute paths) are
+    checked on every hit: one ``stat`` each, plus one per shadowing candidate.
+    """
+
+    def __init__(self, records, anchors: Anchors):
+        self._items = []
+        for record in records:
+            anchor, rel = record["anchor"], record["path"]
+            if is_system(record):
+                continue
+            full = rel if anchor == "abs" else os.path.join(anchors.table[anchor], rel)
+            shadows = []
+            if anchor.startswith("inc"):
+                shadows = [os.path.join(base, rel) for base in anchors.include_bases[: int(anchor[3:])]]
+            self._items.append((full, record["digest"], shadows, f"{anchor}:{rel}"))
+
+    def stale(self, stats: StatCache) -> str | None:
+        for full, digest, shadows, name in self._items:
+            if stats.digest(full) != digest:
+                return f"header {name} changed ({full})"
+            for shadow in shadows:
+                if os.path.exists(shadow):
+                    return f"header {name} is now shadowed by {shadow}"
+        return None

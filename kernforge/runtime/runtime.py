@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 from . import manifest as manifest_io
 from .cache import Entry, ManifestCache, explain_miss, find, group_dir, lock_path, touch
-from .closure import Anchors, build_closure, check_closure, is_system
+from .closure import Anchors, ClosureWatch, build_closure
 from .config import Config
 from .errors import CacheError, ConfigError, LoadError
 from .hashing import StatCache, digest_bytes, digest_file, digest_json
@@ -73,7 +73,7 @@ class Runtime:
         self.manifests = ManifestCache()
         self._compilers: dict[str, object] = {}
         self._requests: dict[tuple, Request] = {}
-        self._memory: dict[str, Module] = {}
+        self._memory: dict[tuple, tuple[Module, ClosureWatch]] = {}
         self._flights: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         atexit.register(self.save_counters)
@@ -124,8 +124,7 @@ class Runtime:
                 return module
             entry, reason = self._obtain(req)
             module = _load(entry, reason)
-            module.project_closure = [r for r in entry.manifest["closure"] if not is_system(r)]
-            self._memory[req.prekey] = module
+            self._memory[(req.prekey, req.include_dirs)] = (module, ClosureWatch(entry.manifest["closure"], req.anchors))
             return module
 
     def compile_without_load(self, tag, source, *, backend="cpu", options=(), include_dirs=(),
@@ -137,15 +136,11 @@ class Runtime:
 
     # -- tiers ----------------------------------------------------------
     def _memory_hit(self, req: Request) -> Module | None:
-        module = self._memory.get(req.prekey)
-        if module is None:
-            return None
-        # System headers were validated when the module was loaded; project
-        # headers are re-checked on every hit (one stat each).
-        if check_closure(module.project_closure, req.anchors, self.stats) is not None:
+        found = self._memory.get((req.prekey, req.include_dirs))
+        if found is None or found[1].stale(self.stats) is not None:
             return None
         self.counters.memory_hits += 1
-        return module
+        return found[0]
 
     def _flight(self, prekey: str) -> threading.Lock:
         with self._lock:

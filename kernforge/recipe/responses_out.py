@@ -146,7 +146,8 @@ class ResponsesChunkGenerator:
         self._close(out)
         u = self.usage
         usage = {"input_tokens": u.prompt_tokens,
-                 "input_tokens_details": {"cached_tokens": u.prompt_cache_hit_tokens},
+                 "input_tokens_details": {"cached_tokens": u.prompt_cache_hit_tokens,
+                                          "cache_write_tokens": 0},
                  "output_tokens": completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": u.prompt_tokens + completion_tokens}
         status = STATUS[reason]

@@ -1,0 +1,198 @@
+"""DeepGEMM's M-grouped contiguous GEMMs on kernforge kernels.
+
+``m_grouped_bf16_gemm_nt_contiguous`` and ``m_grouped_fp8_gemm_nt_contiguous`` take
+DeepGEMM's arguments (``specs/deepgemm-grouped.md``) and write ``d`` in place;
+``backend=`` picks the kernforge backend (default ``"cuda"`` for CUDA tensors,
+``"cpu"`` otherwise).  ``grouped_layout`` is the per-row expert index (``-1`` =
+padding; legacy name ``m_indices``) or, with ``use_psum_layout=True``, each
+group's cumulative end row.  The alignment rule (each expert's segment starts on a
+multiple of ``get_mk_alignment_for_contiguous_layout()``, ids constant inside an
+aligned block) is checked on the host before anything runs.
+
+Behaviour on padding is defined rather than left to the caller: ``d`` rows whose
+index is ``-1`` (and PSUM gap rows) are written as zeros, whatever ``a`` holds there.
+FP8 takes DeepGEMM's SM90 default recipe only: float32 scales, 1x128 per token for
+``a`` and 128x128 per block for ``b`` (UE8M0-rounded scales are ordinary float32
+powers of two, so they work too).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+import kernforge
+from kernforge.kernels import grouped_gemm as kernels
+
+_alignment = 128
+
+
+def get_mk_alignment_for_contiguous_layout() -> int:
+    """Row alignment of each expert's segment in the contiguous layout (DeepGEMM: 128)."""
+    return _alignment
+
+
+def set_mk_alignment_for_contiguous_layout(value: int) -> None:
+    """Process-wide, as in DeepGEMM."""
+    global _alignment
+    if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"alignment must be a positive int, got {value!r}")
+    _alignment = value
+
+
+get_m_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
+get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
+
+
+def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
+                                      grouped_layout: torch.Tensor, compiled_dims: str = "nk",
+                                      use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+                                      expected_m_for_psum_layout: Optional[int] = None, *,
+                                      backend: Optional[str] = None) -> None:
+    """``d[r] = a[r] @ b[g(r)]^T`` for bf16 ``a [M, K]``, ``b [G, N, K]``, ``d [M, N]``."""
+    _check_psum_hint(use_psum_layout, expected_m_for_psum_layout)
+    for name, t in (("a", a), ("b", b)):
+        _check_tensor(name, t, torch.bfloat16)
+    m, n, k, groups = _check_shapes(a, b, d)
+    if m == 0:
+        return
+    m_indices = _row_experts(grouped_layout, m, groups, use_psum_layout)
+    backend = backend or ("cuda" if a.is_cuda else "cpu")
+    kernel = _kernel(kernels.m_grouped_gemm_nt_contiguous, backend,
+                     **choose_config(backend, groups, n, k), block_K=64)
+    kernel(a, b, m_indices, d)
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a: tuple, b: tuple, d: torch.Tensor,
+                                     grouped_layout: torch.Tensor, recipe=None, recipe_a=None,
+                                     recipe_b=None, compiled_dims: str = "nk",
+                                     disable_ue8m0_cast: bool = False, use_psum_layout: bool = False,
+                                     ensure_zero_padding: bool = True,
+                                     expected_m_for_psum_layout: Optional[int] = None, *,
+                                     backend: Optional[str] = None) -> None:
+    """FP8 e4m3 ``a = (data [M, K], sfa float32 [M, ceil(K/128)])``,
+    ``b = (data [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)])``; bf16 ``d``."""
+    _check_psum_hint(use_psum_layout, expected_m_for_psum_layout)
+    _check_recipe(recipe, recipe_a, recipe_b)
+    (a_data, sfa), (b_data, sfb) = _pair("a", a), _pair("b", b)
+    for name, t in (("a", a_data), ("b", b_data)):
+        _check_tensor(name, t, torch.float8_e4m3fn)
+    m, n, k, groups = _check_shapes(a_data, b_data, d)
+    kb, nb = -(-k // 128), -(-n // 128)
+    _check_tensor("sfa", sfa, torch.float32, (m, kb))
+    _check_tensor("sfb", sfb, torch.float32, (groups, nb, kb))
+    if m == 0:
+        return
+    m_indices = _row_experts(grouped_layout, m, groups, use_psum_layout)
+    backend = backend or ("cuda" if a_data.is_cuda else "cpu")
+    kernel = _kernel(kernels.m_grouped_fp8_gemm_nt_contiguous, backend,
+                     **choose_config(backend, groups, n, k))
+    kernel(a_data, sfa, b_data, sfb, m_indices, d)
+
+
+m_grouped_gemm_fp8_fp8_bf16_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous  # legacy v1 name
+
+
+def choose_config(backend: str, groups: int, n: int, k: int) -> dict:
+    """Tile sizes: ``block_M`` divides the alignment so a tile never spans two experts;
+    GPUs take 128-row tiles when the alignment allows, host backends 64."""
+    want = 128 if backend.startswith("cuda") else 64
+    block_M = next(bm for bm in (want, 64, 32, 16, 8, 4, 2, 1) if bm <= want and _alignment % bm == 0)
+    return dict(num_groups=groups, N=n, K=k, block_M=block_M, block_N=64)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(factory, backend: str, params: tuple):
+    return kernforge.compile(factory, backend=backend, **dict(params))
+
+
+def _kernel(factory, backend: str, **params):
+    return _compiled(factory, backend, tuple(sorted(params.items())))
+
+
+def _check_psum_hint(use_psum_layout: bool, expected_m) -> None:
+    if expected_m is not None and not use_psum_layout:
+        raise ValueError("expected_m_for_psum_layout is only valid with use_psum_layout=True")
+
+
+def _check_recipe(recipe, recipe_a, recipe_b) -> None:
+    if recipe is not None and (recipe_a is not None or recipe_b is not None):
+        raise ValueError("give recipe or recipe_a/recipe_b, not both")
+    if recipe is not None and tuple(recipe) != (1, 128, 128):
+        raise NotImplementedError(f"recipe {tuple(recipe)}: only (1, 128, 128) is supported")
+    if (recipe_a, recipe_b) != (None, None) and (tuple(recipe_a or ()), tuple(recipe_b or ())) != ((1, 128), (128, 128)):
+        raise NotImplementedError("only recipe_a=(1, 128), recipe_b=(128, 128) is supported")
+
+
+def _pair(name: str, x):
+    if not isinstance(x, (tuple, list)) or len(x) != 2:
+        raise TypeError(f"{name} must be a (data, scale_factor) pair for FP8")
+    return x
+
+
+def _check_tensor(name: str, t, dtype, shape=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if shape is not None and tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (K-major)")
+
+
+def _check_shapes(a, b, d) -> tuple[int, int, int, int]:
+    if a.dim() != 2 or b.dim() != 3:
+        raise ValueError(f"a must be [M, K] and b [G, N, K], got {tuple(a.shape)} and {tuple(b.shape)}")
+    m, k = a.shape
+    groups, n, kb = b.shape
+    if kb != k:
+        raise ValueError(f"K mismatch: a has {k}, b has {kb}")
+    if n == 0 or k == 0 or groups == 0:
+        raise ValueError(f"n, k and the group count must be positive, got n={n}, k={k}, G={groups}")
+    _check_tensor("d", d, torch.bfloat16, (m, n))
+    if len({a.device, b.device, d.device}) != 1:
+        raise ValueError("a, b and d must be on one device")
+    return m, n, k, groups
+
+
+def _row_experts(layout, m: int, groups: int, use_psum_layout: bool) -> torch.Tensor:
+    """The per-row expert index the kernel reads, checked against the alignment rules."""
+    if not isinstance(layout, torch.Tensor) or layout.dtype != torch.int32 or not layout.is_contiguous():
+        raise TypeError("grouped_layout must be a contiguous int32 tensor")
+    if use_psum_layout:
+        return _psum_to_indices(layout, m, groups)
+    if tuple(layout.shape) != (m,):
+        raise ValueError(f"grouped_layout must have shape ({m},) (one expert id per row), got "
+                         f"{tuple(layout.shape)}")
+    ids = layout.long()
+    if ((ids < -1) | (ids >= groups)).any():
+        raise ValueError(f"grouped_layout ids must be -1 (padding) or in [0, {groups})")
+    pad = (-m) % _alignment
+    blocks = torch.nn.functional.pad(ids, (0, pad), value=-1).view(-1, _alignment)
+    first = blocks[:, :1]
+    bad = ((blocks != first) & (blocks != -1)).any(dim=1) | ((first == -1) & (blocks != -1).any(dim=1))
+    if bad.any():
+        row = int(bad.nonzero()[0]) * _alignment
+        raise ValueError(f"grouped_layout rows {row}..{row + _alignment - 1}: each aligned block of "
+                         f"{_alignment} rows must hold one expert id (its first row), then only -1 "
+                         "padding; every expert segment must start on a multiple of the alignment")
+    return layout
+
+
+def _psum_to_indices(ends: torch.Tensor, m: int, groups: int) -> torch.Tensor:
+    """PSUM layout -> per-row ids: group g spans ``[align(end[g-1]), end[g])``, gaps are -1."""
+    if tuple(ends.shape) != (groups,):
+        raise ValueError(f"with use_psum_layout, grouped_layout must be [{groups}] cumulative ends")
+    e = ends.long().cpu()
+    starts = torch.cat([torch.zeros(1, dtype=torch.long),
+                        (e[:-1] + _alignment - 1) // _alignment * _alignment])
+    if (e < starts).any() or (e > m).any():
+        raise ValueError(f"psum grouped_layout must be non-decreasing cumulative ends within [0, {m}]"
+                         f" with each group starting at the aligned end of the previous one, got "
+                         f"{ends.tolist()}")
+    ids = torch.full((m,), -1, dtype=torch.int32)
+    for g in range(groups):
+        ids[starts[g]:e[g]] = g
+    return ids.to(ends.device)

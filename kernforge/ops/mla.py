@@ -1,0 +1,186 @@
+"""FlashMLA's decode API on kernforge kernels: ``get_mla_metadata`` + ``flash_mla_with_kvcache``.
+
+The signatures follow FlashMLA (``specs/flashmla-decode.md``), including its legacy
+call forms, so code written for FlashMLA runs unchanged; ``backend=`` picks the
+kernforge backend (default: ``"cuda"`` for CUDA tensors, ``"cpu"`` otherwise).
+Every argument is checked on the host before a kernel starts, with an error that
+names the argument: a wrong block table or sequence length is an exception here,
+never a read of someone else's page.
+
+Differences from FlashMLA, all of them widenings: any head dims with
+``head_dim_v <= d`` and any page size (FlashMLA: d in {512, 576}, head_dim_v 512,
+page 64), any architecture, and ``attn_sink`` on the dense path too.  Not yet
+supported (``NotImplementedError``): FP8 KV caches, the sparse ``indices`` path,
+and the extra KV cache.  There is no split-KV: one block owns a request's rows for
+the whole sequence, so ``tile_scheduler_metadata`` carries no schedule.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+import kernforge
+from kernforge.kernels import mla_decode as kernels
+
+_DTYPES = (torch.bfloat16,)
+
+
+@dataclass
+class FlashMLASchedMeta:
+    """FlashMLA's lazily filled schedule object.  The first call records the shape
+    configuration in ``config``; later calls must match it (as in FlashMLA)."""
+
+    have_initialized: bool = False
+    config: Optional[dict] = None
+    tile_scheduler_metadata: Optional[torch.Tensor] = None
+    num_splits: Optional[torch.Tensor] = None
+
+
+def get_mla_metadata(*args, **kwargs) -> tuple[FlashMLASchedMeta, None]:
+    """Current FlashMLA form: arguments are accepted for compatibility and ignored."""
+    return FlashMLASchedMeta(), None
+
+
+def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+                           cache_seqlens: torch.Tensor, head_dim_v: int,
+                           tile_scheduler_metadata=None, num_splits=None,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           is_fp8_kvcache: bool = False, indices: Optional[torch.Tensor] = None,
+                           attn_sink: Optional[torch.Tensor] = None, extra_k_cache=None,
+                           extra_indices_in_kvcache=None, topk_length=None,
+                           extra_topk_length=None, *, backend: Optional[str] = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paged MLA decode attention.
+
+    ``q [b, s_q, h_q, d]``, ``k_cache [num_blocks, page_block_size, h_kv, d]`` (value =
+    first ``head_dim_v`` dims of the key), ``block_table int32 [b, max_blocks]``,
+    ``cache_seqlens int32 [b]``.  Returns ``out [b, s_q, h_q, head_dim_v]`` in q's
+    dtype and ``lse float32 [b, h_q, s_q]`` (natural log; ``+inf`` and out 0 for rows
+    with nothing to attend).  ``attn_sink float32 [h_q]`` scales each head's output by
+    ``1 / (1 + exp(sink - lse))``."""
+    if is_fp8_kvcache:
+        raise NotImplementedError("is_fp8_kvcache=True: FP8 KV caches are not supported yet "
+                                  "(kernforge MLA decode v0 is bf16 only)")
+    if indices is not None or topk_length is not None:
+        raise NotImplementedError("the sparse (indices/topk_length) decode path is not supported "
+                                  "yet; use the dense paged path")
+    if extra_k_cache is not None or extra_indices_in_kvcache is not None or extra_topk_length is not None:
+        raise NotImplementedError("extra_k_cache / extra_indices_in_kvcache are not supported yet")
+    _check_schedule_args(tile_scheduler_metadata, num_splits)
+    b, s_q, h_q, d = _check_dense(q, k_cache, block_table, cache_seqlens, head_dim_v, attn_sink)
+    page, h_kv = k_cache.shape[1], k_cache.shape[2]
+    causal = bool(causal) and s_q > 1            # FlashMLA ignores causal for one query token
+    if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
+        _record_config(tile_scheduler_metadata, dict(
+            b=b, s_q=s_q, h_q=h_q, page_block_size=page, h_kv=h_kv, causal=causal,
+            is_fp8_kvcache=False, topk=None))
+    scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
+    backend = backend or ("cuda" if q.is_cuda else "cpu")
+    kernel = _kernel(backend, **choose_config(backend, h_q, h_kv, s_q, d, head_dim_v, page, causal))
+    sink = attn_sink if attn_sink is not None else torch.full((h_q,), -float("inf"), device=q.device)
+    out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
+    kernel(q, k_cache.view(-1, h_kv * d), block_table, cache_seqlens, sink, scale, out, lse)
+    return out, lse
+
+
+def choose_config(backend: str, h_q: int, h_kv: int, s_q: int, d: int, dim_v: int, page: int,
+                  causal: bool) -> dict:
+    """Compile-time parameters for one call.  Rows (query tokens x heads per KV head)
+    fill a block of ``block_H``: GPUs want a tensor-core friendly 64; host backends
+    gain nothing from padding rows, so they take the exact row count up to 64."""
+    rows = s_q * (h_q // h_kv)
+    block_H = 64 if backend.startswith("cuda") else min(rows, 64)
+    block_N = next(n for n in (64, 32, 16, 8, 4, 2, 1) if page % n == 0)
+    return dict(heads=h_q, heads_kv=h_kv, seq_q=s_q, dim=d, dim_v=dim_v, page_size=page,
+                causal=causal, block_N=block_N, block_H=block_H)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(backend: str, params: tuple):
+    return kernforge.compile(kernels.mla_decode, backend=backend, **dict(params))
+
+
+def _kernel(backend: str, **params):
+    return _compiled(backend, tuple(sorted(params.items())))
+
+
+def _check_schedule_args(meta, num_splits) -> None:
+    if meta is None or isinstance(meta, FlashMLASchedMeta):
+        if num_splits is not None:
+            raise ValueError("num_splits must be None with the current FlashMLA API (pass the "
+                             "FlashMLASchedMeta from get_mla_metadata as tile_scheduler_metadata)")
+    elif not isinstance(meta, torch.Tensor):
+        raise TypeError(f"tile_scheduler_metadata must be a FlashMLASchedMeta (or a legacy "
+                        f"metadata tensor), got {type(meta).__name__}")
+    # legacy tensors (v1/v2 API) carry FlashMLA's split schedule; kernforge does not split
+
+
+def _record_config(meta: FlashMLASchedMeta, config: dict) -> None:
+    if not meta.have_initialized:
+        meta.config, meta.have_initialized = config, True
+    elif meta.config != config:
+        raise ValueError(f"Your input arguments are inconsistent with sched_meta: it was first "
+                         f"used with {meta.config}, now {config}")
+
+
+def _check_dense(q, k_cache, block_table, cache_seqlens, head_dim_v, attn_sink) -> tuple:
+    for name, t in (("q", q), ("k_cache", k_cache), ("block_table", block_table),
+                    ("cache_seqlens", cache_seqlens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be [batch, s_q, h_q, d], got shape {tuple(q.shape)}")
+    b, s_q, h_q, d = q.shape
+    if q.dtype not in _DTYPES:
+        raise TypeError(f"q must be bfloat16, got {q.dtype}")
+    if k_cache.dtype != q.dtype:
+        raise TypeError(f"k_cache dtype {k_cache.dtype} must equal q's {q.dtype}")
+    if k_cache.dim() != 4 or k_cache.shape[3] != d:
+        raise ValueError(f"k_cache must be [num_blocks, page_block_size, h_kv, {d}], got "
+                         f"{tuple(k_cache.shape)}")
+    num_blocks, page, h_kv, _ = k_cache.shape
+    if b == 0 or s_q == 0 or h_q == 0 or d == 0:
+        raise ValueError(f"q has an empty dimension: {tuple(q.shape)}")
+    if not 0 < head_dim_v <= d:
+        raise ValueError(f"head_dim_v ({head_dim_v}) must be in (0, d={d}]: the value is the first "
+                         "head_dim_v dims of the key")
+    if h_kv == 0 or h_q % h_kv:
+        raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
+    if not q.is_contiguous() or not k_cache.is_contiguous():
+        raise ValueError("q and k_cache must be contiguous")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != b:
+        raise ValueError(f"block_table must be int32 [{b}, max_blocks], got {block_table.dtype} "
+                         f"{tuple(block_table.shape)}")
+    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (b,):
+        raise ValueError(f"cache_seqlens must be int32 [{b}], got {cache_seqlens.dtype} "
+                         f"{tuple(cache_seqlens.shape)}")
+    if not block_table.is_contiguous() or not cache_seqlens.is_contiguous():
+        raise ValueError("block_table and cache_seqlens must be contiguous")
+    devices = {t.device for t in (q, k_cache, block_table, cache_seqlens)}
+    if attn_sink is not None:
+        if not isinstance(attn_sink, torch.Tensor) or attn_sink.dtype != torch.float32 \
+                or tuple(attn_sink.shape) != (h_q,) or not attn_sink.is_contiguous():
+            raise ValueError(f"attn_sink must be a contiguous float32 [{h_q}] tensor")
+        devices.add(attn_sink.device)
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    _check_pages(block_table, cache_seqlens, page, num_blocks)
+    return b, s_q, h_q, d
+
+
+def _check_pages(block_table, cache_seqlens, page: int, num_blocks: int) -> None:
+    """Every page a request uses must exist: a bad id would read another allocation."""
+    lens = cache_seqlens.long()
+    max_len = block_table.shape[1] * page
+    if (lens < 0).any() or (lens > max_len).any():
+        raise ValueError(f"cache_seqlens must be in [0, {max_len}] (block_table width x page size), "
+                         f"got {cache_seqlens.tolist()}")
+    used = torch.arange(block_table.shape[1], device=lens.device)[None, :] * page < lens[:, None]
+    ids = block_table[used]
+    if ids.numel() and ((ids < 0).any() or (ids >= num_blocks).any()):
+        raise ValueError(f"block_table holds page ids outside [0, {num_blocks}) within "
+                         "cache_seqlens")

@@ -1,0 +1,127 @@
+"""Grouped GEMM kernels (contiguous layout): interp and cpu against float64 torch, with
+garbage in A's padding rows and NaN-poisoned outputs."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import kernforge
+from kernforge.kernels import grouped_gemm as G
+from kernforge.kernels.check import run_spec
+from tests.conftest import host_backends
+
+BACKENDS = [b for b in host_backends() if b in ("interp", "cpu")]
+
+
+def inputs(group_rows, alignment, n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    m_indices = G.contiguous_layout(group_rows, alignment)
+    a = torch.randn(m_indices.numel(), k, generator=g)
+    a[m_indices < 0] = 1e4            # padding rows hold garbage; D must still be 0 there
+    b = torch.randn(len(group_rows), n, k, generator=g)
+    return a.bfloat16(), b.bfloat16(), m_indices
+
+
+def run_bf16(backend, group_rows, alignment, n, k, seed=0, **tiles):
+    a, b, m_indices = inputs(group_rows, alignment, n, k, seed)
+    kernel = kernforge.compile(G.m_grouped_gemm_nt_contiguous, backend=backend,
+                               num_groups=len(group_rows), N=n, K=k, **tiles)
+    d = torch.full((a.shape[0], n), float("nan"), dtype=torch.bfloat16)
+    kernel(a, b, m_indices, d)
+    expected = G.reference(a, b, m_indices)
+    G.assert_close(d, expected, G.error_bound(a, b, m_indices, expected))
+    return d, expected
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", [
+    # empty expert, unaligned row counts, N and K not multiples of the tiles
+    dict(group_rows=[5, 0, 70, 32], alignment=32, n=40, k=72,
+         block_M=32, block_N=32, block_K=32),
+    # one expert, tiles smaller than the alignment, a single K step, one pipeline stage
+    dict(group_rows=[130], alignment=64, n=16, k=16, block_M=32, block_N=16, block_K=16,
+         num_stages=1),
+])
+def test_bf16_matches_reference(backend, case):
+    d, _ = run_bf16(backend, **case)
+    m_indices = G.contiguous_layout(case["group_rows"], case["alignment"])
+    assert torch.all(d[m_indices < 0] == 0)
+
+
+def quant_per_token(x):
+    """1x128 scales (DeepGEMM's activation recipe): sf = amax / 448, data = x / sf."""
+    kb = -(-x.shape[-1] // 128)
+    padded = torch.nn.functional.pad(x, (0, kb * 128 - x.shape[-1])).view(*x.shape[:-1], kb, 128)
+    sf = padded.abs().amax(-1).clamp(min=1e-4) / 448
+    data = (padded / sf[..., None]).view(*x.shape[:-1], kb * 128)[..., :x.shape[-1]]
+    return data.to(torch.float8_e4m3fn).contiguous(), sf.float()
+
+
+def quant_per_block(x):
+    """128x128 scales (DeepGEMM's weight recipe)."""
+    g, n, k = x.shape
+    nb, kb = -(-n // 128), -(-k // 128)
+    v = torch.nn.functional.pad(x, (0, kb * 128 - k, 0, nb * 128 - n)).view(g, nb, 128, kb, 128)
+    sf = v.abs().amax(dim=(2, 4)).clamp(min=1e-4) / 448
+    data = (v / sf[:, :, None, :, None]).view(g, nb * 128, kb * 128)[:, :n, :k]
+    return data.to(torch.float8_e4m3fn).contiguous(), sf.float()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp8_block_scaled_matches_dequantized_reference(backend):
+    group_rows, alignment, n, k = [40, 0, 9], 32, 160, 200      # two K blocks, two N blocks, ragged
+    g = torch.Generator().manual_seed(1)
+    m_indices = G.contiguous_layout(group_rows, alignment)
+    a, sfa = quant_per_token(torch.randn(m_indices.numel(), k, generator=g))
+    b, sfb = quant_per_block(torch.randn(len(group_rows), n, k, generator=g) * 3)
+    kernel = kernforge.compile(G.m_grouped_fp8_gemm_nt_contiguous, backend=backend,
+                               num_groups=len(group_rows), N=n, K=k, block_M=32, block_N=64)
+    d = torch.full((m_indices.numel(), n), float("nan"), dtype=torch.bfloat16)
+    kernel(a, sfa, b, sfb, m_indices, d)
+    a64, b64 = G.dequantize(a, sfa, (1, 128)), G.dequantize(b, sfb, (128, 128))
+    expected = G.reference(a64, b64, m_indices)
+    G.assert_close(d, expected, G.error_bound(a64, b64, m_indices, expected, rounding_steps=3))
+
+
+def test_backends_agree():
+    if "cpu" not in BACKENDS:
+        pytest.skip("cpu backend not available")
+    case = dict(group_rows=[33, 64], alignment=64, n=48, k=40, block_M=64, block_N=32, block_K=32)
+    d_i, _ = run_bf16("interp", **case)
+    d_c, _ = run_bf16("cpu", **case)
+    # same float32 products, possibly summed in another order: at most one bf16 ulp apart
+    assert ((d_i.double() - d_c.double()).abs() <= d_i.double().abs() * 2.0 ** -7 + 1e-6).all()
+
+
+def test_check_detects_a_wrong_element():
+    d, expected = run_bf16("interp", [20], 32, 16, 16, block_M=32, block_N=16, block_K=16)
+    a, b, m_indices = inputs([20], 32, 16, 16)
+    bad = d.clone()
+    bad[3, 5] += 0.5
+    with pytest.raises(AssertionError, match="error bound"):
+        G.assert_close(bad, expected, G.error_bound(a, b, m_indices, expected))
+
+
+@settings(max_examples=12, deadline=None)
+@given(group_rows=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+       n=st.integers(1, 40), k=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_property_random_shapes(group_rows, n, k, seed):
+    if sum(group_rows) == 0:
+        group_rows = group_rows + [1]
+    run_bf16("interp", group_rows, 16, n, k, seed, block_M=16, block_N=16, block_K=16)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_registered_small_problem(backend):
+    r = run_spec(G.SPEC, backend, "small", repeat=0)
+    assert r.verified, r.error
+
+
+def test_kernel_name_carries_parameters():
+    pf = G.m_grouped_gemm_nt_contiguous(num_groups=4, N=64, K=32, block_M=32, num_stages=3)
+    assert {k: pf.ir.attrs[k] for k in ("num_groups", "N", "K", "block_M", "num_stages")} == \
+        dict(num_groups=4, N=64, K=32, block_M=32, num_stages=3)
+
+
+def test_fp8_rejects_tiles_wider_than_a_scale_block():
+    with pytest.raises(ValueError, match="divide the 128"):
+        G.m_grouped_fp8_gemm_nt_contiguous(num_groups=1, N=256, K=128, block_N=96)

@@ -1,0 +1,125 @@
+"""MLA decode kernel: interp and cpu backends against the float64 torch reference, on
+random paged caches whose unused pages and tail positions are NaN."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import kernforge
+from kernforge.kernels import mla_decode as M
+from kernforge.kernels.check import run_spec
+from tests.conftest import host_backends
+
+BACKENDS = [b for b in host_backends() if b in ("interp", "cpu")]
+
+
+def run_case(backend, seqlens, heads=4, heads_kv=1, seq_q=1, dim=48, dim_v=32, page=16,
+             block_N=16, block_H=4, causal=False, sink=True, seed=0, sink_values=None):
+    g = torch.Generator().manual_seed(seed)
+    kv, table = M.make_cache(seqlens, page, heads_kv, dim, g)
+    q = torch.randn(len(seqlens), seq_q, heads, dim, generator=g).bfloat16()
+    attn_sink = torch.randn(heads, generator=g) if sink else torch.full((heads,), -math.inf)
+    if sink_values is not None:
+        attn_sink = torch.tensor(sink_values, dtype=torch.float32)
+    lens = torch.tensor(seqlens, dtype=torch.int32)
+    kernel = kernforge.compile(M.mla_decode, backend=backend, out_idx=[-2, -1], heads=heads,
+                               heads_kv=heads_kv, seq_q=seq_q, dim=dim, dim_v=dim_v,
+                               page_size=page, causal=causal, block_N=block_N, block_H=block_H)
+    scale = dim ** -0.5
+    out, lse = kernel(q, kv.view(-1, heads_kv * dim), table, lens, attn_sink, scale)
+    exp_out, exp_lse = M.reference(q, kv, table, lens, attn_sink, scale, dim_v, causal)
+    tol_out, tol_lse = M.tolerances(q, kv, scale, max(seqlens), dim_v)
+    M.assert_close(out, lse, exp_out, exp_lse, tol_out, tol_lse)
+    return out, lse, exp_out, exp_lse
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", [
+    dict(seqlens=[1]),                                         # one key, batch 1
+    dict(seqlens=[37, 16, 5], block_H=4, heads=6),             # tail tiles; head count not a multiple of block_H
+    dict(seqlens=[40, 9], heads=8, heads_kv=2, block_H=8),     # GQA: two latent heads
+    dict(seqlens=[33, 1, 0], seq_q=2, causal=True, block_H=8), # MTP causal; a row with nothing visible; empty request
+    dict(seqlens=[50], block_N=8, sink=False),                 # tiles smaller than a page; no sink
+])
+def test_matches_reference(backend, case):
+    run_case(backend, **case)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_real_flashmla_dims(backend):
+    """d = 576 (512 latent + 64 RoPE), value = first 512 dims, page 64, 16 heads in one block."""
+    run_case(backend, [70, 130], heads=16, dim=576, dim_v=512, page=64, block_N=64, block_H=16)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_v4_dims_value_is_whole_key(backend):
+    """V4: d = dim_v = 512 (no separate RoPE tail: the value is all of the key)."""
+    run_case(backend, [65], heads=4, dim=512, dim_v=512, page=64, block_N=32, block_H=4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sink_extremes(backend):
+    """+inf sink zeroes a head's output, -inf is a no-op, lse never includes the sink."""
+    out, lse, _, exp_lse = run_case(backend, [20], heads=3, block_H=4,
+                                    sink_values=[math.inf, -math.inf, 0.5])
+    assert torch.all(out[:, :, 0] == 0)
+    nosink, _, _, _ = run_case(backend, [20], heads=3, block_H=4, sink=False)
+    assert torch.equal(out[:, :, 1], nosink[:, :, 1])
+
+
+def test_empty_rows_are_zero_with_infinite_lse():
+    out, lse, _, _ = run_case("interp", [0, 3], seq_q=2, causal=True, block_H=8)
+    assert torch.all(out[0] == 0) and torch.all(torch.isposinf(lse[0]))
+    # request 1 has 3 keys and 2 query tokens: token 0 sees keys 0..1, token 1 all three
+    assert torch.all(torch.isfinite(lse[1]))
+
+
+def test_backends_agree():
+    """interp and cpu, same inputs: both within the bound of the reference and of each other."""
+    if "cpu" not in BACKENDS:
+        pytest.skip("cpu backend not available")
+    a = run_case("interp", [45, 7], heads=8, seq_q=2, causal=True, block_H=16)
+    b = run_case("cpu", [45, 7], heads=8, seq_q=2, causal=True, block_H=16)
+    assert (a[0].double() - b[0].double()).abs().max() <= 2 * 2.0 ** -8 * 5
+    fin = torch.isfinite(a[1])
+    assert torch.equal(fin, torch.isfinite(b[1]))
+    assert (a[1][fin] - b[1][fin]).abs().max() < 1e-4
+
+
+def test_check_detects_a_wrong_element():
+    out, lse, exp_out, exp_lse = run_case("interp", [30], heads=4)
+    bad = out.clone()
+    bad[0, 0, 1, 3] += 0.25
+    with pytest.raises(AssertionError, match="output differs"):
+        M.assert_close(bad, lse, exp_out, exp_lse, 0.05, 1e-4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seqlens=st.lists(st.integers(0, 70), min_size=1, max_size=3),
+       heads=st.sampled_from([1, 3, 4]), seq_q=st.integers(1, 2), causal=st.booleans(),
+       block_N=st.sampled_from([8, 16]), seed=st.integers(0, 2**16))
+def test_property_random_shapes(seqlens, heads, seq_q, causal, block_N, seed):
+    run_case("interp", seqlens, heads=heads, seq_q=seq_q, causal=causal, block_N=block_N,
+             block_H=4, seed=seed)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_registered_small_problem(backend):
+    r = run_spec(M.SPEC, backend, "small", repeat=0)
+    assert r.verified, r.error
+
+
+def test_kernel_name_carries_parameters():
+    pf = M.mla_decode(heads=8, seq_q=2, causal=True, block_N=32, block_H=16)
+    for key, value in dict(heads=8, seq_q=2, causal=True, block_N=32, block_H=16, dim=576).items():
+        assert pf.ir.attrs[key] == value
+
+
+def test_bad_parameters_are_rejected():
+    with pytest.raises(ValueError, match="multiple of heads_kv"):
+        M.mla_decode(heads=6, heads_kv=4)
+    with pytest.raises(ValueError, match="divide page_size"):
+        M.mla_decode(heads=4, block_N=48)
+    with pytest.raises(ValueError, match="dim_v"):
+        M.mla_decode(heads=4, dim=64, dim_v=128)

@@ -157,6 +157,7 @@ inline ThreadCtx& ctx() { return g_ctx; }
 // thread's outstanding asynchronous copies when it returns.
 struct Hooks {
   std::vector<void (*)()> block_start;    // called by the launching thread before each block
+  std::vector<void (*)()> thread_start;   // called by each thread before the kernel body
   std::vector<void (*)()> thread_finish;  // called by each thread after the kernel body returns
   std::vector<void (*)()> wake;           // called on abort, to wake waiters of other kinds
 };
@@ -257,6 +258,7 @@ class Launch {
       c.lane = t % kWarpSize;
       c.warp = t / kWarpSize;
       c.block = &block_;
+      for (auto fn : hooks().thread_start) fn();
       try {
         body_();
         for (auto fn : hooks().thread_finish) fn();

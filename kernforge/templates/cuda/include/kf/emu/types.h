@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 
 namespace kf_emu {
 
@@ -30,18 +31,19 @@ inline uint16_t float_to_f16_bits(float f) {
 }
 inline float f16_bits_to_float(uint16_t u) { _Float16 h; std::memcpy(&h, &u, 2); return float(h); }
 
-inline uint8_t float_to_e4m3_bits(float f) {
+// satfinite: out-of-range values clamp to +-448; otherwise they become NaN
+// (cvt.rn.e4m3x2.f32 without .satfinite; also ml_dtypes' float8_e4m3fn).
+inline uint8_t float_to_e4m3_bits(float f, bool satfinite = true) {
   if (std::isnan(f)) return 0x7f;
   uint8_t sign = std::signbit(f) ? 0x80 : 0;
   float a = std::fabs(f);
-  if (a >= 448.0f) return sign | 0x7e;
+  if (a > 464.0f || std::isinf(a)) return satfinite ? (sign | 0x7e) : (sign | 0x7f);  // 464 = 448 + half a step
   int e;
   std::frexp(a, &e);                     // a = m * 2^e, m in [0.5, 1)
   int exp = e - 1;                       // a in [2^exp, 2^(exp+1))
   if (exp < -6) exp = -6;                // subnormal range shares the 2^-9 quantum
   float quantum = std::ldexp(1.0f, exp - 3);
   float q = std::nearbyint(a / quantum) * quantum;  // exact scaling, RNE (default mode)
-  if (q > 448.0f) q = 448.0f;
   if (q == 0.0f) return sign;
   std::frexp(q, &e);
   exp = e - 1;
@@ -58,6 +60,10 @@ inline float e4m3_bits_to_float(uint8_t b) {
 }
 
 }  // namespace kf_emu
+
+[[noreturn]] inline void kf_emu_unsupported_fp8_kind() {
+  throw std::logic_error("cuda-emu: only the E4M3 fp8 format is emulated");
+}
 
 struct __half_raw { unsigned short x; };
 struct __nv_bfloat16_raw { unsigned short x; };
@@ -152,3 +158,9 @@ struct __nv_fp8_e4m3 {
   explicit operator __nv_bfloat16() const { return __nv_bfloat16(float(*this)); }
 };
 typedef unsigned char __nv_fp8_storage_t;
+enum __nv_saturation_t { __NV_NOSAT, __NV_SATFINITE };
+enum __nv_fp8_interpretation_t { __NV_E4M3, __NV_E5M2 };
+inline __nv_fp8_storage_t __nv_cvt_float_to_fp8(float x, __nv_saturation_t sat, __nv_fp8_interpretation_t kind) {
+  if (kind != __NV_E4M3) kf_emu_unsupported_fp8_kind();
+  return kf_emu::float_to_e4m3_bits(x, sat == __NV_SATFINITE);
+}

@@ -1,0 +1,127 @@
+// Host emulation of kf/wgmma.cuh: wgmma.mma_async with shared-memory descriptors.
+//
+// Operands are read through the descriptor exactly as the PTX ISA defines the
+// no-swizzle canonical layouts ("Shared Memory Matrix Layout", 8x8 core
+// matrices of 16-bit elements, each 8 rows of 16 contiguous bytes):
+//   K-major  (not transposed): elem(mn, k) at start + (mn/8)*SBO + (k/8)*LBO + (mn%8)*16 + (k%8)*2
+//   MN-major (transposed):     elem(mn, k) at start + (mn/8)*SBO + (k/8)*LBO + (k%8)*16 + (mn%8)*2
+// (LBO: distance between core matrices adjacent along K; SBO: along M or N.)
+// Swizzled layouts and a nonzero base offset are not emulated and fail loudly.
+//
+// Accumulator layout (PTX ISA "wgmma .m64nNk16 register fragment D"): thread
+// in warp w of the warpgroup, g = lane/4, t = lane%4, holds
+//   d[4*j + q] = D(16*w + g + 8*(q/2), 8*j + 2*t + q%2).
+//
+// Completion semantics: wgmma is asynchronous.  An issued wgmma is queued in the
+// thread's open group, commit closes the group, and wait<N> executes every
+// group but the newest N, reading shared memory *then*.  So reading d before
+// the covering wait, or overwriting an operand tile before it, gives the wrong
+// answer here as it can on the GPU.  Ops never waited for are dropped when the
+// thread returns (their registers are gone).
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "kf/emu/shared.h"
+#include "kf/emu/types.h"
+
+namespace kf_emu {
+
+struct SmemDesc {
+  uint32_t start, lbo, sbo;
+};
+
+inline SmemDesc decode_desc(uint64_t desc, const char* which) {
+  const unsigned swizzle = unsigned(desc >> 62) & 3u, base = unsigned(desc >> 49) & 7u;
+  if (swizzle) fail(std::string("wgmma: swizzled descriptor for ") + which + " (mode " + std::to_string(swizzle) + ") is not emulated");
+  if (base) fail(std::string("wgmma: nonzero matrix base offset in the descriptor for ") + which + " is not emulated");
+  return SmemDesc{uint32_t(desc & 0x3fff) << 4, uint32_t((desc >> 16) & 0x3fff) << 4, uint32_t((desc >> 32) & 0x3fff) << 4};
+}
+
+inline float desc_elem(const SmemDesc& s, int mn, int k, bool mn_major, bool bf16) {
+  const uint32_t addr = s.start + uint32_t(mn / 8) * s.sbo + uint32_t(k / 8) * s.lbo +
+                        (mn_major ? uint32_t(k % 8) * 16 + uint32_t(mn % 8) * 2 : uint32_t(mn % 8) * 16 + uint32_t(k % 8) * 2);
+  if (addr + 2 > smem_size()) fail("wgmma: operand element at shared address " + std::to_string(addr) + " is outside shared memory");
+  uint16_t bits;
+  std::memcpy(&bits, smem_base() + addr, 2);
+  return bf16 ? bf16_bits_to_float(bits) : f16_bits_to_float(bits);
+}
+
+struct WgmmaOp {
+  float* d;
+  int n;
+  uint64_t desc_a, desc_b;
+  bool accumulate, bf16, trans_a, trans_b;
+};
+
+struct WgmmaState {
+  std::vector<WgmmaOp> open;
+  std::deque<std::vector<WgmmaOp>> groups;
+};
+static thread_local WgmmaState g_wgmma;
+
+inline void execute(const WgmmaOp& op) {
+  const SmemDesc a = decode_desc(op.desc_a, "A"), b = decode_desc(op.desc_b, "B");
+  const int lane = int(ctx().lane), w = int(ctx().warp % 4), g = lane / 4, t = lane % 4;
+  for (int j = 0; j < op.n / 8; ++j)
+    for (int q = 0; q < 4; ++q) {
+      const int row = 16 * w + g + 8 * (q / 2), col = 8 * j + 2 * t + q % 2;
+      double acc = 0.0;
+      for (int k = 0; k < 16; ++k)
+        acc += double(desc_elem(a, row, k, op.trans_a, op.bf16)) * double(desc_elem(b, col, k, op.trans_b, op.bf16));
+      float& dst = op.d[4 * j + q];
+      dst = float((op.accumulate ? double(dst) : 0.0) + acc);
+    }
+}
+
+inline void wgmma_issue(float* d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, bool bf16, int ta, int tb) {
+  g_wgmma.open.push_back(WgmmaOp{d, n, desc_a, desc_b, scale_d != 0, bf16, ta != 0, tb != 0});
+}
+inline void wgmma_commit() {
+  g_wgmma.groups.push_back(std::move(g_wgmma.open));
+  g_wgmma.open.clear();
+}
+inline void wgmma_wait(int n) {
+  auto& groups = g_wgmma.groups;
+  while (int(groups.size()) > n) {
+    for (const WgmmaOp& op : groups.front()) execute(op);
+    groups.pop_front();
+  }
+}
+inline void wgmma_reset() { g_wgmma = WgmmaState{}; }
+static RegisterHook wgmma_reset_hook(hooks().thread_start, wgmma_reset);
+
+}  // namespace kf_emu
+
+namespace kf {
+
+KF_DEVICE uint64_t make_smem_desc(const void* ptr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+  if (addr >= (1u << 18))
+    kf_emu::fail("make_smem_desc: emulated shared address " + std::to_string(addr) +
+                 " does not fit the descriptor's 14-bit start field (shared window over 256 KB)");
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((addr >> 4) & 0x3FFF);
+  desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
+  desc |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  return desc;
+}
+
+KF_DEVICE void wgmma_fence() {}
+KF_DEVICE void wgmma_commit() { kf_emu::wgmma_commit(); }
+template <int N> KF_DEVICE void wgmma_wait() { kf_emu::wgmma_wait(N); }
+KF_DEVICE void fence_proxy_async() {}
+
+template <int N, int TRANS_A, int TRANS_B>
+KF_DEVICE void wgmma_m64nNk16_f32_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N is a multiple of 8 in 8..256");
+  kf_emu::wgmma_issue(d, N, desc_a, desc_b, scale_d, true, TRANS_A, TRANS_B);
+}
+template <int N, int TRANS_A, int TRANS_B>
+KF_DEVICE void wgmma_m64nNk16_f32_f16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N is a multiple of 8 in 8..256");
+  kf_emu::wgmma_issue(d, N, desc_a, desc_b, scale_d, false, TRANS_A, TRANS_B);
+}
+
+}  // namespace kf

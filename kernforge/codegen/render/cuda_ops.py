@@ -1,0 +1,661 @@
+"""CUDA lowering of each tile statement (the ``render_<stmt>`` handlers of :class:`CudaRenderer`).
+
+Copies, fills, scalar gemms and generic reductions are lowered to element maps
+(an ``ir.Parallel`` built here, with the copy's edge semantics as explicit
+conditions) and rendered like an author's ``T.Parallel``: the same code walks
+a thread's registers or shares iterations between threads.  Tensor-core gemms,
+warp row reductions, ``cp.async`` copies and the pipelined ring are spelled
+out here as calls into the device library (``kf/*.cuh``).
+"""
+from __future__ import annotations
+
+from math import prod
+
+from kernforge import dtypes
+from kernforge.codegen import arith, ir
+from kernforge.codegen.layouts import AccumLayout, RowLayout
+
+I32 = dtypes.int32
+
+
+# ---------------------------------------------------------------- structure
+
+
+def render_seq(R, s: ir.Seq) -> None:
+    scoped = any(isinstance(x, ir.Allocate) for x in s.body)
+    if scoped:
+        R.open("")
+    for x in s.body:
+        R.stmt(x)
+    if scoped:
+        R.close()
+
+
+def render_allocate(R, s: ir.Allocate) -> None:
+    b = s.buffer
+    if b in R.plan.registers:
+        R.emit(f"{R.ctype(b.dtype)} {b.name}[{R.plan.registers[b].regs}];")
+    elif b.scope == ir.Scope.LOCAL:
+        R.emit(f"{R.ctype(b.dtype)} {b.name}[{prod(b.static_shape())}];")
+
+
+def _guarded(R, target: ir.Buffer, line: str) -> None:
+    """Emit a side effect on shared/global memory once: thread 0 outside Parallel, the primary
+    replica inside a Parallel driven by a replicated layout."""
+    if target.scope == ir.Scope.LOCAL or target in R.plan.registers:
+        R.emit(line)
+    elif not R.in_parallel:
+        R.emit(f"if ({R.tid} == 0) {{ {line} }}")
+    elif R.reg_ctx is not None and R.reg_ctx[0].replicated:
+        R.emit(f"if ({R.reg_ctx[0].primary(R.tid)}) {{ {line} }}")
+    else:
+        R.emit(line)
+
+
+def _outside(R, s) -> tuple[bool, bool]:
+    if R.in_parallel:
+        return False, False
+    reads, writes = R.smem_use(s)
+    R.before(reads, writes)
+    return reads, writes
+
+
+def render_store(R, s: ir.Store) -> None:
+    _, writes = _outside(R, s)
+    ref = R.reg_ref(s.buffer, s.indices) if s.buffer in R.plan.registers else \
+        f"{R.buffer_name(s.buffer)}[{R.offset(s.buffer, s.indices)}]"
+    _guarded(R, s.buffer, f"{ref} = {R.store_value(s.value, s.buffer.dtype)};")
+    if not R.in_parallel:
+        R.after(writes)
+
+
+def render_atomic(R, s: ir.Atomic) -> None:
+    _, writes = _outside(R, s)
+    fn = "kf::atomic_add" if s.op == ir.Op.ATOMIC_ADD else "kf::atomic_max"
+    ref = f"&{R.buffer_name(s.buffer)}[{R.offset(s.buffer, s.indices)}]"
+    _guarded(R, s.buffer, f"{fn}({ref}, {R.store_value(s.value, s.buffer.dtype)});")
+    if not R.in_parallel:
+        R.after(writes)
+
+
+def render_if(R, s: ir.If) -> None:
+    if not R.in_parallel:
+        reads = any(isinstance(n, ir.Load) and R.is_smem(n.buffer) for n in ir.walk(s.cond))
+        R.before(reads, False)
+    R.open(f"if ({R.expr(s.cond)})")
+    state = (R.pend_w, R.pend_r)
+    R.stmt(s.then)
+    then_state = (R.pend_w, R.pend_r)
+    if s.orelse is not None:
+        R.pend_w, R.pend_r = state
+        R.close("} else {")
+        R.depth += 1
+        R.stmt(s.orelse)
+    R.close()
+    R.pend_w, R.pend_r = R.pend_w or then_state[0] or state[0], R.pend_r or then_state[1] or state[1]
+
+
+def render_for(R, s: ir.For) -> None:
+    if s in R.pipes.prefetch and not R.in_parallel:
+        render_pipelined(R, s)
+        return
+    if arith.nonnegative(s.start, R.nonneg_vars):
+        R.nonneg_vars.add(s.var)
+    ct = R.ctype(s.var.dtype)
+    if not R.in_parallel:
+        reads = any(isinstance(n, ir.Load) and R.is_smem(n.buffer) for e in (s.start, s.extent)
+                    for n in ir.walk(e))
+        R.before(reads, False)
+        body_r, body_w = R.smem_use(s.body)
+        R.pend_w |= body_w
+        R.pend_r |= body_r
+    if s.kind == ir.LoopKind.UNROLLED:
+        R.emit("#pragma unroll")
+    v = R.var_name(s.var)
+    R.open(f"for ({ct} {v} = {R.expr(s.start)}; {v} < {R.expr(s.start)} + {R.cast_to(s.extent, s.var.dtype)}; ++{v})")
+    R.stmt(s.body)
+    R.close()
+    if not R.in_parallel:
+        R.pend_w |= body_w
+        R.pend_r |= body_r
+
+
+# ---------------------------------------------------------------- element maps
+
+
+def _driver(R, p: ir.Parallel):
+    cands = [R.plan.registers[n.buffer] for n in ir.walk(p.body)
+             if isinstance(n, (ir.Load, ir.Store)) and n.buffer in R.plan.registers
+             and len(n.indices) == len(p.vars) and all(i is v for i, v in zip(n.indices, p.vars))
+             and n.buffer.static_shape() == p.extents]
+    for kind in (AccumLayout, RowLayout):
+        for c in cands:
+            if isinstance(c, kind):
+                return c
+    return cands[0] if cands else None
+
+
+def render_parallel(R, p: ir.Parallel) -> None:
+    R.nonneg_vars |= set(p.vars)
+    if R.in_parallel:  # a nested map runs inside its enclosing element
+        for v, e in zip(p.vars, p.extents):
+            R.open(f"for (int32_t {v.name} = 0; {v.name} < {e}; ++{v.name})")
+        R.stmt(p.body)
+        for _ in p.vars:
+            R.close()
+        return
+    _, writes = _outside(R, p)
+    driver = _driver(R, p)
+    saved = (R.reg_ctx, R.in_parallel)
+    R.in_parallel = True
+    if driver is not None:
+        r = R.fresh("r")
+        R.emit("#pragma unroll")
+        R.open(f"for (int {r} = 0; {r} < {driver.regs}; ++{r})")
+        used = {n for n in ir.walk(p.body) if isinstance(n, ir.Var)}
+        for v, c in zip(p.vars, driver.coords(r, R.tid)):
+            if v in used:
+                R.emit(f"const int32_t {v.name} = {c};")
+        guard = driver.valid(r, R.tid)
+        if guard:
+            R.open(f"if {guard}")
+        R.reg_ctx = (driver, r, p.vars)
+        R.stmt(p.body)
+        if guard:
+            R.close()
+        R.close()
+    else:
+        e = R.fresh("e")
+        total = prod(p.extents)
+        R.open(f"for (int {e} = {R.tid}; {e} < {total}; {e} += {R.k.threads})")
+        inner = 1
+        used = {n for n in ir.walk(p.body) if isinstance(n, ir.Var)}
+        for v, ext in reversed(list(zip(p.vars, p.extents))):
+            if v in used:
+                R.emit(f"const int32_t {v.name} = ({e} / {inner}) % {ext};" if inner > 1
+                       else f"const int32_t {v.name} = {e} % {ext};")
+            inner *= ext
+        R.reg_ctx = None
+        R.stmt(p.body)
+        R.close()
+    R.reg_ctx, R.in_parallel = saved
+    R.after(writes)
+
+
+def _add(start: ir.Expr, v: ir.Expr) -> ir.Expr:
+    """``start + v``, keeping ``v`` itself when start is 0 (so identity accesses stay recognisable)."""
+    return v if arith.const_int(start) == 0 else ir.fold(ir.binary(ir.Op.ADD, start, v))
+
+
+def _vars(R, n: int) -> tuple[ir.Var, ...]:
+    return tuple(ir.Var(R.fresh("i"), I32) for _ in range(n))
+
+
+def _region_index(r: ir.Region, logical) -> tuple:
+    """Full indices of region ``r`` for a logical index over its squeezed extents."""
+    it = iter(logical)
+    return tuple(s if e == 1 else _add(s, next(it)) for s, e in zip(r.starts, r.extents))
+
+
+def _inside(R, r: ir.Region, idx) -> ir.Expr | None:
+    """The condition that ``idx`` lies inside ``r``'s buffer (None when provably so)."""
+    if r.buffer.scope != ir.Scope.GLOBAL:
+        return None
+    conds = []
+    for i, dim, start, ext in zip(idx, r.buffer.shape, r.starts, r.extents):
+        s0, d0 = arith.const_int(start), arith.const_int(dim)
+        if not (s0 is not None and d0 is not None and s0 >= 0 and s0 + ext <= d0):
+            conds.append(ir.binary(ir.Op.LT, i, dim))
+            if not arith.nonnegative(start, R.nonneg_vars):
+                conds.append(ir.binary(ir.Op.GE, i, 0))
+    out = None
+    for c in conds:
+        out = c if out is None else ir.binary(ir.Op.AND, out, c)
+    return out
+
+
+def _map_shape(R, regions) -> tuple[ir.Region, tuple[int, ...]]:
+    """The iteration space of a copy-like map: a register fragment's whole shape when one takes part
+    (so that its owner threads iterate their own registers), else the first region's squeezed extents."""
+    for r in regions:
+        if r.buffer in R.plan.registers:
+            return r, r.extents
+    return regions[0], regions[0].squeezed() or (1,)
+
+
+def _logical(anchor: ir.Region, vars_) -> tuple:
+    """Logical (squeezed) indices from the map's vars, which run over ``anchor``'s full or squeezed extents."""
+    if len(vars_) == len(anchor.extents) and anchor.squeezed() != anchor.extents:
+        return tuple(v for v, e in zip(vars_, anchor.extents) if e != 1)
+    return tuple(vars_) if anchor.squeezed() else ()
+
+
+def _map_index(anchor: ir.Region, vars_, r: ir.Region) -> tuple:
+    if r is anchor and len(vars_) == len(r.extents):
+        return tuple(_add(s, v) for s, v in zip(r.starts, vars_))
+    return _region_index(r, _logical(anchor, vars_))
+
+
+def render_copy(R, c: ir.Copy) -> None:
+    if try_async_copy(R, c):
+        return
+    anchor, shape = _map_shape(R, (c.dst, c.src))
+    vars_ = _vars(R, len(shape))
+    didx, sidx = _map_index(anchor, vars_, c.dst), _map_index(anchor, vars_, c.src)
+    src_in, dst_in = _inside(R, c.src, sidx), _inside(R, c.dst, didx)
+    value = ir.cast(ir.Load(c.src.buffer, sidx), c.dst.buffer.dtype)
+    if src_in is not None:
+        value = ir.select(src_in, value, _zero(c.dst.buffer.dtype))
+    body: ir.Stmt = ir.Store(c.dst.buffer, didx, value)
+    if dst_in is not None:
+        body = ir.If(dst_in, body)
+    R.stmt(ir.Parallel(vars_, tuple(shape), body))
+
+
+def _zero(dt: dtypes.DType) -> ir.Expr:
+    return ir.const(0.0 if dt.is_float else 0, dt) if not dt.is_bool else ir.const(False)
+
+
+def render_fill(R, f: ir.Fill) -> None:
+    shape = f.dst.extents if f.dst.buffer in R.plan.registers else (f.dst.squeezed() or (1,))
+    vars_ = _vars(R, len(shape))
+    idx = _map_index(f.dst, vars_, f.dst)
+    body: ir.Stmt = ir.Store(f.dst.buffer, idx, ir.cast(f.value, f.dst.buffer.dtype))
+    inside = _inside(R, f.dst, idx)
+    if inside is not None:
+        body = ir.If(inside, body)
+    R.stmt(ir.Parallel(vars_, tuple(shape), body))
+
+
+# ---------------------------------------------------------------- async copies
+
+
+def _async_ok(R, c: ir.Copy) -> int:
+    """The vector width (elements per 16 bytes) when ``c`` can go through cp.async, else 0."""
+    src, dst = c.src.buffer, c.dst.buffer
+    if src.scope != ir.Scope.GLOBAL or not R.is_smem(dst) or src.dtype != dst.dtype:
+        return 0
+    if c.dst.extents != dst.static_shape() or any(arith.const_int(s) != 0 for s in c.dst.starts):
+        return 0
+    vec = 16 // src.dtype.itemsize
+    if c.src.squeezed() != c.dst.squeezed() or c.src.extents[-1] != c.dst.extents[-1]:
+        return 0
+    last = c.dst.extents[-1]
+    if last % vec or arith.const_int(src.strides[-1]) != 1:
+        return 0
+    if dst in R.plan.core_tiles and vec != 8:
+        return 0
+    return vec
+
+
+def try_async_copy(R, c: ir.Copy, commit: bool = True) -> bool:
+    vec = _async_ok(R, c)
+    if not vec:
+        return False
+    if commit:
+        R.before(False, True)
+    shape = list(c.dst.extents)
+    chunks_per_row = shape[-1] // vec
+    rows = prod(shape[:-1])
+    total = rows * chunks_per_row
+    q = R.fresh("q")
+    core = c.dst.buffer in R.plan.core_tiles and rows % 8 == 0
+    if total % R.k.threads == 0:
+        it = R.fresh("it")
+        R.emit("#pragma unroll")
+        R.open(f"for (int {it} = 0; {it} < {total // R.k.threads}; ++{it})")
+        R.emit(f"const int {q} = {it} * {R.k.threads} + {R.tid};")
+    else:
+        R.open(f"for (int {q} = {R.tid}; {q} < {total}; {q} += {R.k.threads})")
+    # chunk -> (row, column chunk); core tiles take 8 rows of one column chunk per 8 lanes
+    row, col = R.fresh("row"), R.fresh("col")
+    if core:
+        R.emit(f"const int {row} = ({q} / {8 * chunks_per_row}) * 8 + {q} % 8;")
+        R.emit(f"const int {col} = (({q} / 8) % {chunks_per_row}) * {vec};")
+    else:
+        R.emit(f"const int {row} = {q} / {chunks_per_row};")
+        R.emit(f"const int {col} = ({q} % {chunks_per_row}) * {vec};")
+    vars_ = []
+    inner = 1
+    for ext in reversed(shape[:-1]):
+        v = ir.Var(R.fresh("i"), I32)
+        R.emit(f"const int32_t {v.name} = ({row} / {inner}) % {ext};")
+        inner *= ext
+        vars_.insert(0, v)
+    cv = ir.Var(col, I32)
+    R.nonneg_vars |= set(vars_) | {cv}
+    full = vars_ + [cv]
+    didx = tuple(_add(s, v) for s, v in zip(c.dst.starts, full))
+    sidx = _region_index(c.src, [v for v, e in zip(full, c.dst.extents) if e != 1])
+    ct = R.ctype(c.src.buffer.dtype)
+    R.emit(f"const {ct}* kf_src = {R.buffer_name(c.src.buffer)} + {R.offset(c.src.buffer, sidx)};")
+    R.emit(f"{ct}* kf_dst = {R.buffer_name(c.dst.buffer)} + {R.offset(c.dst.buffer, didx)};")
+    inside = _inside(R, c.src, sidx)
+    rows_in = R.expr(inside) if inside is not None else "true"
+    last_dim = R.expr(c.src.buffer.shape[-1])
+    last_idx = R.expr(sidx[-1])
+    R.emit(f"const bool kf_rows_in = {rows_in};")
+    R.open(f"if (kf_rows_in && ({last_idx}) + {vec} <= {last_dim} && "
+           f"(reinterpret_cast<uintptr_t>(kf_src) & 15) == 0)")
+    R.emit("kf::cp_async_cg_16(kf_dst, kf_src, 16);")
+    R.close("} else {")
+    R.depth += 1
+    R.emit("#pragma unroll")
+    R.emit(f"for (int kf_v = 0; kf_v < {vec}; ++kf_v) kf_dst[kf_v] = (kf_rows_in && ({last_idx}) + kf_v < {last_dim}) "
+           f"? kf_src[kf_v] : kf_from_float<{ct}>(0.0f);")
+    R.close()
+    R.close()
+    if commit:
+        R.emit("kf::cp_async_commit();")
+        R.emit("kf::cp_async_wait<0>();")
+        R.after(True)
+    return True
+
+
+def render_pipelined(R, loop: ir.For) -> None:
+    """A ``num_stages``-deep ring: stage ``(k - start) % S`` of each prefetched tile holds iteration k."""
+    S = loop.num_stages
+    copies = R.pipes.prefetch[loop]
+    start, v = R.expr(loop.start), R.var_name(loop.var)
+    end = R.fresh("end")
+    R.nonneg_vars.add(loop.var)
+    R.before(True, True)
+    R.emit(f"const int32_t {end} = {start} + {R.cast_to(loop.extent, I32)};")
+
+    def issue(k_expr: str, stage_expr: str) -> None:
+        kv = R.fresh("k")
+        R.emit(f"const int32_t {kv} = {k_expr};")
+        R.open(f"if ({kv} < {end})")
+        R.var_override[loop.var] = kv
+        for c in copies:
+            b = c.dst.buffer
+            R.buf_override[b] = f"({b.name}_ring + ({stage_expr}) * {prod(b.static_shape())})"
+            try_async_copy(R, c, commit=False)
+            del R.buf_override[b]
+        del R.var_override[loop.var]
+        R.close()
+        R.emit("kf::cp_async_commit();")
+
+    for s in range(S - 1):
+        R.open("")
+        issue(f"{start} + {s}", str(s))
+        R.close()
+    R.open(f"for (int32_t {v} = {start}; {v} < {end}; ++{v})")
+    R.emit(f"kf::cp_async_wait<{S - 2}>();")
+    R.barrier()
+    R.open("")
+    issue(f"{v} + {S - 1}", f"({v} - {start} + {S - 1}) % {S}")
+    R.close()
+    for c in copies:
+        b = c.dst.buffer
+        R.emit(f"{R.ctype(b.dtype)}* const {b.name} = {b.name}_ring + (({v} - {start}) % {S}) * "
+               f"{prod(b.static_shape())};")
+    rest = [x for x in (loop.body.body if isinstance(loop.body, ir.Seq) else (loop.body,)) if x not in copies]
+    for x in rest:
+        R.stmt(x)
+    R.close()
+    R.emit("kf::cp_async_wait<0>();")
+    R.pend_w = R.pend_r = True
+
+
+# ---------------------------------------------------------------- gemm
+
+
+def render_gemm(R, g: ir.Gemm) -> None:
+    kind = R.plan.gemm_kind[g]
+    if kind == "scalar":
+        render_scalar_gemm(R, g)
+        return
+    R.before(True, False)
+    lay: AccumLayout = R.plan.registers[g.c.buffer]
+    a, b, c = g.a.buffer, g.b.buffer, g.c.buffer
+    K = a.static_shape()[0] if g.trans_a else a.static_shape()[1]
+    ab = "bf16" if a.dtype == dtypes.bfloat16 else "f16"
+    cn = R.buffer_name(c)
+    R.open("")
+    R.emit(f"const int kf_warp = {R.tid} >> 5;")
+    if kind == "mma":
+        R.emit(f"const int kf_lane = {R.tid} & 31;")
+    R.emit(f"const int kf_wr = kf_warp % {lay.wm}, kf_wc = kf_warp / {lay.wm};")
+    if g.clear_accum:
+        R.emit("#pragma unroll")
+        R.emit(f"for (int kf_z = 0; kf_z < {lay.regs}; ++kf_z) {cn}[kf_z] = 0.0f;")
+    an, bn = R.buffer_name(a), R.buffer_name(b)
+    a_cols, b_cols = a.static_shape()[1], b.static_shape()[1]
+
+    def core(name, cols, r, col):
+        return f"{name} + (((({r}) >> 3) * {cols // 8} + (({col}) >> 3)) * 64 + (({r}) & 7) * 8 + (({col}) & 7))"
+
+    if kind == "wgmma":
+        R.emit("kf::wgmma_fence();")
+        R.emit("#pragma unroll")
+        R.open(f"for (int kf_kk = 0; kf_kk < {K // 16}; ++kf_kk)")
+        R.emit("#pragma unroll")
+        R.open(f"for (int kf_mi = 0; kf_mi < {lay.mt}; ++kf_mi)")
+        R.emit(f"const int kf_row0 = kf_mi * {16 * lay.wm} + (kf_wr & ~3) * 16;")
+        R.emit(f"const int kf_col0 = kf_wc * {lay.n // lay.wn};")
+        if g.trans_a:  # A stored K x M: MN-major
+            R.emit(f"const uint64_t kf_da = kf::make_smem_desc({core(an, a_cols, 'kf_kk * 16', 'kf_row0')}, "
+                   f"{a_cols // 8 * 128}, 128);")
+        else:
+            R.emit(f"const uint64_t kf_da = kf::make_smem_desc({core(an, a_cols, 'kf_row0', 'kf_kk * 16')}, "
+                   f"128, {a_cols // 8 * 128});")
+        if g.trans_b:  # B stored N x K: K-major
+            R.emit(f"const uint64_t kf_db = kf::make_smem_desc({core(bn, b_cols, 'kf_col0', 'kf_kk * 16')}, "
+                   f"128, {b_cols // 8 * 128});")
+        else:
+            R.emit(f"const uint64_t kf_db = kf::make_smem_desc({core(bn, b_cols, 'kf_kk * 16', 'kf_col0')}, "
+                   f"{b_cols // 8 * 128}, 128);")
+        n = lay.nt * 8
+        R.emit(f"kf::wgmma_m64nNk16_f32_{ab}<{n}, {int(g.trans_a)}, {int(not g.trans_b)}>("
+               f"*reinterpret_cast<float(*)[{n // 2}]>(&{cn}[kf_mi * {lay.nt * 4}]), kf_da, kf_db, 1);")
+        R.close()
+        R.close()
+        R.emit("kf::wgmma_commit();")
+        R.emit("kf::wgmma_wait<0>();")
+        R.close()
+        return
+    # mma.sync m16n8k16 with ldmatrix from core-matrix tiles
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_kk = 0; kf_kk < {K // 16}; ++kf_kk)")
+    R.emit(f"uint32_t kf_a[{lay.mt}][4];")
+    R.emit(f"uint32_t kf_b[{lay.nt}][2];")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_mi = 0; kf_mi < {lay.mt}; ++kf_mi)")
+    R.emit(f"const int kf_row0 = kf_mi * {16 * lay.wm} + kf_wr * 16;")
+    if g.trans_a:
+        R.emit(f"kf::ldmatrix_x4_trans(kf_a[kf_mi], {core(an, a_cols, 'kf_kk * 16 + (kf_lane & 7) + (kf_lane >> 4) * 8', 'kf_row0 + ((kf_lane >> 3) & 1) * 8')});")
+    else:
+        R.emit(f"kf::ldmatrix_x4(kf_a[kf_mi], {core(an, a_cols, 'kf_row0 + (kf_lane & 7) + ((kf_lane >> 3) & 1) * 8', 'kf_kk * 16 + (kf_lane >> 4) * 8')});")
+    R.close()
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_ni = 0; kf_ni < {lay.nt}; ++kf_ni)")
+    R.emit(f"const int kf_col0 = kf_wc * {lay.n // lay.wn} + kf_ni * 8;")
+    if g.trans_b:
+        R.emit(f"kf::ldmatrix_x2(kf_b[kf_ni], {core(bn, b_cols, 'kf_col0 + (kf_lane & 7)', 'kf_kk * 16 + ((kf_lane >> 3) & 1) * 8')});")
+    else:
+        R.emit(f"kf::ldmatrix_x2_trans(kf_b[kf_ni], {core(bn, b_cols, 'kf_kk * 16 + (kf_lane & 7) + ((kf_lane >> 3) & 1) * 8', 'kf_col0')});")
+    R.close()
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_mi = 0; kf_mi < {lay.mt}; ++kf_mi)")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_ni = 0; kf_ni < {lay.nt}; ++kf_ni)")
+    R.emit(f"float (&kf_d)[4] = *reinterpret_cast<float(*)[4]>(&{cn}[(kf_mi * {lay.nt} + kf_ni) * 4]);")
+    R.emit(f"kf::mma_m16n8k16_f32_{ab}(kf_d, kf_a[kf_mi], kf_b[kf_ni], kf_d);")
+    R.close()
+    R.close()
+    R.close()
+    R.close()
+
+
+def render_scalar_gemm(R, g: ir.Gemm) -> None:
+    """``C (+)= A @ B`` element by element (dtypes/shapes the tensor cores do not take)."""
+    c = g.c
+    shape = c.extents
+    vars_ = _vars(R, 2)
+    kv = ir.Var(R.fresh("k"), I32)
+    K = g.a.extents[0] if g.trans_a else g.a.extents[1]
+    i, j = vars_
+    aidx = (kv, i) if g.trans_a else (i, kv)
+    bidx = (j, kv) if g.trans_b else (kv, j)
+
+    def at(r: ir.Region, idx):
+        return tuple(_add(s, x) for s, x in zip(r.starts, idx))
+
+    cidx = at(c, vars_)
+    prod_ = ir.binary(ir.Op.MUL, ir.Load(g.a.buffer, at(g.a, aidx)), ir.Load(g.b.buffer, at(g.b, bidx)))
+    acc = ir.Store(c.buffer, cidx, ir.cast(ir.binary(ir.Op.ADD, ir.Load(c.buffer, cidx), prod_), c.buffer.dtype))
+    body = [ir.For(kv, ir.const(K), acc)]
+    if g.clear_accum:
+        body.insert(0, ir.Store(c.buffer, cidx, _zero(c.buffer.dtype)))
+    R.stmt(ir.Parallel(vars_, tuple(shape), ir.Seq(tuple(body))))
+
+
+# ---------------------------------------------------------------- reductions
+
+
+_COMBINE = {ir.Op.REDUCE_MAX: ir.Op.MAX, ir.Op.REDUCE_MIN: ir.Op.MIN, ir.Op.REDUCE_SUM: ir.Op.ADD}
+_WARP_OP = {ir.Op.REDUCE_MAX: "kf::MaxOp", ir.Op.REDUCE_MIN: "kf::MinOp", ir.Op.REDUCE_SUM: "kf::SumOp"}
+
+
+def _identity(op: ir.Op, dt: dtypes.DType) -> str:
+    if op == ir.Op.REDUCE_SUM:
+        return "0"
+    neg = op == ir.Op.REDUCE_MAX
+    if dt.is_float:
+        return "(-kf_inf<float>())" if neg else "kf_inf<float>()"
+    bits = dt.bits
+    if dt.kind == "uint":
+        return "0" if neg else f"{(1 << bits) - 1}ull"
+    return f"({-(1 << (bits - 1)) + 1}ll - 1)" if neg else f"{(1 << (bits - 1)) - 1}ll"
+
+
+def _warp_path(R, r: ir.Reduce) -> bool:
+    src = R.plan.registers.get(r.src)
+    return isinstance(src, AccumLayout) and r.dim == 1 and R.plan.registers.get(r.dst) == RowLayout(src)
+
+
+def reduce_scratch_floats(R, r: ir.Reduce) -> int:
+    """Shared scratch a row reduction needs to combine warps that share rows."""
+    if not _warp_path(R, r):
+        return 0
+    lay = R.plan.registers[r.src]
+    return lay.m * lay.wn if lay.wn > 1 else 0
+
+
+def render_reduce(R, r: ir.Reduce) -> None:
+    if not _warp_path(R, r):
+        render_generic_reduce(R, r)
+        return
+    lay: AccumLayout = R.plan.registers[r.src]
+    ct = "float" if r.src.dtype.is_float else R.ctype(r.src.dtype)
+    op, sn, dn = _WARP_OP[r.op], R.buffer_name(r.src), R.buffer_name(r.dst)
+    init = _identity(r.op, r.src.dtype)
+    R.open("")
+    R.emit(f"{ct} kf_part[{lay.mt * 2}];")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_s = 0; kf_s < {lay.mt * 2}; ++kf_s)")
+    R.emit(f"{ct} kf_v = {init};")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_ni = 0; kf_ni < {lay.nt}; ++kf_ni)")
+    R.emit("#pragma unroll")
+    R.emit(f"for (int kf_q = 0; kf_q < 2; ++kf_q) kf_v = {op}::apply(kf_v, ({ct}){_as_compute(sn, r.src.dtype)}"
+           f"[((kf_s >> 1) * {lay.nt} + kf_ni) * 4 + (kf_s & 1) * 2 + kf_q]));")
+    R.close()
+    R.emit(f"kf_part[kf_s] = kf::quad_allreduce<{op}>(kf_v);")
+    R.close()
+    if lay.wn > 1:
+        R.barrier()
+        R.emit(f"const int kf_wc = ({R.tid} >> 5) / {lay.wm};")
+        R.emit("#pragma unroll")
+        R.open(f"for (int kf_s = 0; kf_s < {lay.mt * 2}; ++kf_s)")
+        row = lay.row("(kf_s >> 1)", "(kf_s & 1)", R.tid)
+        R.emit(f"if (({R.tid} & 3) == 0) kf_scratch[kf_wc * {lay.m} + {row}] = (float)kf_part[kf_s];")
+        R.close()
+        R.emit("__syncthreads();")
+        R.emit("#pragma unroll")
+        R.open(f"for (int kf_s = 0; kf_s < {lay.mt * 2}; ++kf_s)")
+        R.emit(f"{ct} kf_v = ({ct})kf_scratch[{row}];")
+        R.emit(f"for (int kf_w = 1; kf_w < {lay.wn}; ++kf_w) kf_v = {op}::apply(kf_v, ({ct})kf_scratch[kf_w * {lay.m} + {row}]);")
+        R.emit("kf_part[kf_s] = kf_v;")
+        R.close()
+        R.barrier()
+    dt = r.dst.dtype
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_s = 0; kf_s < {lay.mt * 2}; ++kf_s)")
+    value = "kf_part[kf_s]" if r.clear else f"{op}::apply(({ct}){_as_compute(dn, dt)}[kf_s]), kf_part[kf_s])"
+    R.emit(f"{dn}[kf_s] = {_from(value, dt, R)};")
+    R.close()
+    R.close()
+
+
+def _as_compute(name: str, dt: dtypes.DType) -> str:
+    return f"kf_to_float({name}" if dt.is_low_precision else f"({name}"
+
+
+def _from(value: str, dt: dtypes.DType, R) -> str:
+    return f"kf_from_float<{R.ctype(dt)}>({value})" if dt.is_low_precision else f"({R.ctype(dt)})({value})"
+
+
+def render_generic_reduce(R, r: ir.Reduce) -> None:
+    """Each owner of a destination element folds its line of a shared (or local) source."""
+    dst, src = r.dst, r.src
+    shape = dst.static_shape()
+    vars_ = _vars(R, len(shape))
+    kv = ir.Var(R.fresh("k"), I32)
+    sidx = list(vars_)
+    sidx.insert(r.dim, kv)
+    ext = src.static_shape()[r.dim]
+    comb = _COMBINE[r.op]
+    cur = ir.Load(dst, tuple(vars_))
+    step = ir.Store(dst, tuple(vars_), ir.cast(ir.binary(comb, cur, ir.Load(src, tuple(sidx))), dst.dtype))
+    body: list[ir.Stmt] = [ir.For(kv, ir.const(ext), step)]
+    if r.clear:
+        body.insert(0, ir.Store(dst, tuple(vars_), ir.cast(_identity_expr(r.op, src.dtype), dst.dtype)))
+    stmt = ir.Seq(tuple(body))
+    if dst.scope == ir.Scope.LOCAL:  # every thread computes its own copy
+        _serial_nest(R, vars_, shape, stmt)
+    else:
+        R.stmt(ir.Parallel(vars_, tuple(shape), stmt))
+
+
+def _identity_expr(op: ir.Op, dt: dtypes.DType) -> ir.Expr:
+    if op == ir.Op.REDUCE_SUM:
+        return _zero(dt)
+    big = op == ir.Op.REDUCE_MIN
+    if dt.is_float:
+        return ir.const(float("inf") if big else float("-inf"), dtypes.float32)
+    if dt.kind == "uint":
+        return ir.const((1 << dt.bits) - 1 if big else 0, dt)
+    return ir.const((1 << (dt.bits - 1)) - 1 if big else -(1 << (dt.bits - 1)), dt)
+
+
+def _serial_nest(R, vars_, shape, body: ir.Stmt) -> None:
+    for v, e in reversed(list(zip(vars_, shape))):
+        body = ir.For(v, ir.const(e), body)
+    R.stmt(body)
+
+
+def render_cumsum(R, c: ir.Cumsum) -> None:
+    """Inclusive scan: one thread per line, sequentially (lines are short: histograms, ranks)."""
+    shape = c.src.static_shape()
+    ext = shape[c.dim]
+    lines = [e for d, e in enumerate(shape) if d != c.dim] or [1]
+    vars_ = _vars(R, len(lines))
+    kv = ir.Var(R.fresh("k"), I32)
+    pos = ir.binary(ir.Op.SUB, ext - 1, kv) if c.reverse else kv
+    prev = ir.binary(ir.Op.ADD, pos, 1) if c.reverse else ir.binary(ir.Op.SUB, pos, 1)
+
+    def idx(p):
+        out = list(vars_) if len(shape) > 1 else []
+        out.insert(c.dim, p)
+        return tuple(out)
+
+    cur = ir.Load(c.src, idx(pos))
+    run = ir.binary(ir.Op.ADD, ir.Load(c.dst, idx(prev)), cur)
+    value = ir.select(ir.binary(ir.Op.EQ, kv, 0), ir.cast(cur, run.dtype), run)
+    body = ir.For(kv, ir.const(ext), ir.Store(c.dst, idx(pos), ir.cast(value, c.dst.dtype)))
+    if c.dst.scope == ir.Scope.LOCAL:
+        _serial_nest(R, vars_, lines, body)
+    else:
+        R.stmt(ir.Parallel(vars_, tuple(lines), body))

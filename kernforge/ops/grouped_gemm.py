@@ -172,7 +172,7 @@ def _row_experts(layout, m: int, groups: int, use_psum_layout: bool) -> torch.Te
     pad = (-m) % _alignment
     blocks = torch.nn.functional.pad(ids, (0, pad), value=-1).view(-1, _alignment)
     first = blocks[:, :1]
-    bad = ((blocks != first) & (blocks != -1)).any(dim=1) | ((first == -1) & (blocks != -1).any(dim=1))
+    bad = ((blocks != first) & (blocks != -1)).any(dim=1) | ((first[:, 0] == -1) & (blocks != -1).any(dim=1))
     if bad.any():
         row = int(bad.nonzero()[0]) * _alignment
         raise ValueError(f"grouped_layout rows {row}..{row + _alignment - 1}: each aligned block of "

@@ -1,0 +1,128 @@
+"""DeepGEMM-style grouped GEMM ops: index and PSUM layouts, fp8 pairs, alignment rules
+and typed errors."""
+import pytest
+import torch
+
+from kernforge.kernels import grouped_gemm as G
+from kernforge.ops import grouped_gemm as ops
+from tests.conftest import host_backends
+from tests.kernels.test_grouped_gemm import quant_per_block, quant_per_token
+
+BACKENDS = [b for b in host_backends() if b in ("interp", "cpu")]
+
+
+@pytest.fixture(autouse=True)
+def small_alignment():
+    old = ops.get_mk_alignment_for_contiguous_layout()
+    ops.set_mk_alignment_for_contiguous_layout(32)
+    yield
+    ops.set_mk_alignment_for_contiguous_layout(old)
+
+
+def operands(group_rows, n=48, k=80, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    m_indices = G.contiguous_layout(group_rows, ops.get_mk_alignment_for_contiguous_layout())
+    a = torch.randn(m_indices.numel(), k, generator=g).bfloat16()
+    b = torch.randn(len(group_rows), n, k, generator=g).bfloat16()
+    d = torch.full((m_indices.numel(), n), float("nan"), dtype=torch.bfloat16)
+    return a, b, d, m_indices
+
+
+def check(d, a, b, m_indices):
+    expected = G.reference(a, b, m_indices)
+    G.assert_close(d, expected, G.error_bound(a, b, m_indices, expected))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_index_layout(backend):
+    a, b, d, m_indices = operands([7, 0, 40])
+    ops.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices, backend=backend)
+    check(d, a, b, m_indices)
+
+
+def test_psum_layout_zeroes_gap_rows():
+    a, b, d, _ = operands([7, 0, 40])
+    ends = torch.tensor([7, 32, 72], dtype=torch.int32)      # starts 0, 32, 32 (aligned ends)
+    a[7:32] = 1e4                                            # gap rows: garbage in A
+    ops.m_grouped_bf16_gemm_nt_contiguous(a, b, d, ends, use_psum_layout=True, backend="interp")
+    ids = torch.full((a.shape[0],), -1, dtype=torch.int32)
+    ids[:7], ids[32:72] = 0, 2
+    check(d, a, b, ids)
+    assert torch.all(d[7:32] == 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp8_pairs(backend):
+    a, b, d, m_indices = operands([3, 50], n=130, k=136)
+    a8, b8 = quant_per_token(a.float()), quant_per_block(b.float())
+    ops.m_grouped_fp8_gemm_nt_contiguous(a8, b8, d, m_indices, backend=backend)
+    a64, b64 = G.dequantize(*a8, (1, 128)), G.dequantize(*b8, (128, 128))
+    expected = G.reference(a64, b64, m_indices)
+    G.assert_close(d, expected, G.error_bound(a64, b64, m_indices, expected, rounding_steps=3))
+
+
+def test_empty_m_is_a_no_op():
+    a, b = torch.empty(0, 16).bfloat16(), torch.randn(2, 8, 16).bfloat16()
+    d = torch.empty(0, 8, dtype=torch.bfloat16)
+    ops.m_grouped_bf16_gemm_nt_contiguous(a, b, d, torch.empty(0, dtype=torch.int32), backend="interp")
+
+
+def test_alignment_api():
+    assert ops.get_m_alignment_for_contiguous_layout() == 32
+    with pytest.raises(ValueError):
+        ops.set_mk_alignment_for_contiguous_layout(0)
+
+
+def test_block_m_divides_alignment():
+    ops.set_mk_alignment_for_contiguous_layout(48)
+    assert ops.choose_config("cpu", 2, 64, 64)["block_M"] == 16
+    ops.set_mk_alignment_for_contiguous_layout(128)
+    assert ops.choose_config("cuda", 2, 64, 64)["block_M"] == 128
+
+
+def _bad_layouts():
+    ids = G.contiguous_layout([7, 0, 40], 32)
+    two_experts = ids.clone()
+    two_experts[5] = 2                                        # a second expert inside one aligned block
+    unaligned = ids.clone()
+    unaligned[0] = -1                                         # block starts with padding, then expert 0
+    out_of_range = ids.clone()
+    out_of_range[40] = 3
+    return [(two_experts, "aligned block"), (unaligned, "aligned block"),
+            (out_of_range, r"in \[0, 3\)"), (ids[:-1], "shape"), (ids.long(), "int32")]
+
+
+@pytest.mark.parametrize("layout, match", _bad_layouts())
+def test_bad_layouts_raise(layout, match):
+    a, b, d, _ = operands([7, 0, 40])
+    with pytest.raises((ValueError, TypeError), match=match):
+        ops.m_grouped_bf16_gemm_nt_contiguous(a, b, d, layout, backend="interp")
+    assert torch.isnan(d.float()).all(), "nothing may run before the checks pass"
+
+
+@pytest.mark.parametrize("mutate, error, match", [
+    (lambda x: x.update(a=x["a"].float()), TypeError, "a must be torch.bfloat16"),
+    (lambda x: x.update(b=x["b"][:, :, :16].contiguous()), ValueError, "K mismatch"),
+    (lambda x: x.update(d=x["d"][:, :8]), ValueError, "d must have shape"),
+    (lambda x: x.update(a=x["a"].t().contiguous().t()), ValueError, "contiguous"),
+    (lambda x: x.update(expected_m_for_psum_layout=64), ValueError, "only valid with use_psum_layout"),
+    (lambda x: x.update(grouped_layout=torch.tensor([50, 40, 72], dtype=torch.int32),
+                        use_psum_layout=True), ValueError, "non-decreasing"),
+])
+def test_bad_arguments_raise(mutate, error, match):
+    a, b, d, m_indices = operands([7, 0, 40])
+    args = dict(a=a, b=b, d=d, grouped_layout=m_indices)
+    mutate(args)
+    with pytest.raises(error, match=match):
+        ops.m_grouped_bf16_gemm_nt_contiguous(**args, backend="interp")
+
+
+def test_fp8_argument_checks():
+    a, b, d, m_indices = operands([7, 40], n=48, k=80)
+    a8, b8 = quant_per_token(a.float()), quant_per_block(b.float())
+    with pytest.raises(TypeError, match="pair"):
+        ops.m_grouped_fp8_gemm_nt_contiguous(a8[0], b8, d, m_indices, backend="interp")
+    with pytest.raises(ValueError, match="sfa must have shape"):
+        ops.m_grouped_fp8_gemm_nt_contiguous((a8[0], a8[1][:, :0]), b8, d, m_indices, backend="interp")
+    with pytest.raises(NotImplementedError, match="recipe"):
+        ops.m_grouped_fp8_gemm_nt_contiguous(a8, b8, d, m_indices, recipe=(1, 1, 128), backend="interp")

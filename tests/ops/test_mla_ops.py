@@ -1,0 +1,110 @@
+"""flash_mla_with_kvcache: FlashMLA's call forms, results against the torch reference,
+and typed errors for bad input before any kernel runs."""
+import math
+
+import pytest
+import torch
+
+from kernforge.kernels import mla_decode as M
+from kernforge.ops import mla
+from tests.conftest import host_backends
+
+BACKENDS = [b for b in host_backends() if b in ("interp", "cpu")]
+
+
+def make(seqlens, heads=16, s_q=1, h_kv=1, d=576, page=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    kv, table = M.make_cache(seqlens, page, h_kv, d, g)
+    q = torch.randn(len(seqlens), s_q, heads, d, generator=g).bfloat16()
+    return q, kv, table, torch.tensor(seqlens, dtype=torch.int32)
+
+
+def check(out, lse, q, kv, table, lens, sink, scale, causal, dim_v=512):
+    exp_out, exp_lse = M.reference(q, kv, table, lens, sink, scale, dim_v, causal)
+    tol_out, tol_lse = M.tolerances(q, kv, scale, int(lens.max()), dim_v)
+    M.assert_close(out, lse, exp_out, exp_lse, tol_out, tol_lse)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_current_api_with_sched_meta(backend):
+    q, kv, table, lens = make([100, 1, 64])
+    meta, none = mla.get_mla_metadata()
+    assert none is None and not meta.have_initialized
+    out, lse = mla.flash_mla_with_kvcache(q, kv, table, lens, 512, meta, backend=backend)
+    assert out.shape == (3, 1, 16, 512) and out.dtype == torch.bfloat16
+    assert lse.shape == (3, 16, 1) and lse.dtype == torch.float32
+    check(out, lse, q, kv, table, lens, None, 576 ** -0.5, False)
+    assert meta.have_initialized and meta.config["h_q"] == 16
+    # the same meta with another shape is refused, as FlashMLA does
+    q2, kv2, table2, lens2 = make([5], heads=32)
+    with pytest.raises(ValueError, match="inconsistent with sched_meta"):
+        mla.flash_mla_with_kvcache(q2, kv2, table2, lens2, 512, meta, backend=backend)
+
+
+def test_causal_mtp_sink_and_scale():
+    q, kv, table, lens = make([70, 2], heads=8, s_q=2)
+    sink = torch.randn(8)
+    out, lse = mla.flash_mla_with_kvcache(q, kv, table, lens, 512, None, softmax_scale=0.07,
+                                          causal=True, attn_sink=sink, backend="interp")
+    check(out, lse, q, kv, table, lens, sink, 0.07, True)
+
+
+def test_legacy_forms_are_accepted():
+    q, kv, table, lens = make([10])
+    legacy_meta, legacy_splits = torch.zeros(4, 8, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+    out, lse = mla.flash_mla_with_kvcache(q, kv, table, lens, 512, legacy_meta, legacy_splits,
+                                          backend="interp")
+    check(out, lse, q, kv, table, lens, None, 576 ** -0.5, False)
+
+
+def test_gqa_and_v4_head_dims():
+    q, kv, table, lens = make([33, 17], heads=4, h_kv=2, d=512, page=16)
+    out, lse = mla.flash_mla_with_kvcache(q, kv, table, lens, 512, backend="interp")
+    check(out, lse, q, kv, table, lens, None, 512 ** -0.5, False)
+
+
+def test_zero_length_request():
+    q, kv, table, lens = make([0, 3], heads=2)
+    out, lse = mla.flash_mla_with_kvcache(q, kv, table, lens, 512, backend="interp")
+    assert torch.all(out[0] == 0) and torch.all(torch.isposinf(lse[0]))
+    check(out, lse, q, kv, table, lens, None, 576 ** -0.5, False)
+
+
+def test_config_choice():
+    assert mla.choose_config("cpu", 16, 1, 2, 576, 512, 64, True)["block_H"] == 32
+    assert mla.choose_config("cuda", 16, 1, 1, 576, 512, 64, False)["block_H"] == 64
+    assert mla.choose_config("cpu", 128, 1, 1, 576, 512, 64, False)["block_H"] == 64
+    assert mla.choose_config("cpu", 4, 1, 1, 576, 512, 48, False)["block_N"] == 16
+
+
+@pytest.mark.parametrize("mutate, error, match", [
+    (lambda a: a.update(q=a["q"].float()), TypeError, "bfloat16"),
+    (lambda a: a.update(q=a["q"][0]), ValueError, r"q must be \[batch"),
+    (lambda a: a.update(k_cache=a["k_cache"].half()), TypeError, "k_cache dtype"),
+    (lambda a: a.update(k_cache=a["k_cache"][..., :64]), ValueError, "k_cache must be"),
+    (lambda a: a.update(head_dim_v=600), ValueError, "head_dim_v"),
+    (lambda a: a.update(block_table=a["block_table"].long()), ValueError, "block_table must be int32"),
+    (lambda a: a.update(cache_seqlens=a["cache_seqlens"][:1]), ValueError, "cache_seqlens must be int32"),
+    (lambda a: a.update(cache_seqlens=torch.tensor([500, 3], dtype=torch.int32)), ValueError, r"in \[0, 128\]"),
+    (lambda a: a.update(cache_seqlens=torch.tensor([-1, 3], dtype=torch.int32)), ValueError, "cache_seqlens must be in"),
+    (lambda a: a["block_table"].__setitem__((0, 0), 999), ValueError, "page ids outside"),
+    (lambda a: a.update(attn_sink=torch.zeros(3)), ValueError, "attn_sink"),
+    (lambda a: a.update(is_fp8_kvcache=True), NotImplementedError, "FP8"),
+    (lambda a: a.update(indices=torch.zeros(2, 1, 8, dtype=torch.int32)), NotImplementedError, "sparse"),
+    (lambda a: a.update(num_splits=torch.zeros(3)), ValueError, "num_splits must be None"),
+    (lambda a: a.update(tile_scheduler_metadata="x"), TypeError, "FlashMLASchedMeta"),
+])
+def test_bad_input_raises_before_launch(mutate, error, match):
+    q, kv, table, lens = make([70, 3], heads=4)
+    args = dict(q=q, k_cache=kv, block_table=table, cache_seqlens=lens, head_dim_v=512,
+                tile_scheduler_metadata=mla.get_mla_metadata()[0])
+    mutate(args)
+    with pytest.raises(error, match=match):
+        mla.flash_mla_with_kvcache(**args, backend="interp")
+
+
+def test_unused_block_table_slots_are_not_validated():
+    """FlashMLA fills slots past the sequence with garbage (2147480000); they are legal."""
+    q, kv, table, lens = make([100, 3], heads=2)
+    assert (table == M.UNUSED_BLOCK).any()
+    mla.flash_mla_with_kvcache(q, kv, table, lens, 512, backend="interp")

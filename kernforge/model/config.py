@@ -208,20 +208,21 @@ def v4_flash(**runtime: Any) -> ModelConfig:
     )
 
 
-def tiny(**runtime: Any) -> ModelConfig:
-    """The V4-Flash structure at CPU-test size (spec §6).
+def tiny(**overrides: Any) -> ModelConfig:
+    """The V4-Flash structure at CPU-test size (spec §6); keyword arguments override fields.
 
     Layer kinds: 0 sliding-window + hash routing, 1 ratio-4 with indexer + hash
     routing (like real layer 2), 2 ratio-128, 3 ratio-4 with scored routing,
     then the MTP layer (sliding window). Capacity: batch 8, 1024 tokens.
     """
-    runtime = {"max_batch_size": 8, "max_seq_len": 1024, **runtime}
-    return ModelConfig(
+    fields: dict[str, Any] = dict(
         vocab_size=512, hidden_size=256, num_hidden_layers=4, num_nextn_predict_layers=1,
         num_attention_heads=4, head_dim=96, qk_rope_head_dim=32, q_lora_rank=128, o_groups=2,
         o_lora_rank=64, sliding_window=16, compress_ratios=(0, 4, 128, 4, 0), index_n_heads=4,
         index_head_dim=64, index_topk=8, n_routed_experts=8, num_experts_per_tok=2,
         moe_intermediate_size=128, num_hash_layers=2,
         rope_scaling=RopeScaling(factor=16.0, original_max_position_embeddings=65536),
-        **runtime,
+        max_batch_size=8, max_seq_len=1024,
     )
+    fields.update(overrides)
+    return ModelConfig(**fields)

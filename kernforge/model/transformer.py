@@ -75,6 +75,7 @@ class Transformer(nn.Module):
         self.next_pos = 0  # first position not yet in the main caches
         self.mtp_next_pos = 0
         self.batch_size = 0
+        self.requires_grad_(False)  # an inference reference
 
     # Forward -------------------------------------------------------------------
     def _numerics(self):

@@ -1,0 +1,106 @@
+"""Loading the official checkpoint layout: names, FP8/FP4 formats, dequantized or kept quantized."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from kernforge.model import Transformer, load_checkpoint, random_model, tiny
+from kernforge.model.primitives import Linear
+
+from ._helpers import tokens
+from ._official_checkpoint import write_official_checkpoint
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("v4_tiny")
+    source = random_model(tiny(), seed=21)
+    expected = write_official_checkpoint(source.state_dict(), folder)
+    return folder, expected
+
+
+def _fresh():
+    return Transformer(tiny())
+
+
+def test_every_tensor_loads_to_the_dequantized_value(checkpoint):
+    folder, expected = checkpoint
+    model = load_checkpoint(_fresh(), folder)
+    state = model.state_dict()
+    assert set(state) == set(expected)
+    for name, value in expected.items():
+        assert torch.equal(state[name].to(value.dtype), value), name
+    # The quantized tensors really are lossy: FP4 experts differ from their source values.
+    src = random_model(tiny(), seed=21).state_dict()
+    assert not torch.equal(src["layers.0.ffn.experts.0.w1.weight"], state["layers.0.ffn.experts.0.w1.weight"])
+
+
+def test_loaded_model_runs_like_a_model_given_the_dense_values(checkpoint):
+    folder, expected = checkpoint
+    loaded = load_checkpoint(_fresh(), folder)
+    reference = _fresh()
+    reference.load_state_dict(expected)
+    ids = tokens(2, 40, 22)
+    assert torch.equal(loaded(ids), reference(ids))
+
+
+def test_keep_quantized_stores_checkpoint_bytes_and_gives_identical_logits(checkpoint):
+    folder, expected = checkpoint
+    quant = load_checkpoint(_fresh(), folder, keep_quantized=True)
+    dense = load_checkpoint(_fresh(), folder)
+    exp0 = quant.layers[3].ffn.experts[5].w2
+    assert exp0.format == "fp4" and exp0.weight.dtype == torch.int8 and exp0.weight.shape == (256, 64)
+    wq = quant.layers[1].attn.wq_b
+    assert wq.format == "fp8" and wq.weight.dtype == torch.float8_e4m3fn and wq.scale.shape == (3, 1)
+    assert quant.head.format is None
+    for name, mod in quant.named_modules():
+        if isinstance(mod, Linear) and mod.format:
+            assert torch.equal(mod.dense_weight(), expected[f"{name}.weight"]), name
+    ids = tokens(2, 40, 23)
+    assert torch.equal(quant(ids), dense(ids))
+    assert set(quant.state_dict()) >= {"layers.1.attn.wq_b.scale", "mtp.0.e_proj.scale"}
+
+
+def test_v3_era_spellings_load_the_same(tmp_path):
+    source = random_model(tiny(), seed=24)
+    expected = write_official_checkpoint(source.state_dict(), tmp_path, prefix="model.",
+                                         scale_suffix="weight_scale_inv", shards=3)
+    model = load_checkpoint(_fresh(), tmp_path)
+    for name, value in expected.items():
+        assert torch.equal(model.state_dict()[name].to(value.dtype), value)
+
+
+def _single_file(checkpoint, tmp_path, edit):
+    folder, _ = checkpoint
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    edit(tensors)
+    save_file(tensors, str(tmp_path / "one.safetensors"))
+    return tmp_path / "one.safetensors"
+
+
+@pytest.mark.parametrize("edit, error, match", [
+    (lambda t: t.pop("layers.2.attn.compressor.ape"), KeyError, "compressor.ape"),
+    (lambda t: t.pop("layers.0.attn.wq_a.scale"), KeyError, "wq_a.scale"),
+    (lambda t: t.update({"layers.9.attn.attn_sink": torch.zeros(4)}), ValueError, "match nothing"),
+    (lambda t: t.update({"layers.0.attn.wkv.weight": torch.zeros(96, 256, dtype=torch.bfloat16)}),
+     TypeError, "float8_e4m3fn"),
+    (lambda t: t.update({"norm.weight": torch.zeros(255, dtype=torch.bfloat16)}), ValueError, "shape"),
+    (lambda t: t.update({"layers.0.ffn.gate.tid2eid": torch.full((512, 2), 8)}), ValueError, "expert ids"),
+    (lambda t: t.update({"layers.0.attn.wkv.scale": t["layers.0.attn.wkv.scale"][:, :1]}), ValueError,
+     "scale shape"),
+])
+def test_bad_checkpoints_raise_clear_errors(checkpoint, tmp_path, edit, error, match):
+    path = _single_file(checkpoint, tmp_path, edit)
+    with pytest.raises(error, match=match):
+        load_checkpoint(_fresh(), path)
+
+
+def test_index_json_names_the_shards(checkpoint):
+    folder, _ = checkpoint
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert index["weight_map"]["layers.1.attn.indexer.wq_b.scale"].startswith("model-0000")
+    assert index["weight_map"]["layers.0.ffn.experts.7.w3.weight"].endswith("-of-00002.safetensors")

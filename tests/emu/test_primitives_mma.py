@@ -73,7 +73,8 @@ LDMATRIX = r'''
 #include "kf/mma.cuh"
 // S: 32 rows x 8 u16 (four 8x8 matrices stacked); out[lane][0..3] normal, out[lane][4..7] trans.
 extern "C" __global__ void k(const unsigned short* S, unsigned* out) {
-  __shared__ __align__(16) unsigned short tile[32 * 8];
+  extern __shared__ __align__(128) unsigned char kf_smem[];
+  unsigned short* tile = reinterpret_cast<unsigned short*>(kf_smem);
   for (int i = threadIdx.x; i < 32 * 8; i += blockDim.x) tile[i] = S[i];
   __syncthreads();
   const int lane = threadIdx.x % 32;
@@ -92,7 +93,7 @@ extern "C" __global__ void k(const unsigned short* S, unsigned* out) {
 
 def test_ldmatrix_register_contents():
     kern = build_emu(LDMATRIX, [("const unsigned short*", "buffer"), ("unsigned*", "buffer")], threads=32,
-                     name="t_ldmatrix")
+                     name="t_ldmatrix", dynamic_smem=512)
     S = (np.arange(32 * 8, dtype=np.uint16) * 7 + 3).reshape(32, 8)
     out = np.full((32, 11), 0xDEADBEEF, np.uint32)
     kern([S, out], [], [1])
@@ -116,8 +117,9 @@ LDMATRIX_GEMM = r'''
 // C(32x16) = A(32x32, row-major) * B(32x16, row-major), 4 warps each owning a 16x8 tile:
 // A fragments through ldmatrix.x4, B fragments through ldmatrix.x2.trans (B is k-major rows).
 extern "C" __global__ void k(const unsigned short* A, const unsigned short* B, float* C) {
-  __shared__ __align__(16) unsigned short sA[32 * 32];
-  __shared__ __align__(16) unsigned short sB[32 * 16];
+  extern __shared__ __align__(128) unsigned char kf_smem[];
+  unsigned short* sA = reinterpret_cast<unsigned short*>(kf_smem);
+  unsigned short* sB = sA + 32 * 32;
   for (int i = threadIdx.x; i < 32 * 32; i += blockDim.x) sA[i] = A[i];
   for (int i = threadIdx.x; i < 32 * 16; i += blockDim.x) sB[i] = B[i];
   __syncthreads();
@@ -140,7 +142,7 @@ extern "C" __global__ void k(const unsigned short* A, const unsigned short* B, f
 
 def test_ldmatrix_feeds_mma_gemm(rng):
     kern = build_emu(LDMATRIX_GEMM, [("const unsigned short*", "buffer")] * 2 + [("float*", "buffer")],
-                     threads=128, name="t_ldmatrix_gemm")
+                     threads=128, name="t_ldmatrix_gemm", dynamic_smem=3072)
     A = rng.standard_normal((32, 32)).astype(BF16)
     B = rng.standard_normal((32, 16)).astype(BF16)
     C = np.full((32, 16), np.nan, np.float32)
@@ -154,9 +156,11 @@ WGMMA = r'''
 // both in kernforge's core-matrix order (kf/wgmma.cuh).
 template <int N, int TB>
 __device__ void run(const unsigned short* A, const unsigned short* B, float* D) {
-  __shared__ __align__(128) unsigned short sA[64 * 16];
-  __shared__ __align__(128) unsigned short sB[N * 16];
+  extern __shared__ __align__(128) unsigned char kf_smem[];
+  unsigned short* sA = reinterpret_cast<unsigned short*>(kf_smem);
+  unsigned short* sB = sA + 64 * 16;
   const int tid = threadIdx.x;
+  __syncthreads();  // the previous call's wgmma reads (done at its wait) precede these writes
   for (int i = tid; i < 64 * 16; i += 128) {
     const int r = i / 16, c = i % 16;  // A(r, c), K = 16 -> 2 core matrices along K
     sA[((r / 8) * 2 + c / 8) * 64 + (r % 8) * 8 + c % 8] = A[i];
@@ -193,7 +197,7 @@ extern "C" __global__ void k(const unsigned short* A, const unsigned short* B, f
 
 def test_wgmma_descriptors_and_accumulator_layout(rng):
     kern = build_emu(WGMMA, [("const unsigned short*", "buffer")] * 2 + [("float*", "buffer")] * 2,
-                     threads=128, name="t_wgmma", arch="sm_90a")
+                     threads=128, name="t_wgmma", arch="sm_90a", dynamic_smem=4096)
     A = rng.standard_normal((64, 16)).astype(BF16)
     B = rng.standard_normal((16, 16)).astype(BF16)
     D = np.full((64, 16), np.nan, np.float32)

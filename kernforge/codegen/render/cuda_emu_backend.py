@@ -41,9 +41,7 @@ DEFAULT_ARCH = "sm_80"
 DEFAULT_TIMEOUT_MS = 20_000
 
 # -O1: emulated kernels are small and built often; compile time dominates.
-# -fno-weak: lets device-library inline functions keep __shared__ statics in the
-# shared-memory section (kf/emu/shared.h).
-BASE_OPTIONS = ("-O1", "-std=c++17", "-pthread", "-fno-weak", "-fno-strict-aliasing", "-DKF_HOST_EMULATION",
+BASE_OPTIONS = ("-O1", "-std=c++17", "-pthread", "-fno-strict-aliasing", "-DKF_HOST_EMULATION",
                 "-include", "kf/emu/cuda_emu.h", "-Wno-attributes", "-Wno-unused-result")
 
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,

@@ -4,7 +4,7 @@
 // What each CUDA construct becomes:
 //  * __global__/__device__/__host__/__forceinline__: plain (inline) functions;
 //  * threadIdx/blockIdx/blockDim/gridDim: the running host thread's coordinates;
-//  * __shared__: a static in the per-block shared arena (see kf/emu/shared.h);
+//  * __shared__: the per-block shared arena (see kf/emu/shared.h);
 //  * __syncthreads, warp shuffles/votes/reductions: kf/emu/warp.h;
 //  * PTX wrappers of the device library: kf/emu/<primitive>.h, included by the
 //    library itself in its KF_HOST_EMULATION branch.
@@ -37,7 +37,7 @@
 #define __grid_constant__
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__ static KF_EMU_SHARED_SECTION
+#define __shared__ __attribute__((weak))  // see kf/emu/shared.h
 #define __constant__ static
 #define __managed__
 #define __CUDACC__ 1  // __CUDA_ARCH__ comes from the build (-D__CUDA_ARCH__=800 for sm_80)

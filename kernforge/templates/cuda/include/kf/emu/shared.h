@@ -1,23 +1,23 @@
 // Shared memory under emulation: one per-block arena, addressed like the GPU's.
 //
-// `__shared__` expands to `static` plus a section attribute, so every static
-// shared variable -- in the kernel or in a device-library helper -- is a single
-// object that all host threads of the running block see (blocks run one at a
-// time).  They and the dynamic shared memory live in the ELF section
-// `kf_emu_shared`, bounded by the linker's __start_/__stop_ symbols; the whole
-// section is filled with 0xFF bytes before every block, so a read of shared
-// memory nobody wrote in this block yields NaN / -1 instead of a stale value
-// that happens to be right.
-//
-// GCC ignores the section attribute on statics of function *templates*; those
-// still behave as shared memory (one object per block) but sit in .bss and are
-// not poisoned.  To give them shared addresses too, the emulated shared window
-// (what __cvta_generic_to_shared measures from) is this module's whole
-// writable segment, whose start is page aligned -- so address bits used by
-// hardware swizzles and smem descriptors (14 bits of addr >> 4) keep their
-// meaning as long as the segment stays under 256 KB, which is checked.
-// Builds pass -fno-weak: otherwise inline functions' statics are COMDAT objects
-// that cannot share a named section.
+// Blocks run one at a time, so shared memory is ordinary static storage that
+// every host thread of the running block sees:
+//  * dynamic shared memory is the array `kf_smem` defined here (the name the
+//    CUDA renderer declares: `extern __shared__ __align__(128) unsigned char
+//    kf_smem[];`), sized by -DKF_EMU_DYNAMIC_SMEM_BYTES.  It lives in the ELF
+//    section `kf_emu_shared`, which is filled with 0xFF bytes before every
+//    block: a read of shared memory nobody wrote in this block yields NaN / -1
+//    instead of a stale value that happens to be right.
+//  * `__shared__` expands to `__attribute__((weak))`: valid on that block-scope
+//    extern declaration and on namespace-scope shared variables (plain statics,
+//    not poisoned), and a compile error ("weak declaration ... must be public")
+//    on a block-scope static `__shared__` array, which C++ cannot make
+//    per-block with a prefix macro (`static` would break the extern form).
+//    kernforge's renderer keeps all shared tiles in the dynamic arena.
+//  * shared addresses: the emulated shared window (what __cvta_generic_to_shared
+//    measures from) is this module's writable segment, 1024-byte aligned, so
+//    32-bit shared addresses, smem descriptors (14 bits of addr >> 4, checked)
+//    and address-based swizzles keep their meaning.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -37,12 +37,12 @@ extern "C" char __stop_kf_emu_shared[];
 
 namespace kf_emu {
 
-// The dynamic shared memory of the running block (size fixed at build time by
-// the launcher from the kernel's dynamic_smem).  1024-byte alignment also makes
-// the section, and so the emulated shared window, start 1024-aligned.
-alignas(1024) static unsigned char dynamic_smem_storage[KF_EMU_DYNAMIC_SMEM_BYTES] KF_EMU_SHARED_SECTION;
-
-inline unsigned char* dynamic_smem() { return dynamic_smem_storage; }
+// The dynamic shared memory of the running block.  1024-byte alignment, as the
+// hardware's shared window has, keeps address-based swizzle patterns intact.
+extern "C" {
+alignas(1024) unsigned char kf_smem[KF_EMU_DYNAMIC_SMEM_BYTES] KF_EMU_SHARED_SECTION;
+}
+inline unsigned char* dynamic_smem() { return kf_smem; }
 
 struct SharedWindow {
   char* base = nullptr;
@@ -55,7 +55,7 @@ inline SharedWindow find_shared_window() {
   SharedWindow w;
   auto visit = [](dl_phdr_info* info, size_t, void* data) -> int {
     auto* out = static_cast<SharedWindow*>(data);
-    const uintptr_t anchor = reinterpret_cast<uintptr_t>(dynamic_smem_storage);
+    const uintptr_t anchor = reinterpret_cast<uintptr_t>(kf_smem);
     for (int i = 0; i < info->dlpi_phnum; ++i) {
       const ElfW(Phdr)& ph = info->dlpi_phdr[i];
       if (ph.p_type != PT_LOAD || !(ph.p_flags & PF_W)) continue;

@@ -100,8 +100,19 @@ def anchor_path(path: str, anchors: Anchors) -> tuple[str, str]:
     return "abs", path
 
 
-def build_closure(deps: list[str], build_dir: str, anchors: Anchors, stats: StatCache) -> list[dict]:
-    """Closure records for the files a compile read, build dir excluded."""
+class ChangedDuringCompile(Exception):
+    """A file the compiler read was modified after the compile started."""
+
+
+def build_closure(deps: list[str], build_dir: str, anchors: Anchors, stats: StatCache,
+                  started_ns: int | None = None) -> list[dict]:
+    """Closure records for the files a compile read, build dir excluded.
+
+    ``started_ns`` is the filesystem's own timestamp taken just before the
+    compile.  A dependency modified after it may have been read in its old
+    form while we hash the new one, which would publish a binary under the
+    wrong key; that raises :class:`ChangedDuringCompile` instead.
+    """
     build_dir = os.path.normpath(os.path.abspath(build_dir))
     records, seen = [], set()
     for dep in deps:
@@ -112,6 +123,10 @@ def build_closure(deps: list[str], build_dir: str, anchors: Anchors, stats: Stat
         digest = stats.digest(full)
         if digest is None:
             raise FileNotFoundError(f"compiler reported dependency {full} but it does not exist")
+        if started_ns is not None:
+            st = os.stat(full)
+            if max(st.st_mtime_ns, st.st_ctime_ns) > started_ns:
+                raise ChangedDuringCompile(full)
         anchor, rel = anchor_path(full, anchors)
         records.append({"anchor": anchor, "path": rel, "digest": digest})
     records.sort(key=lambda r: (r["anchor"], r["path"]))

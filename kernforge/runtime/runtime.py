@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass
 
 from . import manifest as manifest_io
 from .cache import Entry, ManifestCache, explain_miss, find, group_dir, lock_path, touch
-from .closure import Anchors, ClosureWatch, build_closure
+from .closure import Anchors, ChangedDuringCompile, ClosureWatch, build_closure
 from .config import Config
-from .errors import CacheError, ConfigError, LoadError
+from .errors import CacheError, CompileError, ConfigError, LoadError
 from .hashing import StatCache, digest_bytes, digest_file, digest_json
 from .lock import BuildLock
 from .module import CompileResult, CpuModule, Module
@@ -184,14 +184,7 @@ class Runtime:
                 f.write(req.source)
             if self.config.print_command:
                 print(f"[kernforge.runtime] compiling {req.tag} in {tmp}", file=sys.stderr)
-            start = time.perf_counter()
-            out = compiler.compile(tmp, req.options, req.include_dirs)
-            elapsed = time.perf_counter() - start
-            self.counters.compiles += 1
-            self.counters.compile_time_s += elapsed
-            if self.config.print_command:
-                print("[kernforge.runtime] Running command: " + " ".join(out.command), file=sys.stderr)
-            closure = build_closure(out.deps, tmp, req.anchors, self.stats)
+            out, closure, elapsed = self._compile_stable(compiler, req, tmp)
             key = digest_json({"prekey": req.prekey, "closure": closure})
             with open(os.path.join(tmp, "build.log"), "w") as f:
                 f.write(out.log)
@@ -227,6 +220,23 @@ class Runtime:
             self.counters.races_lost += 1
             manifest = manifest_io.read(final)
         return Entry(root, final, manifest)
+
+    def _compile_stable(self, compiler, req: Request, tmp: str, attempts: int = 3):
+        """Compile until no input changed underneath the compiler (at most ``attempts`` times)."""
+        for _ in range(attempts):
+            started_ns = _filesystem_now_ns(tmp)
+            start = time.perf_counter()
+            out = compiler.compile(tmp, req.options, req.include_dirs)
+            elapsed = time.perf_counter() - start
+            self.counters.compiles += 1
+            self.counters.compile_time_s += elapsed
+            if self.config.print_command:
+                print("[kernforge.runtime] Running command: " + " ".join(out.command), file=sys.stderr)
+            try:
+                return out, build_closure(out.deps, tmp, req.anchors, self.stats, started_ns), elapsed
+            except ChangedDuringCompile as changed:
+                last = str(changed)
+        raise CompileError(f"{last} kept changing while {req.tag} compiled ({attempts} attempts); not cached")
 
     # -- diagnostics ------------------------------------------------------
     def save_counters(self) -> None:
@@ -277,6 +287,16 @@ def _ensure_writable(root: str) -> None:
             ) from exc
     if not os.access(os.path.join(root, "tmp"), os.W_OK):
         raise CacheError(f"cache directory {root} is not writable; put a writable directory first in KERNFORGE_CACHE_DIR")
+
+
+def _filesystem_now_ns(directory: str) -> int:
+    """The filesystem's current timestamp (its clock can lag time.time_ns())."""
+    marker = os.path.join(directory, ".started")
+    with open(marker, "w"):
+        pass
+    stamp = os.stat(marker).st_mtime_ns
+    os.unlink(marker)
+    return stamp
 
 
 def _load(entry: Entry, reason: str | None) -> Module:

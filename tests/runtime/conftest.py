@@ -45,13 +45,15 @@ class Wrapper:
         self.log = str(directory / "compiles.log")
         self.write(version=version, sleep_s=sleep_s)
 
-    def write(self, version=None, sleep_s=0.0):
+    def write(self, version=None, sleep_s=0.0, sleep_after_s=0.0):
+        """sleep_s: before the real compile (holds the lock); sleep_after_s: after it."""
         version_case = f'if [ "$1" = "--version" ]; then echo "{version}"; exit 0; fi\n' if version else ""
         script = (
             "#!/bin/sh\n"
             + version_case
             + f'case " $* " in *" -shared "*) echo "$$" >> {self.log}; sleep {sleep_s};; esac\n'
-            + f'exec {GXX} "$@"\n'
+            + f'{GXX} "$@" || exit $?\n'
+            + f'case " $* " in *" -shared "*) sleep {sleep_after_s};; esac\n'
         )
         tmp = self.path + ".new"
         with open(tmp, "w") as f:

@@ -116,3 +116,20 @@ def test_publish_onto_uncommitted_destination_fails_loudly(cache_root):
     with pytest.raises(runtime.PublishError, match="not committed"):
         publish(tmp, str(final), visibility_wait_s=0.1)
     assert os.path.exists(tmp) and (final / "stray").read_text() == "not committed"
+
+
+def test_lock_timeout_names_the_holder(cache_root, monkeypatch):
+    import socket
+
+    from kernforge.runtime.cache import lock_path
+    from kernforge.runtime.lock import BuildLock
+
+    monkeypatch.setenv("KERNFORGE_JIT_LOCK_TIMEOUT", "0.3")
+    runtime.reset()
+    req = runtime.get_runtime().request("held", THREADS, "cpu", (), (), "")
+    with BuildLock(lock_path(str(cache_root), req.prekey), 5):  # another holder (separate open file)
+        started = time.time()
+        with pytest.raises(runtime.LockTimeoutError, match=f"{socket.gethostname()} pid {os.getpid()}"):
+            runtime.compile("held", THREADS)
+        assert time.time() - started < 5
+    assert runtime.compile("held", THREADS).miss_reason is not None  # free again once released

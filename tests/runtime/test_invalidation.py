@@ -132,3 +132,27 @@ def test_native_arch_changes_the_key(wrapper):
                                      options=("-march=x86-64",))
     assert a.key != b.key
     assert a.manifest["inputs"]["compiler"]["machine"] != b.manifest["inputs"]["compiler"]["machine"]
+
+
+def test_header_edited_while_compiling_is_not_published_under_the_new_content(inc, wrapper):
+    import threading
+    import time
+
+    value_h = inc / "kf_test" / "value.h"
+    value_h.write_text("#define KF_VALUE 1\n")
+    wrapper.write(sleep_after_s=1.0)  # g++ has read value.h; the edit lands before we hash it
+
+    def edit_during_first_compile():
+        while wrapper.compiles == 0:
+            time.sleep(0.01)
+        time.sleep(0.4)
+        value_h.write_text("#define KF_VALUE 2\n")
+
+    editor = threading.Thread(target=edit_during_first_compile)
+    editor.start()
+    module = runtime.compile("race_edit", VALUE, include_dirs=(inc,))
+    editor.join()
+    assert wrapper.compiles == 2  # the first build was discarded and redone
+    assert run_value(module) == 2
+    fresh_process_view()
+    assert run_value(runtime.compile("race_edit", VALUE, include_dirs=(inc,))) == 2

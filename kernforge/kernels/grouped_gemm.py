@@ -37,8 +37,10 @@ def m_grouped_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: int =
     ``m_indices int32 [M]`` (expert of each row, ``-1`` = padding), output ``D [M, N]``."""
     accum = "float32"
     M = T.symbolic("M")
+    name = (f"m_grouped_gemm_nt_contiguous_g{num_groups}_n{N}_k{K}_M{block_M}_N{block_N}"
+            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}")
 
-    @T.prim_func
+    @T.prim_func(name=name)
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((num_groups, N, K), dtype),
              m_indices: T.Tensor((M,), "int32"), D: T.Tensor((M, N), out_dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
@@ -75,8 +77,10 @@ def m_grouped_fp8_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: i
     k_blocks = -(-K // gran)
     n_blocks = -(-N // gran)
     M = T.symbolic("M")
+    name = (f"m_grouped_fp8_gemm_nt_contiguous_g{num_groups}_n{N}_k{K}_M{block_M}_N{block_N}"
+            f"_s{num_stages}_{out_dtype}_t{threads}")
 
-    @T.prim_func
+    @T.prim_func(name=name)
     def main(A: T.Tensor((M, K), "float8_e4m3"), SFA: T.Tensor((M, k_blocks), accum),
              B: T.Tensor((num_groups, N, K), "float8_e4m3"),
              SFB: T.Tensor((num_groups, n_blocks, k_blocks), accum),

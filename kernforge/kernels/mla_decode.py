@@ -56,7 +56,7 @@ def _check_shape_params(heads: int, heads_kv: int, dim: int, dim_v: int, page_si
 @T.tunable(block_N=[16, 32, 64], block_H=[16, 32, 64], num_stages=[1, 2])
 def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, dim_v: int = 512,
                page_size: int = 64, causal: bool = False,
-               block_N: int = 64, block_H: int = 64, num_stages: int = 2,
+               block_N: int = 32, block_H: int = 64, num_stages: int = 2,
                dtype: str = "bfloat16", threads: int = 256):
     """Dense paged MLA decode for ``heads`` query heads over ``heads_kv`` latent heads.
 
@@ -77,7 +77,10 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
     num_tokens = T.symbolic("num_tokens")
     max_pages = T.symbolic("max_pages")
 
-    @T.prim_func
+    name = (f"mla_decode_h{heads}_kv{heads_kv}_q{seq_q}_d{dim}_v{dim_v}_p{page_size}"
+            f"{'_causal' if causal else ''}_N{block_N}_H{block_H}_s{num_stages}_{dtype}_t{threads}")
+
+    @T.prim_func(name=name)
     def main(Q: T.Tensor((batch, seq_q, heads, dim), dtype),
              KV: T.Tensor((num_tokens, heads_kv * dim), dtype),
              block_table: T.Tensor((batch, max_pages), "int32"),
@@ -357,10 +360,10 @@ SPEC = register(KernelSpec(
                                        dim=96, dim_v=64, page_size=16, causal=True,
                                        block_N=16, block_H=16)),
         "demo": Problem("demo", dict(batch=2, seqlens=[700, 333], heads=64, seq_q=1,
-                                     dim=576, dim_v=512, block_N=64, block_H=64)),
+                                     dim=576, dim_v=512, block_N=32, block_H=64)),
         # FlashMLA's dense perf shape (b=128, h_q=128, s_q=1, s_k=4096)
         "bench": Problem("bench", dict(batch=128, seqlens=[4096] * 128, heads=128, seq_q=1,
-                                       dim=576, dim_v=512, block_N=64, block_H=64)),
+                                       dim=576, dim_v=512, block_N=32, block_H=64)),
     },
     make_inputs=make_inputs,
     outputs=(6, 7),

@@ -1,9 +1,11 @@
 """Shared prompt renderer for the V4 family; encodings differ only in their tables.
 
-The renderer appends pieces to a list and records the span of every special
-token it inserts, so `RenderedPrompt.special_ranges` is exact without rescanning.
+The renderer appends pieces to a list and records which pieces are special
+tokens; one pass at the end turns those into `special_ranges`, so the ranges are
+exact without rescanning and the hot path is plain list appends.
 """
 import re
+from itertools import accumulate
 
 from .conversation import Conversation, ToolDefinition
 from .dsml import DsmlNames, arguments_to_parameters, dump_json
@@ -27,26 +29,30 @@ class RenderedPrompt:
 
 
 class _Builder:
-    __slots__ = ("parts", "ranges", "pos")
+    """Prompt pieces plus the indices of the pieces that are special tokens."""
+
+    __slots__ = ("parts", "marks")
 
     def __init__(self):
-        self.parts, self.ranges, self.pos = [], [], 0
+        self.parts, self.marks = [], []
 
     def text(self, s: str):
-        if s:
-            self.parts.append(s)
-            self.pos += len(s)
+        self.parts.append(s)
 
     def special(self, s: str):
+        self.marks.append(len(self.parts))
         self.parts.append(s)
-        end = self.pos + len(s)
-        self.ranges.append((self.pos, end))
-        self.pos = end
 
-    def pieces(self, pieces):
-        """Append pre-split (text, is_special) pieces of a template."""
-        for s, is_special in pieces:
-            self.special(s) if is_special else self.text(s)
+    def extend(self, parts, marks):
+        """Append pre-split pieces; `marks` are the special pieces' offsets within them."""
+        base = len(self.parts)
+        self.parts.extend(parts)
+        self.marks.extend(base + m for m in marks)
+
+    def finish(self):
+        parts = self.parts
+        ends = list(accumulate(map(len, parts)))
+        return "".join(parts), [(ends[i] - len(parts[i]), ends[i]) for i in self.marks]
 
 
 class PromptEncoding:
@@ -72,10 +78,11 @@ class PromptEncoding:
         t = special_tokens
         head = TOOL_PROMPT_HEAD.replace("{B}", self.dsml.block).replace("{I}", self.dsml.invoke)
         head = head.replace("{P}", self.dsml.parameter)
-        self._tool_head = [(t.dsml, True) if p == "{D}" else
-                           (t.thinking_start, True) if p == "<think>" else
-                           (t.thinking_end, True) if p == "</think>" else (p, False)
-                           for p in _TEMPLATE_MARK.split(head) if p]
+        split = [p for p in _TEMPLATE_MARK.split(head) if p]
+        specials = {"{D}": t.dsml, "<think>": t.thinking_start, "</think>": t.thinking_end}
+        pieces = [specials.get(p, p) for p in split]
+        marks = [i for i, p in enumerate(split) if p in specials]
+        self._tool_head = (tuple(pieces), tuple(marks))
 
     def with_special_tokens(self, special_tokens: SpecialTokens):
         return type(self)(special_tokens)
@@ -85,7 +92,7 @@ class PromptEncoding:
 
     # --- pieces -------------------------------------------------------------
     def _tool_prompt(self, b: _Builder, tools: list[ToolDefinition]):
-        b.pieces(self._tool_head)
+        b.extend(*self._tool_head)
         b.text("\n".join(dump_json({"name": tool.name, "description": tool.description or "",
                                     "parameters": tool.parameters})
                          for tool in tools))
@@ -99,34 +106,36 @@ class PromptEncoding:
             return self.json_object_text
         return ""  # text, and regex: the constraint alone carries a regex format
 
-    def _open_tag(self, b: _Builder, word: str, attrs: str = ""):
-        b.text("<")
-        b.special(self.special_tokens.dsml)
-        b.text(word + attrs + ">")
-
-    def _close_tag(self, b: _Builder, word: str):
-        b.text("</")
-        b.special(self.special_tokens.dsml)
-        b.text(word + ">")
+    def _open_tag(self, b: _Builder, word: str):
+        b.extend(("<", self.special_tokens.dsml, word + ">"), (1,))
 
     def _tool_calls(self, b: _Builder, calls):
-        d = self.dsml
-        self._open_tag(b, d.block)
-        b.text("\n")
+        """The DSML block of a history turn; the hot path of long agent histories."""
+        d, dsml = self.dsml, self.special_tokens.dsml
+        parts, marks = b.parts, b.marks
+        invoke_open = d.invoke + ' name="'
+        param_open = d.parameter + ' name="'
+        param_close = d.parameter + ">\n"
+        invoke_close = d.invoke + ">\n"
+        empty_params = "\n" if self.blank_line_in_empty_invoke else ""
+        marks.append(len(parts) + 1)
+        parts.extend(("<", dsml, d.block + ">\n"))
         for call in calls:
-            self._open_tag(b, d.invoke, f' name="{call.name}"')
-            b.text("\n")
+            marks.append(len(parts) + 1)
+            parts.extend(("<", dsml, invoke_open, call.name, '">\n'))
             params = arguments_to_parameters(call.name, call.arguments)
-            if not params and self.blank_line_in_empty_invoke:
-                b.text("\n")
+            if not params:
+                parts.append(empty_params)
             for name, text, is_string in params:
-                self._open_tag(b, d.parameter, f' name="{name}" string="{"true" if is_string else "false"}"')
-                b.text(text)
-                self._close_tag(b, d.parameter)
-                b.text("\n")
-            self._close_tag(b, d.invoke)
-            b.text("\n")
-        self._close_tag(b, d.block)
+                n = len(parts)
+                marks.append(n + 1)
+                marks.append(n + 7)
+                parts.extend(("<", dsml, param_open, name, '" string="true">' if is_string else '" string="false">',
+                              text, "</", dsml, param_close))
+            marks.append(len(parts) + 1)
+            parts.extend(("</", dsml, invoke_close))
+        marks.append(len(parts) + 1)
+        parts.extend(("</", dsml, d.block + ">"))
 
     def _content_with_images(self, b: _Builder, message, images: list):
         """Write content; the first image-token occurrences become special placeholders."""
@@ -288,4 +297,5 @@ class PromptEncoding:
                 b.text("\n\n")
                 self._open_tag(b, self.dsml.block)
                 b.text("\n")
-        return RenderedPrompt("".join(b.parts), images, b.ranges)
+        prompt, ranges = b.finish()
+        return RenderedPrompt(prompt, images, ranges)

@@ -230,8 +230,9 @@ words = st.lists(st.sampled_from(["a", " ", "\n", "Ã©", "<", "x>", "{", '"', "ä¸
 def test_stream_results_match_peer(reasoning, content, calls, step, v41):
     from kernforge.recipe.dsml import V41_DSML, V4_DSML
     model = "DeepSeek-V4.1-Flash" if v41 else "DeepSeek-V4-Pro"
-    # deepseek-recipe 0.2.0 keeps one "\n" of the separator when content ends in "<" (its bug).
-    assume(not (calls and content.endswith("<")))
+    # deepseek-recipe 0.2.0 keeps a "\n" before a marker when the text before it ends in "<" (its bug).
+    assume(not reasoning.rstrip("\n").endswith("<"))
+    assume(not (calls and content.rstrip("\n").endswith("<")))
     raw = reasoning + "</think>" + content
     if calls:
         raw += "\n\n" + dsml_block(calls, V41_DSML if v41 else V4_DSML)

@@ -21,6 +21,9 @@ EFFORT_WORDS = {"minimal": "low", "low": "low", "medium": "high", "high": "high"
                 "xhigh": "xhigh", "max": "max"}
 
 
+FORBID_EXTRA = pydantic.ConfigDict(extra="forbid")
+
+
 class Strict(pydantic.BaseModel):
     """Request models forbid unknown fields: an unknown field is never silently ignored."""
 

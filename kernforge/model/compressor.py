@@ -8,8 +8,8 @@ other ratio pools its own block only.
 Cache state per compressor (all batch rows share positions):
 - `kv_cache` [B, max_seq_len // r, d]: entry k, visible once token k*r+r-1 is processed;
 - `kv_state`, `score_state` [B, 2r, c*d]: (wkv x, wgate x + ape) of the tokens of the
-  previous block (rows 0..r-1) and of the open block (rows r..2r-1); an absent row
-  has score -inf, so it drops out of the softmax;
+  previous block (rows 0..r-1, ratio 4 only) and of the open block (rows r..2r-1);
+  an absent row has score -inf, so it drops out of the softmax;
 - `n_entries`: entries stored. An entry below it is never rewritten, which lets a
   tail replay (`Transformer.rebuild_cache`) keep the persisted entries.
 
@@ -84,8 +84,9 @@ class Compressor(nn.Module):
         rest_kv, rest_score = seq_kv[:, keep_from:], seq_score[:, keep_from:]
         self.kv_state[:b] = 0
         self.score_state[:b] = float("-inf")
-        self.kv_state[:b, :rest_kv.shape[1]] = rest_kv
-        self.score_state[:b, :rest_score.shape[1]] = rest_score
+        lo = 0 if self.overlap else r  # only ratio 4 reads the previous block again
+        self.kv_state[:b, lo:rest_kv.shape[1]] = rest_kv[:, lo:]
+        self.score_state[:b, lo:rest_score.shape[1]] = rest_score[:, lo:]
 
     def _pool(self, blocks_kv: torch.Tensor, blocks_score: torch.Tensor, n_new: int) -> torch.Tensor:
         """Softmax-gated sum per channel for sequence blocks 1..n_new -> [b, n_new, d]."""

@@ -91,7 +91,7 @@ class _Planner:
             for r in self._nodes(ir.Reduce):
                 src = regs.get(r.src)
                 if isinstance(src, AccumLayout) and r.dim == 1 and r.dst.ndim == 1 and r.dst not in regs:
-                    regs[r.dst] = RowLayout(src)
+                    regs[r.dst] = src.rows
                     changed = True
             for p in self._nodes(ir.Parallel):
                 changed |= self._propagate(p)
@@ -122,7 +122,7 @@ class _Planner:
                 changed = True
             elif isinstance(driver, AccumLayout) and len(p.vars) == 2 and len(idx) == 1 \
                     and idx[0] is p.vars[0] and b.static_shape() == (driver.m,):
-                regs[b] = RowLayout(driver)
+                regs[b] = driver.rows
                 changed = True
         return changed
 
@@ -199,7 +199,7 @@ class _Planner:
             return
         if isinstance(s, ir.Reduce):
             src, dst = regs.get(s.src), regs.get(s.dst)
-            warp_path = isinstance(src, AccumLayout) and s.dim == 1 and dst == RowLayout(src)
+            warp_path = isinstance(src, AccumLayout) and s.dim == 1 and dst == src.rows
             if src is not None and not warp_path:
                 bad.add(s.src)
             return
@@ -226,7 +226,7 @@ class _Planner:
                 continue
             lay = regs[b]
             same = driver is not None and lay == driver and _identity(idx, p.vars)
-            rows = isinstance(driver, AccumLayout) and lay == RowLayout(driver) and len(idx) == 1 \
+            rows = isinstance(driver, AccumLayout) and lay == driver.rows and len(idx) == 1 \
                 and len(p.vars) == 2 and idx[0] is p.vars[0]
             if not (same or rows):
                 bad.add(b)

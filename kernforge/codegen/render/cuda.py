@@ -36,7 +36,7 @@ import jinja2
 
 from kernforge import dtypes
 from kernforge.codegen import ir
-from kernforge.codegen.layouts import AccumLayout, RowLayout, StripedLayout
+from kernforge.codegen.layouts import AccumLayout
 from kernforge.codegen.passes.cuda_layout import LayoutPlan, plan_layouts
 from kernforge.codegen.passes.cuda_pipeline import PipelinePlan, plan_pipelines
 from kernforge.codegen.render import cuda_ops
@@ -158,7 +158,7 @@ class CudaRenderer(CRenderer):
         lay = self.plan.registers[b]
         if lay == driver and all(i is v for i, v in zip(indices, vars_)):
             return f"{self.buffer_name(b)}[{r}]"
-        if isinstance(driver, AccumLayout) and lay == RowLayout(driver) and indices[0] is vars_[0]:
+        if isinstance(driver, AccumLayout) and lay == driver.rows and indices[0] is vars_[0]:
             return f"{self.buffer_name(b)}[{driver.row_reg(r)}]"
         raise CudaRenderError(f"fragment {b.name} accessed at {indices} in a loop driven by {driver} "
                               "(planner bug)")

@@ -412,7 +412,7 @@ def render_gemm(R, g: ir.Gemm) -> None:
     K = a.static_shape()[0] if g.trans_a else a.static_shape()[1]
     ab = "bf16" if a.dtype == dtypes.bfloat16 else "f16"
     cn = R.buffer_name(c)
-    R.open("")
+    R.open("" if lay.used_warps == lay.warps else f"if (({R.tid} >> 5) < {lay.used_warps})")
     R.emit(f"const int kf_warp = {R.tid} >> 5;")
     if kind == "mma":
         R.emit(f"const int kf_lane = {R.tid} & 31;")
@@ -532,7 +532,7 @@ def _identity(op: ir.Op, dt: dtypes.DType) -> str:
 
 def _warp_path(R, r: ir.Reduce) -> bool:
     src = R.plan.registers.get(r.src)
-    return isinstance(src, AccumLayout) and r.dim == 1 and R.plan.registers.get(r.dst) == RowLayout(src)
+    return isinstance(src, AccumLayout) and r.dim == 1 and R.plan.registers.get(r.dst) == src.rows
 
 
 def reduce_scratch_floats(R, r: ir.Reduce) -> int:
@@ -540,7 +540,12 @@ def reduce_scratch_floats(R, r: ir.Reduce) -> int:
     if not _warp_path(R, r):
         return 0
     lay = R.plan.registers[r.src]
-    return lay.m * lay.wn if lay.wn > 1 else 0
+    return lay.m * lay.wn if _cross_warp(lay) else 0
+
+
+def _cross_warp(lay: AccumLayout) -> bool:
+    """Rows are shared by several warp columns, or some warps hold no part of them."""
+    return lay.wn > 1 or lay.used_warps < lay.warps
 
 
 def render_reduce(R, r: ir.Reduce) -> None:
@@ -553,6 +558,9 @@ def render_reduce(R, r: ir.Reduce) -> None:
     init = _identity(r.op, r.src.dtype)
     R.open("")
     R.emit(f"{ct} kf_part[{lay.mt * 2}];")
+    owner = lay.valid("0", R.tid)
+    if owner:
+        R.open(f"if {owner}")
     R.emit("#pragma unroll")
     R.open(f"for (int kf_s = 0; kf_s < {lay.mt * 2}; ++kf_s)")
     R.emit(f"{ct} kf_v = {init};")
@@ -564,13 +572,15 @@ def render_reduce(R, r: ir.Reduce) -> None:
     R.close()
     R.emit(f"kf_part[kf_s] = kf::quad_allreduce<{op}>(kf_v);")
     R.close()
-    if lay.wn > 1:
+    if owner:
+        R.close()
+    if _cross_warp(lay):
+        row = lay.rows.row("kf_s", R.tid)
         R.barrier()
+        R.open(f"if ({owner or 'true'} && ({R.tid} & 3) == 0)")
         R.emit(f"const int kf_wc = ({R.tid} >> 5) / {lay.wm};")
         R.emit("#pragma unroll")
-        R.open(f"for (int kf_s = 0; kf_s < {lay.mt * 2}; ++kf_s)")
-        row = lay.row("(kf_s >> 1)", "(kf_s & 1)", R.tid)
-        R.emit(f"if (({R.tid} & 3) == 0) kf_scratch[kf_wc * {lay.m} + {row}] = (float)kf_part[kf_s];")
+        R.emit(f"for (int kf_s = 0; kf_s < {lay.mt * 2}; ++kf_s) kf_scratch[kf_wc * {lay.m} + {row}] = (float)kf_part[kf_s];")
         R.close()
         R.emit("__syncthreads();")
         R.emit("#pragma unroll")

@@ -41,16 +41,22 @@ MAX_TOPK = 4096
 MAX_VOCAB = 1 << 23
 
 _KEY_DTYPE = {"float32": "uint32", "bfloat16": "uint16"}
-_RADIX_BITS = 8
-_RADIX = 1 << _RADIX_BITS
+#: radix digits (shift, width) of the ordered key, most significant first.  The
+#: first digit covers sign, exponent and two mantissa bits, so it already splits
+#: a row's largest values finely (an 8-bit top digit would see only the exponent).
+_DIGITS = {"float32": ((21, 11), (10, 11), (0, 10)), "bfloat16": ((5, 11), (0, 5))}
 
 
 def _ordered_key(v, kdt, bits: int):
-    """Unsigned key with the order of the float ``v``; NaN -> the largest key."""
+    """Unsigned key with the order of the float ``v``; NaN -> the largest key.
+
+    Integer operations only (NaN is "magnitude above the infinity pattern"), so the
+    CPU backend vectorises it for bfloat16 as well as float32."""
     raw = T.reinterpret(kdt, v)
-    flip = T.where((raw >> (bits - 1)) == T.cast(1, kdt), T.cast((1 << bits) - 1, kdt),
-                   T.cast(1 << (bits - 1), kdt))
-    return T.where(T.isnan(v), T.cast((1 << bits) - 1, kdt), raw ^ flip)
+    sign = 1 << (bits - 1)
+    inf_bits = 0x7F800000 if bits == 32 else 0x7F80
+    ordered = T.where(raw >= T.cast(sign, kdt), raw ^ T.cast((1 << bits) - 1, kdt), raw | T.cast(sign, kdt))
+    return T.where((raw & T.cast(sign - 1, kdt)) > T.cast(inf_bits, kdt), T.cast((1 << bits) - 1, kdt), ordered)
 
 
 def _key_to_value(key, kdt, dtype, bits: int):
@@ -94,8 +100,9 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
     ngroups = tile // group
     pow2 = max(2, _next_pow2(k))
     cap = max(k + tile + slack, pow2)
-    cap = -(-cap // _RADIX) * _RADIX
-    passes = bits // _RADIX_BITS
+    cap = -(-cap // 64) * 64
+    digits = _DIGITS[dtype]
+    serial = compaction == "group_serial"
 
     B = T.symbolic("batch")
     V = T.symbolic("vocab")
@@ -117,17 +124,10 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
         with T.Kernel(B, threads=threads) as row:
             cand_key = T.alloc_shared((cap,), kdt)
             cand_idx = T.alloc_shared((cap,), "int32")
-            old_key = T.alloc_shared((cap,), kdt)
-            old_idx = T.alloc_shared((cap,), "int32")
-            rank = T.alloc_shared((cap,), "int32")
-            slot = T.alloc_shared((cap,), "int32")
-            hist = T.alloc_shared((_RADIX,), "int32")
-            above = T.alloc_shared((_RADIX,), "int32")
-            reached = T.alloc_fragment((_RADIX,), "int32")
-            nreached = T.alloc_fragment((1,), "int32")
             xt = T.alloc_fragment((tile,), dtype)
             keys = T.alloc_fragment((ngroups, group), kdt)
             gmax = T.alloc_fragment((ngroups,), kdt)
+            nreached = T.alloc_fragment((1,), "int32")
             nan_flag = T.alloc_fragment((k,), "int32")
             nan_any = T.alloc_fragment((1,), "int32")
             length = T.alloc_var("int32", end[row])
@@ -136,7 +136,16 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
             prefix = T.alloc_var(kdt, 0)
             need = T.alloc_var("int32", k)
             ntiles = T.alloc_var("int32", (length + (tile - 1)) // tile)
-            if compaction == "tile_scan":
+            if serial:
+                sub_key = T.alloc_shared((cap,), kdt)
+                nsub = T.alloc_var("int32", 0)
+                kept = T.alloc_var("int32", 0)
+                equal = T.alloc_var("int32", 0)
+            else:
+                old_key = T.alloc_shared((cap,), kdt)
+                old_idx = T.alloc_shared((cap,), "int32")
+                rank = T.alloc_shared((cap,), "int32")
+                slot = T.alloc_shared((cap,), "int32")
                 flags = T.alloc_fragment((ngroups, group), "int32")
                 gcount = T.alloc_fragment((ngroups,), "int32")
                 gstart = T.alloc_shared((ngroups,), "int32")
@@ -146,55 +155,93 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                 if (cnt > cap - tile) | ((t == ntiles) & (cnt > k)):
                     prefix = T.cast(0, kdt)
                     need = k
-                    for p in range(passes):
-                        shift = bits - _RADIX_BITS * (p + 1)
-                        T.clear(hist)
-                        for i in T.Parallel(cap):
+                    for p, (shift, width) in enumerate(digits):
+                        nb = 1 << width
+                        mask = T.cast(nb - 1, kdt)
+                        hist = T.alloc_shared((nb,), "int32")
+                        above = T.alloc_shared((nb,), "int32")
+                        reached = T.alloc_fragment((nb,), "int32")
+                        if serial:
+                            # four interleaved histograms break store-to-load chains on hot buckets
+                            hist4 = T.alloc_shared((4, nb), "int32")
+                            T.clear(hist4)
                             if p == 0:
-                                if i < cnt:
-                                    T.atomic_add(hist[T.cast((cand_key[i] >> shift) & T.cast(_RADIX - 1, kdt), "int32")], 1)
+                                for i in T.serial(cnt):
+                                    hist4[i & 3, T.cast((cand_key[i] >> shift) & mask, "int32")] = \
+                                        hist4[i & 3, T.cast((cand_key[i] >> shift) & mask, "int32")] + 1
                             else:
-                                if (i < cnt) & ((cand_key[i] >> (shift + _RADIX_BITS)) == (prefix >> (shift + _RADIX_BITS))):
-                                    T.atomic_add(hist[T.cast((cand_key[i] >> shift) & T.cast(_RADIX - 1, kdt), "int32")], 1)
+                                for i in T.serial(nsub):
+                                    if (sub_key[i] >> (shift + width)) == (prefix >> (shift + width)):
+                                        hist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] = \
+                                            hist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] + 1
+                            T.reduce_sum(hist4, hist, dim=0)
+                        else:
+                            T.clear(hist)
+                            for i in T.Parallel(cap):
+                                counted = i < cnt
+                                if p > 0:
+                                    counted = counted & ((cand_key[i] >> (shift + width)) == (prefix >> (shift + width)))
+                                if counted:
+                                    T.atomic_add(hist[T.cast((cand_key[i] >> shift) & mask, "int32")], 1)
+                        # the k-th key's digit: the last bucket whose suffix count reaches `need`
                         T.cumsum(hist, above, reverse=True)
-                        for b in T.Parallel(_RADIX):
+                        for b in T.Parallel(nb):
                             reached[b] = T.where(above[b] >= need, 1, 0)
                         T.reduce_sum(reached, nreached)
-                        # digit of the k-th key: the last bucket whose suffix count reaches `need`
-                        if nreached[0] < _RADIX:
+                        if nreached[0] < nb:
                             need = need - above[nreached[0]]
                         prefix = prefix | (T.cast(nreached[0] - 1, kdt) << shift)
-                    # `prefix` is now the k-th key; `need` keys equal to it still fit
-                    for i in T.Parallel(cap):
-                        rank[i] = T.where((i < cnt) & (cand_key[i] == prefix), 1, 0)
-                        old_key[i] = cand_key[i]
-                        old_idx[i] = cand_idx[i]
-                    T.cumsum(rank)
-                    for i in T.Parallel(cap):
-                        slot[i] = T.where((i < cnt) & ((old_key[i] > prefix) | ((old_key[i] == prefix) & (rank[i] <= need))), 1, 0)
-                    T.cumsum(slot)
-                    for i in T.Parallel(cap):
-                        if (i < cnt) & ((old_key[i] > prefix) | ((old_key[i] == prefix) & (rank[i] <= need))):
-                            cand_key[slot[i] - 1] = old_key[i]
-                            cand_idx[slot[i] - 1] = old_idx[i]
+                        if serial and p == 0:
+                            # later digits only look at the keys in the chosen top bucket
+                            nsub = 0
+                            for i in T.serial(cnt):
+                                sub_key[nsub] = cand_key[i]
+                                nsub = nsub + T.cast((cand_key[i] >> shift) == (prefix >> shift), "int32")
+                    # `prefix` is now the k-th key; the first `need` keys equal to it are kept
+                    if serial:
+                        kept = 0
+                        equal = 0
+                        for i in T.serial(cnt):
+                            cand_key[kept] = cand_key[i]
+                            cand_idx[kept] = cand_idx[i]
+                            kept = kept + T.cast((cand_key[i] > prefix) | ((cand_key[i] == prefix) & (equal < need)), "int32")
+                            equal = equal + T.cast(cand_key[i] == prefix, "int32")
+                    else:
+                        for i in T.Parallel(cap):
+                            rank[i] = T.where((i < cnt) & (cand_key[i] == prefix), 1, 0)
+                            old_key[i] = cand_key[i]
+                            old_idx[i] = cand_idx[i]
+                        T.cumsum(rank)
+                        for i in T.Parallel(cap):
+                            slot[i] = T.where((i < cnt) & ((old_key[i] > prefix) | ((old_key[i] == prefix) & (rank[i] <= need))), 1, 0)
+                        T.cumsum(slot)
+                        for i in T.Parallel(cap):
+                            if (i < cnt) & ((old_key[i] > prefix) | ((old_key[i] == prefix) & (rank[i] <= need))):
+                                cand_key[slot[i] - 1] = old_key[i]
+                                cand_idx[slot[i] - 1] = old_idx[i]
                     cnt = k
                     thr = prefix
 
                 # ---- stream one tile: keys, group maxima, append survivors in index order
                 if t < ntiles:
-                    T.copy(x[row, t * tile], xt)
-                    for g, j in T.Parallel(ngroups, group):
-                        keys[g, j] = T.where(t * tile + g * group + j < length,
-                                             _ordered_key(xt[g * group + j], kdt, bits), T.cast(0, kdt))
+                    if (t + 1) * tile <= length:
+                        for g, j in T.Parallel(ngroups, group):
+                            keys[g, j] = _ordered_key(x[row, t * tile + g * group + j], kdt, bits)
+                    else:
+                        # the row's last tile: copy (zero beyond the vocab), mask beyond `end`
+                        T.copy(x[row, t * tile], xt)
+                        for g, j in T.Parallel(ngroups, group):
+                            keys[g, j] = T.where(t * tile + g * group + j < length,
+                                                 _ordered_key(xt[g * group + j], kdt, bits), T.cast(0, kdt))
                     T.reduce_max(keys, gmax, dim=1)
-                    if compaction == "group_serial":
+                    if serial:
+                        # branch-free append: always write, advance only past survivors
                         for g in T.serial(ngroups):
                             if gmax[g] > thr:
                                 for j in T.serial(group):
-                                    if keys[g, j] > thr:
-                                        cand_key[cnt] = keys[g, j]
-                                        cand_idx[cnt] = t * tile + g * group + j
-                                        cnt = cnt + 1
+                                    cand_key[cnt] = keys[g, j]
+                                    cand_idx[cnt] = t * tile + g * group + j
+                                    cnt = cnt + T.cast(keys[g, j] > thr, "int32")
                     else:
                         for g, j in T.Parallel(ngroups, group):
                             flags[g, j] = T.where(keys[g, j] > thr, 1, 0)

@@ -167,6 +167,98 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
     return main
 
 
+@T.tunable(block_N=[16, 32, 64], block_H=[16, 32, 64], num_stages=[1, 2])
+def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim_v: int = 512,
+                      block_N: int = 32, block_H: int = 64, num_stages: int = 2,
+                      dtype: str = "bfloat16", threads: int = 256):
+    """Sparse (index-selected) MLA decode, one latent KV head (V3.2 / V4 DSA).
+
+    Parameters of the returned kernel, in order: ``Q [batch, seq_q, heads, dim]``,
+    ``KV [num_tokens, dim]`` (the paged cache viewed flat), ``indices int32
+    [batch, seq_q, topk]`` (flat token ids, ``-1`` = empty), ``topk_length int32 [batch]``
+    (slots at or past it are ignored whatever they hold), ``attn_sink float32 [heads]``,
+    ``sm_scale``, outputs ``Out [batch, seq_q, heads, dim_v]``, ``LSE float32
+    [batch, heads, seq_q]``.  Each block owns ``block_H`` heads of one query token and
+    gathers that token's selected rows into shared memory tile by tile.
+    """
+    _check_shape_params(heads, 1, dim, dim_v, block_N, block_N, block_H)
+    accum = "float32"
+    dpe = dim - dim_v
+    row_blocks = -(-heads // block_H)
+    batch = T.symbolic("batch")
+    num_tokens = T.symbolic("num_tokens")
+    name = (f"mla_decode_sparse_h{heads}_topk{topk}_q{seq_q}_d{dim}_v{dim_v}_N{block_N}"
+            f"_H{block_H}_s{num_stages}_{dtype}_t{threads}")
+
+    @T.prim_func(name=name)
+    def main(Q: T.Tensor((batch, seq_q, heads, dim), dtype),
+             KV: T.Tensor((num_tokens, dim), dtype),
+             indices: T.Tensor((batch, seq_q, topk), "int32"),
+             topk_length: T.Tensor((batch,), "int32"),
+             attn_sink: T.Tensor((heads,), accum),
+             sm_scale: T.float32,
+             Out: T.Tensor((batch, seq_q, heads, dim_v), dtype),
+             LSE: T.Tensor((batch, heads, seq_q), accum)):
+        with T.Kernel(batch, seq_q * row_blocks, threads=threads) as (bx, by):
+            Q_shared = T.alloc_shared((block_H, dim_v), dtype)
+            KV_shared = T.alloc_shared((block_N, dim_v), dtype)
+            if dpe > 0:
+                Q_pe_shared = T.alloc_shared((block_H, dpe), dtype)
+                K_pe_shared = T.alloc_shared((block_N, dpe), dtype)
+            P_shared = T.alloc_shared((block_H, block_N), dtype)
+            acc_s = T.alloc_fragment((block_H, block_N), accum)
+            acc_o = T.alloc_fragment((block_H, dim_v), accum)
+            m = T.alloc_fragment((block_H,), accum)
+            m_prev = T.alloc_fragment((block_H,), accum)
+            rescale = T.alloc_fragment((block_H,), accum)
+            row_sum = T.alloc_fragment((block_H,), accum)
+            l = T.alloc_fragment((block_H,), accum)
+            token = T.alloc_fragment((block_N,), "int32")   # gathered row, -1 = empty slot
+
+            s = by // row_blocks
+            h0 = (by % row_blocks) * block_H
+            n_slots = T.min(topk_length[bx], topk)
+            scale_log2 = sm_scale * LOG2E
+            T.copy(Q[bx, s, h0, 0], Q_shared)
+            if dpe > 0:
+                T.copy(Q[bx, s, h0, dim_v], Q_pe_shared)
+            T.fill(acc_o, 0)
+            T.fill(l, 0)
+            T.fill(m, -T.infinity(accum))
+
+            for t in T.Pipelined(T.ceildiv(n_slots, block_N), num_stages=num_stages):
+                for j in T.Parallel(block_N):
+                    slot = T.min(t * block_N + j, topk - 1)
+                    token[j] = T.if_then_else(t * block_N + j < n_slots, indices[bx, s, slot], -1)
+                for j, d in T.Parallel(block_N, dim_v):
+                    KV_shared[j, d] = T.if_then_else(token[j] >= 0, KV[T.max(token[j], 0), d], 0)
+                if dpe > 0:
+                    for j, d in T.Parallel(block_N, dpe):
+                        K_pe_shared[j, d] = T.if_then_else(token[j] >= 0,
+                                                           KV[T.max(token[j], 0), dim_v + d], 0)
+                T.gemm(Q_shared, KV_shared, acc_s, transpose_B=True, clear_accum=True)
+                if dpe > 0:
+                    T.gemm(Q_pe_shared, K_pe_shared, acc_s, transpose_B=True)
+                for i, j in T.Parallel(block_H, block_N):
+                    acc_s[i, j] = T.if_then_else(token[j] >= 0, acc_s[i, j], -T.infinity(accum))
+                _online_softmax_step(acc_s, acc_o, m, m_prev, rescale, row_sum, l, P_shared,
+                                     scale_log2, block_H, block_N, dim_v, accum)
+                T.gemm(P_shared, KV_shared, acc_o)
+
+            for i, d in T.Parallel(block_H, dim_v):
+                h = T.min(h0 + i, heads - 1)
+                lse = m[i] * sm_scale + T.log(l[i])
+                sink = T.if_then_else(l[i] > 0, 1.0 / (1.0 + T.exp(attn_sink[h] - lse)), 1.0)
+                if h0 + i < heads:
+                    Out[bx, s, h, d] = T.if_then_else(l[i] > 0, acc_o[i, d] * sink / l[i], 0.0)
+            for i in T.Parallel(block_H):
+                if h0 + i < heads:
+                    LSE[bx, h0 + i, s] = T.if_then_else(l[i] > 0, m[i] * sm_scale + T.log(l[i]),
+                                                        T.infinity(accum))
+
+    return main
+
+
 def _online_softmax_step(acc_s, acc_o, m, m_prev, rescale, row_sum, l, P_shared, scale_log2,
                          block_H, block_N, dim_v, accum):
     """Fold one tile of masked scores (``-inf`` = invisible) into the running max ``m``
@@ -217,6 +309,30 @@ def reference(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor
             visible = torch.arange(n)[None, :] < (n - s_q + torch.arange(s_q) + 1)[:, None]
             scores = scores.masked_fill(~visible[None], -math.inf)
         out[i], lse[i] = _softmax_rows(scores, k[..., :dim_v], attn_sink, h_q)
+    return out, lse
+
+
+def reference_sparse(q: torch.Tensor, kv_flat: torch.Tensor, indices: torch.Tensor,
+                     topk_length: torch.Tensor | None, attn_sink: torch.Tensor | None,
+                     sm_scale: float, dim_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 attention of each query token over its listed cache rows.
+
+    q ``[b, s_q, h_q, d]``, kv_flat ``[num_tokens, d]``, indices ``[b, s_q, topk]`` (``-1``
+    = empty; only the first ``topk_length[b]`` slots count)."""
+    b, s_q, h_q, d = q.shape
+    out = torch.zeros(b, s_q, h_q, dim_v, dtype=torch.float64)
+    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float64)
+    for i in range(b):
+        n = indices.shape[-1] if topk_length is None else min(int(topk_length[i]), indices.shape[-1])
+        for t in range(s_q):
+            idx = indices[i, t, :n].long().cpu()
+            k = kv_flat.cpu()[idx[idx != -1]].double()[:, None, :]             # [L, 1, d]
+            if k.shape[0] == 0:
+                continue
+            scores = torch.einsum("hd,lhd->hl", q[i, t].cpu().double(), k.expand(-1, h_q, -1))
+            o, row_lse = _softmax_rows(scores[:, None, :] * sm_scale,
+                                       k[..., :dim_v].expand(-1, h_q, -1), attn_sink, h_q)
+            out[i, t], lse[i, :, t] = o[0], row_lse[:, 0]
     return out, lse
 
 

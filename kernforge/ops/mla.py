@@ -60,16 +60,23 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     ``cache_seqlens int32 [b]``.  Returns ``out [b, s_q, h_q, head_dim_v]`` in q's
     dtype and ``lse float32 [b, h_q, s_q]`` (natural log; ``+inf`` and out 0 for rows
     with nothing to attend).  ``attn_sink float32 [h_q]`` scales each head's output by
-    ``1 / (1 + exp(sink - lse))``."""
+    ``1 / (1 + exp(sink - lse))``.
+
+    With ``indices int32 [b, s_q, topk]`` (flat token ids ``block * page_block_size +
+    offset``, ``-1`` = empty) each query token attends to its listed rows only
+    (``block_table``/``cache_seqlens`` are then ignored and may be ``None``), limited to
+    the first ``topk_length[i]`` slots when that is given."""
     if is_fp8_kvcache:
         raise NotImplementedError("is_fp8_kvcache=True: FP8 KV caches are not supported yet "
                                   "(kernforge MLA decode v0 is bf16 only)")
-    if indices is not None or topk_length is not None:
-        raise NotImplementedError("the sparse (indices/topk_length) decode path is not supported "
-                                  "yet; use the dense paged path")
     if extra_k_cache is not None or extra_indices_in_kvcache is not None or extra_topk_length is not None:
         raise NotImplementedError("extra_k_cache / extra_indices_in_kvcache are not supported yet")
     _check_schedule_args(tile_scheduler_metadata, num_splits)
+    if indices is not None:
+        return _sparse(q, k_cache, indices, topk_length, head_dim_v, tile_scheduler_metadata,
+                       softmax_scale, causal, attn_sink, backend)
+    if topk_length is not None:
+        raise ValueError("topk_length is only meaningful with indices (the sparse path)")
     b, s_q, h_q, d = _check_dense(q, k_cache, block_table, cache_seqlens, head_dim_v, attn_sink)
     page, h_kv = k_cache.shape[1], k_cache.shape[2]
     causal = bool(causal) and s_q > 1            # FlashMLA ignores causal for one query token
@@ -84,6 +91,49 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     kernel(q, k_cache.view(-1, h_kv * d), block_table, cache_seqlens, sink, scale, out, lse)
+    return out, lse
+
+
+def _sparse(q, k_cache, indices, topk_length, head_dim_v, meta, softmax_scale, causal, attn_sink,
+            backend) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index-selected decode (bf16 cache): each query token attends to its listed rows."""
+    if causal:
+        raise ValueError("causal must be False with indices (the sparse path)")
+    b, s_q, h_q, d = _check_q_and_cache(q, k_cache, head_dim_v)
+    num_blocks, page, h_kv, _ = k_cache.shape
+    if h_kv != 1:
+        raise ValueError(f"the sparse path supports only MQA (h_kv == 1), got h_kv={h_kv}")
+    if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32 or indices.dim() != 3 \
+            or tuple(indices.shape[:2]) != (b, s_q) or indices.shape[2] == 0 or not indices.is_contiguous():
+        raise ValueError(f"indices must be a contiguous int32 [{b}, {s_q}, topk > 0] tensor, got "
+                         f"{getattr(indices, 'dtype', type(indices).__name__)} "
+                         f"{tuple(getattr(indices, 'shape', ()))}")
+    topk = indices.shape[2]
+    if topk_length is None:
+        topk_length = torch.full((b,), topk, dtype=torch.int32, device=q.device)
+    elif not isinstance(topk_length, torch.Tensor) or topk_length.dtype != torch.int32 \
+            or tuple(topk_length.shape) != (b,) or (topk_length < 0).any():
+        raise ValueError(f"topk_length must be a non-negative int32 [{b}] tensor")
+    _check_sink(attn_sink, h_q)
+    _check_one_device(q, k_cache, indices, topk_length, attn_sink)
+    used = torch.arange(topk, device=indices.device) < topk_length.long()[:, None, None]
+    ids = indices[used.expand(b, s_q, topk)]
+    if ((ids != -1) & ((ids < 0) | (ids >= num_blocks * page))).any():
+        raise ValueError(f"indices within topk_length must be -1 or token ids in "
+                         f"[0, {num_blocks * page}) (physical_block * page_block_size + offset)")
+    if isinstance(meta, FlashMLASchedMeta):
+        _record_config(meta, dict(b=b, s_q=s_q, h_q=h_q, page_block_size=page, h_kv=1,
+                                  causal=False, is_fp8_kvcache=False, topk=topk))
+    scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
+    backend = backend or ("cuda" if q.is_cuda else "cpu")
+    # slots are gathered one by one, so the KV tile size is free of the page size
+    block_H = choose_config(backend, h_q, 1, 1, d, head_dim_v, page, False)["block_H"]
+    kernel = _kernel(backend, sparse=True, heads=h_q, topk=topk, seq_q=s_q, dim=d,
+                     dim_v=head_dim_v, block_N=32, block_H=block_H)
+    sink = attn_sink if attn_sink is not None else torch.full((h_q,), -float("inf"), device=q.device)
+    out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
+    kernel(q, k_cache.view(-1, d), indices, topk_length, sink, scale, out, lse)
     return out, lse
 
 
@@ -102,12 +152,13 @@ def choose_config(backend: str, h_q: int, h_kv: int, s_q: int, d: int, dim_v: in
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(backend: str, params: tuple):
-    return kernforge.compile(kernels.mla_decode, backend=backend, **dict(params))
+def _compiled(backend: str, sparse: bool, params: tuple):
+    factory = kernels.mla_decode_sparse if sparse else kernels.mla_decode
+    return kernforge.compile(factory, backend=backend, **dict(params))
 
 
-def _kernel(backend: str, **params):
-    return _compiled(backend, tuple(sorted(params.items())))
+def _kernel(backend: str, sparse: bool = False, **params):
+    return _compiled(backend, sparse, tuple(sorted(params.items())))
 
 
 def _check_schedule_args(meta, num_splits) -> None:
@@ -130,8 +181,26 @@ def _record_config(meta: FlashMLASchedMeta, config: dict) -> None:
 
 
 def _check_dense(q, k_cache, block_table, cache_seqlens, head_dim_v, attn_sink) -> tuple:
-    for name, t in (("q", q), ("k_cache", k_cache), ("block_table", block_table),
-                    ("cache_seqlens", cache_seqlens)):
+    b, s_q, h_q, d = _check_q_and_cache(q, k_cache, head_dim_v)
+    for name, t in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != b:
+        raise ValueError(f"block_table must be int32 [{b}, max_blocks], got {block_table.dtype} "
+                         f"{tuple(block_table.shape)}")
+    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (b,):
+        raise ValueError(f"cache_seqlens must be int32 [{b}], got {cache_seqlens.dtype} "
+                         f"{tuple(cache_seqlens.shape)}")
+    if not block_table.is_contiguous() or not cache_seqlens.is_contiguous():
+        raise ValueError("block_table and cache_seqlens must be contiguous")
+    _check_sink(attn_sink, h_q)
+    _check_one_device(q, k_cache, block_table, cache_seqlens, attn_sink)
+    _check_pages(block_table, cache_seqlens, k_cache.shape[1], k_cache.shape[0])
+    return b, s_q, h_q, d
+
+
+def _check_q_and_cache(q, k_cache, head_dim_v) -> tuple:
+    for name, t in (("q", q), ("k_cache", k_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if q.dim() != 4:
@@ -144,7 +213,7 @@ def _check_dense(q, k_cache, block_table, cache_seqlens, head_dim_v, attn_sink) 
     if k_cache.dim() != 4 or k_cache.shape[3] != d:
         raise ValueError(f"k_cache must be [num_blocks, page_block_size, h_kv, {d}], got "
                          f"{tuple(k_cache.shape)}")
-    num_blocks, page, h_kv, _ = k_cache.shape
+    h_kv = k_cache.shape[2]
     if b == 0 or s_q == 0 or h_q == 0 or d == 0:
         raise ValueError(f"q has an empty dimension: {tuple(q.shape)}")
     if not 0 < head_dim_v <= d:
@@ -154,24 +223,20 @@ def _check_dense(q, k_cache, block_table, cache_seqlens, head_dim_v, attn_sink) 
         raise ValueError(f"h_q ({h_q}) must be a multiple of h_kv ({h_kv})")
     if not q.is_contiguous() or not k_cache.is_contiguous():
         raise ValueError("q and k_cache must be contiguous")
-    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != b:
-        raise ValueError(f"block_table must be int32 [{b}, max_blocks], got {block_table.dtype} "
-                         f"{tuple(block_table.shape)}")
-    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (b,):
-        raise ValueError(f"cache_seqlens must be int32 [{b}], got {cache_seqlens.dtype} "
-                         f"{tuple(cache_seqlens.shape)}")
-    if not block_table.is_contiguous() or not cache_seqlens.is_contiguous():
-        raise ValueError("block_table and cache_seqlens must be contiguous")
-    devices = {t.device for t in (q, k_cache, block_table, cache_seqlens)}
-    if attn_sink is not None:
-        if not isinstance(attn_sink, torch.Tensor) or attn_sink.dtype != torch.float32 \
-                or tuple(attn_sink.shape) != (h_q,) or not attn_sink.is_contiguous():
-            raise ValueError(f"attn_sink must be a contiguous float32 [{h_q}] tensor")
-        devices.add(attn_sink.device)
+    return b, s_q, h_q, d
+
+
+def _check_sink(attn_sink, h_q: int) -> None:
+    if attn_sink is not None and (not isinstance(attn_sink, torch.Tensor)
+                                  or attn_sink.dtype != torch.float32
+                                  or tuple(attn_sink.shape) != (h_q,) or not attn_sink.is_contiguous()):
+        raise ValueError(f"attn_sink must be a contiguous float32 [{h_q}] tensor")
+
+
+def _check_one_device(*tensors) -> None:
+    devices = {t.device for t in tensors if t is not None}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    _check_pages(block_table, cache_seqlens, page, num_blocks)
-    return b, s_q, h_q, d
 
 
 def _check_pages(block_table, cache_seqlens, page: int, num_blocks: int) -> None:

@@ -123,3 +123,44 @@ def test_bad_parameters_are_rejected():
         M.mla_decode(heads=4, block_N=48)
     with pytest.raises(ValueError, match="dim_v"):
         M.mla_decode(heads=4, dim=64, dim_v=128)
+
+
+def run_sparse(backend, b=2, s_q=1, heads=4, dim=48, dim_v=32, topk=20, num_tokens=60,
+               block_N=8, block_H=4, seed=0, topk_length=None, empty_every=4):
+    g = torch.Generator().manual_seed(seed)
+    kv = torch.randn(num_tokens, dim, generator=g).bfloat16()
+    indices = torch.randint(0, num_tokens, (b, s_q, topk), generator=g, dtype=torch.int32)
+    indices[..., ::empty_every] = -1
+    lengths = torch.tensor(topk_length if topk_length is not None else [topk] * b, dtype=torch.int32)
+    for i, n in enumerate(lengths.tolist()):
+        indices[i, :, n:] = 2**30                    # past topk_length: never read
+    q = torch.randn(b, s_q, heads, dim, generator=g).bfloat16()
+    sink = torch.randn(heads, generator=g)
+    kernel = kernforge.compile(M.mla_decode_sparse, backend=backend, out_idx=[-2, -1], heads=heads,
+                               topk=topk, seq_q=s_q, dim=dim, dim_v=dim_v, block_N=block_N,
+                               block_H=block_H)
+    out, lse = kernel(q, kv, indices, lengths, sink, dim ** -0.5)
+    exp_out, exp_lse = M.reference_sparse(q, kv, indices, lengths, sink, dim ** -0.5, dim_v)
+    tol_out, tol_lse = M.tolerances(q, kv, dim ** -0.5, topk, dim_v)
+    M.assert_close(out, lse, exp_out, exp_lse, tol_out, tol_lse)
+    return out, lse
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sparse_matches_reference(backend):
+    """topk not a multiple of the tile, empty slots, a request with topk_length 0, MTP tokens,
+    heads not a multiple of block_H, garbage past topk_length."""
+    out, lse = run_sparse(backend, b=3, s_q=2, heads=6, topk=21, topk_length=[21, 0, 9])
+    assert torch.all(out[1] == 0) and torch.all(torch.isposinf(lse[1]))
+
+
+def test_sparse_real_dims():
+    run_sparse("interp", heads=16, dim=576, dim_v=512, topk=70, num_tokens=200, block_N=32,
+               block_H=16)
+
+
+@settings(max_examples=10, deadline=None)
+@given(topk=st.integers(1, 40), heads=st.sampled_from([1, 4, 5]), s_q=st.integers(1, 2),
+       empty_every=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_sparse_property(topk, heads, s_q, empty_every, seed):
+    run_sparse("interp", s_q=s_q, heads=heads, topk=topk, empty_every=empty_every, seed=seed)

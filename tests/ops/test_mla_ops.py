@@ -91,7 +91,7 @@ def test_config_choice():
     (lambda a: a["block_table"].__setitem__((0, 0), 999), ValueError, "page ids outside"),
     (lambda a: a.update(attn_sink=torch.zeros(3)), ValueError, "attn_sink"),
     (lambda a: a.update(is_fp8_kvcache=True), NotImplementedError, "FP8"),
-    (lambda a: a.update(indices=torch.zeros(2, 1, 8, dtype=torch.int32)), NotImplementedError, "sparse"),
+    (lambda a: a.update(topk_length=torch.zeros(2, dtype=torch.int32)), ValueError, "only meaningful with indices"),
     (lambda a: a.update(num_splits=torch.zeros(3)), ValueError, "num_splits must be None"),
     (lambda a: a.update(tile_scheduler_metadata="x"), TypeError, "FlashMLASchedMeta"),
 ])
@@ -109,3 +109,49 @@ def test_unused_block_table_slots_are_not_validated():
     q, kv, table, lens = make([100, 3], heads=2)
     assert (table == M.UNUSED_BLOCK).any()
     mla.flash_mla_with_kvcache(q, kv, table, lens, 512, backend="interp")
+
+
+def sparse_case(seed=0, b=2, s_q=2, heads=8, d=576, topk=40, page=64, num_blocks=3):
+    g = torch.Generator().manual_seed(seed)
+    kv = torch.randn(num_blocks, page, 1, d, generator=g).bfloat16()
+    q = torch.randn(b, s_q, heads, d, generator=g).bfloat16()
+    indices = torch.randint(0, num_blocks * page, (b, s_q, topk), generator=g, dtype=torch.int32)
+    indices[0, 1, ::3] = -1                              # empty slots
+    indices[1, 0] = -1                                   # a token with nothing to attend
+    topk_length = torch.tensor([topk, topk - 7], dtype=torch.int32)
+    indices[1, 1, topk - 7:] = 2**30                     # garbage past topk_length is ignored
+    return q, kv, indices, topk_length
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sparse_indices_with_sink(backend):
+    q, kv, indices, topk_length = sparse_case()
+    sink = torch.randn(8)
+    meta, _ = mla.get_mla_metadata()
+    out, lse = mla.flash_mla_with_kvcache(q, kv, None, None, 512, meta, indices=indices,
+                                          topk_length=topk_length, attn_sink=sink,
+                                          backend=backend)
+    assert meta.config["topk"] == 40
+    exp_out, exp_lse = M.reference_sparse(q, kv.view(-1, 576), indices, topk_length, sink,
+                                          576 ** -0.5, 512)
+    tol_out, tol_lse = M.tolerances(q, kv, 576 ** -0.5, 40, 512)
+    M.assert_close(out, lse, exp_out, exp_lse, tol_out, tol_lse)
+    assert torch.all(out[1, 0] == 0) and torch.all(torch.isposinf(lse[1, :, 0]))
+
+
+@pytest.mark.parametrize("mutate, error, match", [
+    (lambda a: a.update(indices=a["indices"].long()), ValueError, "indices must be"),
+    (lambda a: a["indices"].__setitem__((0, 0, 0), 3 * 64), ValueError, "token ids in"),
+    (lambda a: a["indices"].__setitem__((0, 0, 1), -2), ValueError, "token ids in"),
+    (lambda a: a.update(topk_length=torch.tensor([-1, 3], dtype=torch.int32)), ValueError, "topk_length"),
+    (lambda a: a.update(causal=True), ValueError, "causal must be False"),
+    (lambda a: a.update(k_cache=a["k_cache"].expand(3, 64, 2, 576).contiguous(), q=a["q"]),
+     ValueError, "only MQA"),
+])
+def test_sparse_bad_input(mutate, error, match):
+    q, kv, indices, topk_length = sparse_case()
+    args = dict(q=q, k_cache=kv, block_table=None, cache_seqlens=None, head_dim_v=512,
+                indices=indices, topk_length=topk_length)
+    mutate(args)
+    with pytest.raises(error, match=match):
+        mla.flash_mla_with_kvcache(**args, backend="interp")

@@ -15,8 +15,21 @@ from kernforge.codegen import ir
 Linear = dict  # {Var or None (constant term): int coefficient}
 
 
-def linear(e: ir.Expr) -> Optional[Linear]:
-    """``e`` as {var: coeff, None: const}, or None when it is not linear in its vars."""
+def linear(e: ir.Expr, atoms: bool = False) -> Optional[Linear]:
+    """``e`` as {var: coeff, None: const}, or None when it is not linear in its vars.
+
+    With ``atoms``, a non-linear integer subterm (``off = p % 16``) counts as one
+    more variable, keyed by identity, so ``(off + 16) - off`` still folds to 16."""
+    if atoms and e.dtype.is_int and not isinstance(e, (ir.Const, ir.Var)):
+        lin = linear(e, False)
+        if lin is not None:
+            return lin
+        if isinstance(e, ir.Binary) and e.op in (ir.Op.ADD, ir.Op.SUB, ir.Op.MUL):
+            a, b = linear(e.a, True), linear(e.b, True)
+            combined = _combine(e.op, a, b)
+            if combined is not None:
+                return combined
+        return {e: 1}
     if isinstance(e, ir.Const) and e.dtype.is_int:
         return {None: int(e.value)}
     if isinstance(e, ir.Var) and e.dtype.is_int:
@@ -24,20 +37,25 @@ def linear(e: ir.Expr) -> Optional[Linear]:
     if isinstance(e, ir.Cast) and e.dtype.is_int and e.a.dtype.is_int:
         return linear(e.a)
     if isinstance(e, ir.Binary) and e.dtype.is_int:
-        a, b = linear(e.a), linear(e.b)
-        if a is None or b is None:
-            return None
-        if e.op in (ir.Op.ADD, ir.Op.SUB):
-            sign = 1 if e.op == ir.Op.ADD else -1
-            out = dict(a)
-            for k, v in b.items():
-                out[k] = out.get(k, 0) + sign * v
-            return {k: v for k, v in out.items() if v != 0 or k is None}
-        if e.op == ir.Op.MUL:
-            for x, y in ((a, b), (b, a)):
-                if set(x) <= {None}:
-                    c = x.get(None, 0)
-                    return {k: v * c for k, v in y.items()}
+        return _combine(e.op, linear(e.a), linear(e.b))
+    return None
+
+
+def _combine(op: ir.Op, a: Optional[Linear], b: Optional[Linear]) -> Optional[Linear]:
+    """The linear form of ``a op b`` (+, -, or * by a constant), else None."""
+    if a is None or b is None:
+        return None
+    if op in (ir.Op.ADD, ir.Op.SUB):
+        sign = 1 if op == ir.Op.ADD else -1
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = out.get(k, 0) + sign * v
+        return {k: v for k, v in out.items() if v != 0 or k is None}
+    if op == ir.Op.MUL:
+        for x, y in ((a, b), (b, a)):
+            if set(x) <= {None}:
+                c = x.get(None, 0)
+                return {k: v * c for k, v in y.items()}
     return None
 
 
@@ -52,8 +70,11 @@ def const_int(e) -> Optional[int]:
 
 
 def difference(a: ir.Expr, b: ir.Expr) -> Optional[int]:
-    """``a - b`` as an int when it is constant."""
-    return const_int(ir.binary(ir.Op.SUB, a, b))
+    """``a - b`` as an int when it is constant (non-linear subterms cancel by identity)."""
+    lin = linear(ir.binary(ir.Op.SUB, a, b), atoms=True)
+    if lin is not None and set(lin) <= {None}:
+        return lin.get(None, 0)
+    return None
 
 
 def nonnegative(e: ir.Expr, known: frozenset = frozenset()) -> bool:

@@ -146,3 +146,14 @@ def test_unknown_and_unimplemented_backends_are_clear():
         kernforge.compile(pf, backend="tpu")
     with pytest.raises(kernforge.BackendError, match="ascend"):
         kernforge.compile(pf, backend="ascend")
+
+
+def test_slice_length_folds_through_nonlinear_start():
+    @T.prim_func
+    def main(KV: T.Tensor((4, 64, 8), "float32"), p: T.int32):
+        with T.Kernel(1) as bx:
+            t = T.alloc_shared((16, 8), "float32")
+            off = p % 48
+            T.copy(KV[1, off:off + 16, 0:8], t)
+    c = next(n for n in ir.walk(main.ir.body) if isinstance(n, ir.Copy))
+    assert c.src.extents == (1, 16, 8)

@@ -8,27 +8,29 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from .conftest import build_emu
+import pytest
+
+from .conftest import CudaTestKernel, build_emu_module
 
 BF16 = ml_dtypes.bfloat16
 
 MMA_DIRECT = r'''
 #include "kf/mma.cuh"
 // A: 16x16 row-major, B: 16x8 row-major (k, n), C: 16x8 f32 in, D: 16x8 f32 out.
-__device__ uint32_t pack(const unsigned short* p0, const unsigned short* p1) {
+__device__ uint32_t pack16(const unsigned short* p0, const unsigned short* p1) {
   return uint32_t(*p0) | (uint32_t(*p1) << 16);
 }
-extern "C" __global__ void k(const unsigned short* A, const unsigned short* B, const float* C, float* D) {
+extern "C" __global__ void mma_direct(const unsigned short* A, const unsigned short* B, const float* C, float* D) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   uint32_t a[4], b[2];
   // PTX ISA m16n8k16 .bf16 A fragment: a0,a1:(g,2t..) a2,a3:(g+8,2t..) a4,a5:(g,2t+8..) a6,a7:(g+8,2t+8..)
-  a[0] = pack(&A[g * 16 + 2 * t], &A[g * 16 + 2 * t + 1]);
-  a[1] = pack(&A[(g + 8) * 16 + 2 * t], &A[(g + 8) * 16 + 2 * t + 1]);
-  a[2] = pack(&A[g * 16 + 2 * t + 8], &A[g * 16 + 2 * t + 9]);
-  a[3] = pack(&A[(g + 8) * 16 + 2 * t + 8], &A[(g + 8) * 16 + 2 * t + 9]);
+  a[0] = pack16(&A[g * 16 + 2 * t], &A[g * 16 + 2 * t + 1]);
+  a[1] = pack16(&A[(g + 8) * 16 + 2 * t], &A[(g + 8) * 16 + 2 * t + 1]);
+  a[2] = pack16(&A[g * 16 + 2 * t + 8], &A[g * 16 + 2 * t + 9]);
+  a[3] = pack16(&A[(g + 8) * 16 + 2 * t + 8], &A[(g + 8) * 16 + 2 * t + 9]);
   // B fragment: b0,b1:(k=2t..2t+1, n=g) b2,b3:(k=2t+8..2t+9, n=g)
-  b[0] = pack(&B[(2 * t) * 8 + g], &B[(2 * t + 1) * 8 + g]);
-  b[1] = pack(&B[(2 * t + 8) * 8 + g], &B[(2 * t + 9) * 8 + g]);
+  b[0] = pack16(&B[(2 * t) * 8 + g], &B[(2 * t + 1) * 8 + g]);
+  b[1] = pack16(&B[(2 * t + 8) * 8 + g], &B[(2 * t + 9) * 8 + g]);
   float c[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], C[(g + 8) * 8 + 2 * t + 1]};
   float d[4];
   kf::mma_m16n8k16_f32_bf16(d, a, b, c);
@@ -39,10 +41,11 @@ extern "C" __global__ void k(const unsigned short* A, const unsigned short* B, c
 }
 '''
 P4 = [("const unsigned short*", "buffer")] * 2 + [("const float*", "buffer"), ("float*", "buffer")]
+U16 = ("const unsigned short*", "buffer")
 
 
-def test_mma_m16n8k16_fragments_match_matmul(rng):
-    kern = build_emu(MMA_DIRECT, P4, threads=32, name="t_mma_direct")
+def test_mma_m16n8k16_fragments_match_matmul(rng, kernels):
+    kern = kernels["mma_direct"]
     for trial in range(3):
         A = rng.standard_normal((16, 16)).astype(BF16)
         B = rng.standard_normal((16, 8)).astype(BF16)
@@ -53,9 +56,9 @@ def test_mma_m16n8k16_fragments_match_matmul(rng):
         np.testing.assert_allclose(D, ref, rtol=1e-6, atol=1e-5)
 
 
-def test_mma_one_hot_lands_in_the_right_lane(rng):
+def test_mma_one_hot_lands_in_the_right_lane(kernels):
     """A single nonzero A(m,k)*B(k,n) product must appear at D(m,n) only."""
-    kern = build_emu(MMA_DIRECT, P4, threads=32, name="t_mma_direct")
+    kern = kernels["mma_direct"]
     for m, k, n in [(0, 0, 0), (9, 3, 5), (15, 15, 7), (7, 8, 1), (8, 9, 6)]:
         A = np.zeros((16, 16), BF16)
         B = np.zeros((16, 8), BF16)
@@ -72,7 +75,7 @@ def test_mma_one_hot_lands_in_the_right_lane(rng):
 LDMATRIX = r'''
 #include "kf/mma.cuh"
 // S: 32 rows x 8 u16 (four 8x8 matrices stacked); out[lane][0..3] normal, out[lane][4..7] trans.
-extern "C" __global__ void k(const unsigned short* S, unsigned* out) {
+extern "C" __global__ void ldmatrix_dump(const unsigned short* S, unsigned* out) {
   extern __shared__ __align__(128) unsigned char kf_smem[];
   unsigned short* tile = reinterpret_cast<unsigned short*>(kf_smem);
   for (int i = threadIdx.x; i < 32 * 8; i += blockDim.x) tile[i] = S[i];
@@ -91,9 +94,8 @@ extern "C" __global__ void k(const unsigned short* S, unsigned* out) {
 '''
 
 
-def test_ldmatrix_register_contents():
-    kern = build_emu(LDMATRIX, [("const unsigned short*", "buffer"), ("unsigned*", "buffer")], threads=32,
-                     name="t_ldmatrix", dynamic_smem=512)
+def test_ldmatrix_register_contents(kernels):
+    kern = kernels["ldmatrix_dump"]
     S = (np.arange(32 * 8, dtype=np.uint16) * 7 + 3).reshape(32, 8)
     out = np.full((32, 11), 0xDEADBEEF, np.uint32)
     kern([S, out], [], [1])
@@ -116,7 +118,7 @@ LDMATRIX_GEMM = r'''
 #include "kf/mma.cuh"
 // C(32x16) = A(32x32, row-major) * B(32x16, row-major), 4 warps each owning a 16x8 tile:
 // A fragments through ldmatrix.x4, B fragments through ldmatrix.x2.trans (B is k-major rows).
-extern "C" __global__ void k(const unsigned short* A, const unsigned short* B, float* C) {
+extern "C" __global__ void ldmatrix_gemm(const unsigned short* A, const unsigned short* B, float* C) {
   extern __shared__ __align__(128) unsigned char kf_smem[];
   unsigned short* sA = reinterpret_cast<unsigned short*>(kf_smem);
   unsigned short* sB = sA + 32 * 32;
@@ -140,9 +142,8 @@ extern "C" __global__ void k(const unsigned short* A, const unsigned short* B, f
 '''
 
 
-def test_ldmatrix_feeds_mma_gemm(rng):
-    kern = build_emu(LDMATRIX_GEMM, [("const unsigned short*", "buffer")] * 2 + [("float*", "buffer")],
-                     threads=128, name="t_ldmatrix_gemm", dynamic_smem=3072)
+def test_ldmatrix_feeds_mma_gemm(rng, kernels):
+    kern = kernels["ldmatrix_gemm"]
     A = rng.standard_normal((32, 32)).astype(BF16)
     B = rng.standard_normal((32, 16)).astype(BF16)
     C = np.full((32, 16), np.nan, np.float32)
@@ -155,7 +156,7 @@ WGMMA = r'''
 // D(64xN) = A(64x16) * B(16xN); A stored K-major (M x K), B K-major (N x K) or, with TB, MN-major (K x N),
 // both in kernforge's core-matrix order (kf/wgmma.cuh).
 template <int N, int TB>
-__device__ void run(const unsigned short* A, const unsigned short* B, float* D) {
+__device__ void wgmma_run(const unsigned short* A, const unsigned short* B, float* D) {
   extern __shared__ __align__(128) unsigned char kf_smem[];
   unsigned short* sA = reinterpret_cast<unsigned short*>(kf_smem);
   unsigned short* sB = sA + 64 * 16;
@@ -188,16 +189,15 @@ __device__ void run(const unsigned short* A, const unsigned short* B, float* D) 
   for (int j = 0; j < N / 8; ++j)
     for (int q = 0; q < 4; ++q) D[(16 * w + g + 8 * (q / 2)) * N + 8 * j + 2 * t + q % 2] = d[4 * j + q];
 }
-extern "C" __global__ void k(const unsigned short* A, const unsigned short* B, float* D, float* D2) {
-  run<16, 0>(A, B, D);
-  run<16, 1>(A, B, D2);
+extern "C" __global__ void wgmma_desc(const unsigned short* A, const unsigned short* B, float* D, float* D2) {
+  wgmma_run<16, 0>(A, B, D);
+  wgmma_run<16, 1>(A, B, D2);
 }
 '''
 
 
-def test_wgmma_descriptors_and_accumulator_layout(rng):
-    kern = build_emu(WGMMA, [("const unsigned short*", "buffer")] * 2 + [("float*", "buffer")] * 2,
-                     threads=128, name="t_wgmma", arch="sm_90a", dynamic_smem=4096)
+def test_wgmma_descriptors_and_accumulator_layout(rng, kernels):
+    kern = kernels["wgmma_desc"]
     A = rng.standard_normal((64, 16)).astype(BF16)
     B = rng.standard_normal((16, 16)).astype(BF16)
     D = np.full((64, 16), np.nan, np.float32)
@@ -206,3 +206,13 @@ def test_wgmma_descriptors_and_accumulator_layout(rng):
     ref = A.astype(np.float64) @ B.astype(np.float64)
     np.testing.assert_allclose(D, ref, rtol=1e-5, atol=1e-5)  # scale_d = 0 dropped the 100s
     np.testing.assert_allclose(D2, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return build_emu_module("emu_test_mma", [
+        CudaTestKernel("mma_direct", MMA_DIRECT, P4, 32),
+        CudaTestKernel("ldmatrix_dump", LDMATRIX, [U16, ("unsigned*", "buffer")], 32),
+        CudaTestKernel("ldmatrix_gemm", LDMATRIX_GEMM, [U16, U16, ("float*", "buffer")], 128),
+        CudaTestKernel("wgmma_desc", WGMMA, [U16, U16, ("float*", "buffer"), ("float*", "buffer")], 128),
+    ], dynamic_smem=4096)

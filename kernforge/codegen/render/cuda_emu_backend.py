@@ -94,29 +94,44 @@ def emu_source(kernel_source: str, *, name: str, entry: str, params: Sequence[Ho
     return kernel_source.rstrip() + "\n\n" + wrapper
 
 
-class EmulatedKernel:
-    """A compiled emulation module's entry, called with host arrays."""
+def build_options(dynamic_smem: int, arch: str) -> tuple[str, ...]:
+    """g++ options of an emulation build: the force-included CUDA emulation, the
+    toolkit shims, the target's __CUDA_ARCH__ and the size of the dynamic arena."""
+    return BASE_OPTIONS + (f"-D__CUDA_ARCH__={arch_number(arch)}",
+                           f"-DKF_EMU_DYNAMIC_SMEM_BYTES={max(16, -(-int(dynamic_smem) // 16) * 16)}",
+                           f"-I{SHIM_DIR}")
 
-    def __init__(self, name: str, source: str, *, dynamic_smem: int = 0, arch: str = DEFAULT_ARCH,
-                 timeout_ms: int = DEFAULT_TIMEOUT_MS, extra_options: Sequence[str] = ()):
+
+class EmulatedModule:
+    """One compiled emulation module; it may hold several kernels' host entries."""
+
+    def __init__(self, tag: str, source: str, *, dynamic_smem: int = 0, arch: str = DEFAULT_ARCH):
         from kernforge import runtime
 
-        self.name = name
         self.source = source
-        options = BASE_OPTIONS + (f"-D__CUDA_ARCH__={arch_number(arch)}",
-                                  f"-DKF_EMU_DYNAMIC_SMEM_BYTES={max(16, -(-int(dynamic_smem) // 16) * 16)}",
-                                  f"-I{SHIM_DIR}") + tuple(extra_options)
-        tag = re.sub(r"[^A-Za-z0-9_]", "_", f"emu_{name}")
-        self.module = runtime.compile(tag, source, backend="cpu", options=options, include_dirs=(str(INCLUDE_DIR),))
-        self._entry = self.module.get_function(f"kf_emu_{name}").cfunc
-        self._entry.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-        self._entry.restype = ctypes.c_int
-        lib = self.module._library
+        tag = re.sub(r"[^A-Za-z0-9_]", "_", tag)
+        self.module = runtime.compile(tag, source, backend="cpu", options=build_options(dynamic_smem, arch),
+                                      include_dirs=(str(INCLUDE_DIR),))
+        lib = ctypes.CDLL(self.module.binary_path, mode=ctypes.RTLD_LOCAL)  # same handle the runtime holds
         self._last_error = lib.kf_emu_last_error
         self._last_error.restype = ctypes.c_char_p
         self._set_timeout = lib.kf_emu_set_timeout_ms
         self._set_timeout.argtypes = (ctypes.c_longlong,)
+
+    def kernel(self, name: str, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> "EmulatedKernel":
+        return EmulatedKernel(self, name, timeout_ms)
+
+
+class EmulatedKernel:
+    """The host entry ``kf_emu_<name>`` of an :class:`EmulatedModule`, called with host arrays."""
+
+    def __init__(self, module: EmulatedModule, name: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        self.module = module
+        self.name = name
         self.timeout_ms = timeout_ms
+        self._entry = module.module.get_function(f"kf_emu_{name}").cfunc
+        self._entry.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        self._entry.restype = ctypes.c_int
 
     def __call__(self, args: Sequence[np.ndarray], dims: Sequence[int], grid: Sequence[int]) -> None:
         """``args``: numpy arrays (buffers) and 0-d numpy arrays (scalars, already in their dtype)."""
@@ -125,10 +140,10 @@ class EmulatedKernel:
         pointers = (ctypes.c_void_p * max(1, len(args)))(*[a.ctypes.data for a in args])
         dims_arr = np.ascontiguousarray(np.asarray(list(dims) or [0], dtype=np.int64))
         grid_arr = np.ascontiguousarray(np.asarray(list(grid), dtype=np.int64))
-        self._set_timeout(int(self.timeout_ms))
+        self.module._set_timeout(int(self.timeout_ms))
         status = self._entry(pointers, dims_arr.ctypes.data, grid_arr.ctypes.data)
         if status != 0:
-            raise EmulationError(f"cuda-emu kernel {self.name}: {self._last_error().decode(errors='replace')}")
+            raise EmulationError(f"cuda-emu kernel {self.name}: {self.module._last_error().decode(errors='replace')}")
 
 
 def host_params(kernel: ir.Kernel, program) -> list[HostParam]:
@@ -184,7 +199,8 @@ class CudaEmuBackend:
 
     def build(self, kernel: ir.Kernel, arch: Optional[str] = None) -> EmuLauncher:
         program, source, arch = self._render(kernel, arch)
-        return EmuLauncher(kernel, EmulatedKernel(kernel.name, source, dynamic_smem=program.dynamic_smem, arch=arch))
+        module = EmulatedModule(f"emu_{kernel.name}_{arch}", source, dynamic_smem=program.dynamic_smem, arch=arch)
+        return EmuLauncher(kernel, module.kernel(kernel.name))
 
 
 backends.register("cuda-emu", CudaEmuBackend)

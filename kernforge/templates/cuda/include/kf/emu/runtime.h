@@ -303,3 +303,8 @@ inline int launch_grid(const int64_t* grid, int rank, uint32_t threads, std::fun
 inline const char* last_error() { return launch_error().message.c_str(); }
 
 }  // namespace kf_emu
+
+// Module-wide exports next to the generated kf_emu_<name> entries (one module
+// may hold several kernels): the last launch's error and the deadlock timeout.
+extern "C" const char* kf_emu_last_error() { return kf_emu::last_error(); }
+extern "C" void kf_emu_set_timeout_ms(long long ms) { kf_emu::launch_error().timeout_ms = ms; }

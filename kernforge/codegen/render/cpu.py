@@ -188,7 +188,7 @@ class CpuRenderer(CRenderer):
         elif s.op == ir.Op.ATOMIC_ADD:
             out.append(f"{pad}{ref} = {ref} + {value};")
         else:
-            out.append(f"{pad}{ref} = kf_max({ref}, {value});")
+            out.append(f"{pad}{ref} = kf::max_ignoring_nan({ref}, {value});")
 
     def stmt_Gemm(self, s: ir.Gemm, out, pad, depth):
         (m, ka), (a_rs, a_cs) = self.matrix(s.a, s.trans_a)
@@ -202,13 +202,14 @@ class CpuRenderer(CRenderer):
 
     def stmt_Reduce(self, s: ir.Reduce, out, pad, depth):
         outer, n, inner = self.split(s.src, s.dim)
-        ct = self.ctype(dtypes.promote(s.src.dtype, s.dst.dtype))
+        low = s.src.dtype.is_low_precision or s.dst.dtype.is_low_precision
+        ct = "float" if low else self.ctype(s.dst.dtype)
         out.append(f"{pad}kf::reduce<{self.reduce_op[s.op]}, {outer}, {n}, {inner}, "
                    f"{'true' if s.clear else 'false'}, {ct}>({self.names[s.src]}, {self.names[s.dst]});")
 
     def stmt_Cumsum(self, s: ir.Cumsum, out, pad, depth):
         outer, n, inner = self.split(s.src, s.dim)
-        ct = self.ctype(dtypes.promote(s.src.dtype, s.dst.dtype))
+        ct = "float" if s.dst.dtype.is_low_precision else self.ctype(s.dst.dtype)
         out.append(f"{pad}kf::cumsum<{outer}, {n}, {inner}, {'true' if s.reverse else 'false'}, {ct}>"
                    f"({self.names[s.src]}, {self.names[s.dst]});")
 

@@ -92,6 +92,10 @@ class CpuBackend:
     name = "cpu"
     device = "cpu"
     include_dir = cpu.INCLUDE_DIR
+    # g++ contracts a * b + c into an FMA by default in C++ mode; kernforge's
+    # element-wise semantics round every operation (as numpy does), so contraction
+    # is off.  The GEMM micro-kernel asks for its FMAs explicitly.
+    options = ("-ffp-contract=off",)
 
     def source(self, kernel: ir.Kernel, arch: Optional[str] = None) -> str:
         return cpu.CpuRenderer().render_kernel(kernel)
@@ -99,7 +103,7 @@ class CpuBackend:
     def build(self, kernel: ir.Kernel, arch: Optional[str] = None) -> CpuLauncher:
         src = self.source(kernel, arch)
         tag = "cpu_" + cpu.c_identifier(kernel.name)
-        module = runtime.compile(tag, src, backend="cpu", include_dirs=(self.include_dir,),
+        module = runtime.compile(tag, src, backend="cpu", options=self.options, include_dirs=(self.include_dir,),
                                  dependency_signature=_dependency_signature())
         return CpuLauncher(kernel, module.get_function(cpu.entry_symbol(kernel)))
 

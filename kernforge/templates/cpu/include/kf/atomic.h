@@ -12,6 +12,14 @@
 
 namespace kf {
 
+// The combine of atomic max: for floats a NaN operand is ignored (numpy.fmax, as
+// the interpreter does), unlike T.max which propagates NaN.
+template <class T>
+inline T max_ignoring_nan(T old, T v) {
+  if constexpr (std::is_floating_point_v<T>) return (v > old || old != old) ? v : old;
+  else return v > old ? v : old;
+}
+
 template <class T> struct atomic_bits;
 template <> struct atomic_bits<float> { using type = uint32_t; };
 template <> struct atomic_bits<double> { using type = uint64_t; };
@@ -35,7 +43,7 @@ template <class T>
 inline void atomic_max(T* p, T v) {
   if constexpr (std::is_integral_v<T>) {
     T old = __atomic_load_n(p, __ATOMIC_RELAXED);
-    while (kf_max(old, v) != old &&
+    while (v > old &&
            !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
     }
   } else {
@@ -43,7 +51,7 @@ inline void atomic_max(T* p, T v) {
     U* bits = reinterpret_cast<U*>(p);
     U old = __atomic_load_n(bits, __ATOMIC_RELAXED);
     while (true) {
-      const U want = __builtin_bit_cast(U, kf_max(__builtin_bit_cast(T, old), v));
+      const U want = __builtin_bit_cast(U, max_ignoring_nan(__builtin_bit_cast(T, old), v));
       if (want == old) return;
       if (__atomic_compare_exchange_n(bits, &old, want, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return;
     }

@@ -32,6 +32,24 @@ def rope_tables(config: ModelConfig) -> tuple[RopeTable, RopeTable]:
     return plain, RopeTable(c.qk_rope_head_dim, c.max_seq_len, yarn)
 
 
+def exact_rebuild_tail(config: ModelConfig, length: int) -> int:
+    """Fewest replayed tokens that rebuild every main-layer cache exactly (spec §5).
+
+    Layer l's input at t is exact once t >= p0 + (W-1) l; the layer needs it
+    from the oldest window position (length-W+1) and from the start of its
+    compressor's kept rows (previous block for ratio 4, open block otherwise).
+    """
+    w = config.sliding_window
+    p0 = length
+    for layer, r in enumerate(config.compress_ratios[:config.num_hidden_layers]):
+        need = max(0, length - w + 1)
+        if r:
+            base = (length // r) * r
+            need = min(need, max(0, base - r) if r == 4 else base)
+        p0 = min(p0, need - (w - 1) * layer)
+    return length - max(p0, 0)
+
+
 class MTPBlock(Block):
     """Multi-token prediction: one more block on [embed(next token); final streams]."""
 
@@ -166,21 +184,7 @@ class Transformer(nn.Module):
         return out
 
     def exact_rebuild_tail(self, length: int) -> int:
-        """Fewest replayed tokens that rebuild every main-layer cache exactly (spec §5).
-
-        Layer l's input at t is exact once t >= p0 + (W-1) l; the layer needs it
-        from the oldest window position (length-W+1) and from the start of its
-        compressor's kept rows (previous block for ratio 4, open block otherwise).
-        """
-        w = self.config.sliding_window
-        p0 = length
-        for l, r in enumerate(self.config.compress_ratios[:self.config.num_hidden_layers]):
-            need = max(0, length - w + 1)
-            if r:
-                base = (length // r) * r
-                need = min(need, max(0, base - r) if r == 4 else base)
-            p0 = min(p0, need - (w - 1) * l)
-        return length - max(p0, 0)
+        return exact_rebuild_tail(self.config, length)
 
     @torch.no_grad()
     def rebuild_cache(self, tokens: torch.Tensor, tail: int | None = None) -> None:

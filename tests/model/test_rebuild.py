@@ -8,7 +8,8 @@ both against a full rebuild.
 import pytest
 import torch
 
-from kernforge.model import random_model, tiny
+from kernforge.model import random_model, tiny, v4_flash
+from kernforge.model.transformer import exact_rebuild_tail
 
 from ._helpers import tokens
 
@@ -45,10 +46,12 @@ def _rebuild(model, ids, tail):
     model.rebuild_cache(ids[:, :P], tail=tail)
 
 
-def test_exact_tail_bound_for_tiny():
+def test_exact_tail_bounds():
     # Spec §5: layer l is exact from p0 + (W-1) l; the ratio-128 layer 2 needs its open
     # block from 256, so p0 = 256 - 2*15 = 226 and the tail is 300 - 226 = 74.
-    assert random_model(tiny(), seed=0).exact_rebuild_tail(P) == 74
+    assert exact_rebuild_tail(tiny(), P) == 74
+    # V4-Flash: the last ratio-4 layer (42) needs the window back to P-127, then 127 per layer.
+    assert exact_rebuild_tail(v4_flash(max_seq_len=2**20), 100_000) == 127 + 127 * 42
 
 
 def test_tail_rebuild_error_and_cost_against_full_rebuild(setup, record_property):

@@ -122,6 +122,33 @@ def reference(a: torch.Tensor, b: torch.Tensor, m_indices: torch.Tensor) -> torc
     return d
 
 
+def _scale(amax: torch.Tensor, use_ue8m0: bool) -> torch.Tensor:
+    sf = amax.clamp(min=1e-4) / 448.0
+    return torch.exp2(torch.ceil(torch.log2(sf))) if use_ue8m0 else sf
+
+
+def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepGEMM's activation recipe: one float32 scale per 1x128 slice of a row
+    (``amax / 448``, rounded up to a power of two with ``use_ue8m0``); data = x / scale."""
+    k = x.shape[-1]
+    kb = -(-k // 128)
+    v = torch.nn.functional.pad(x.float(), (0, kb * 128 - k)).view(*x.shape[:-1], kb, 128)
+    sf = _scale(v.abs().amax(-1), use_ue8m0)
+    data = (v / sf[..., None]).view(*x.shape[:-1], kb * 128)[..., :k]
+    return data.to(torch.float8_e4m3fn).contiguous(), sf.float().contiguous()
+
+
+def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepGEMM's weight recipe: one float32 scale per 128x128 block of ``[..., N, K]``."""
+    n, k = x.shape[-2:]
+    nb, kb = -(-n // 128), -(-k // 128)
+    v = torch.nn.functional.pad(x.float(), (0, kb * 128 - k, 0, nb * 128 - n))
+    v = v.view(*x.shape[:-2], nb, 128, kb, 128)
+    sf = _scale(v.abs().amax(dim=(-3, -1)), use_ue8m0)
+    data = (v / sf[..., :, None, :, None]).view(*x.shape[:-2], nb * 128, kb * 128)[..., :n, :k]
+    return data.to(torch.float8_e4m3fn).contiguous(), sf.float().contiguous()
+
+
 def dequantize(data: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """float64 ``data * scale`` with one scale per ``block`` (rows, cols) of the last two dims."""
     s = scale.cpu().double()
@@ -227,4 +254,58 @@ SPEC = register(KernelSpec(
     flops=_flops,
     bytes=_bytes,
     tags=("moe", "gemm"),
+))
+
+
+
+def _specialise_fp8(**params):
+    return m_grouped_fp8_gemm_nt_contiguous(**{k: v for k, v in params.items()
+                                               if k not in _RUNTIME_SIZES})
+
+
+_specialise_fp8.space = m_grouped_fp8_gemm_nt_contiguous.space
+_specialise_fp8.__name__ = m_grouped_fp8_gemm_nt_contiguous.name
+
+
+def make_inputs_fp8(params: dict, seed: int, device: str = "cpu") -> list:
+    a, b, m_indices, d = make_inputs(params, seed, "cpu")
+    a = a.float().masked_fill((m_indices < 0)[:, None], 0.0)   # amax of garbage rows would be inf in e4m3
+    (a8, sfa), (b8, sfb) = per_token_cast_to_fp8(a), per_block_cast_to_fp8(b.float())
+    return [t.to(device) for t in (a8, sfa, b8, sfb, m_indices, d)]
+
+
+def _dequantized(inputs: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a8, sfa, b8, sfb, m_indices = inputs[:5]
+    return dequantize(a8, sfa, (1, 128)), dequantize(b8, sfb, (128, 128)), m_indices
+
+
+def _reference_fp8(inputs: list, params: dict) -> list:
+    return [reference(*_dequantized(inputs))]
+
+
+def _check_fp8(outputs: list, expected: list, inputs: list, params: dict) -> None:
+    assert_close(outputs[0], expected[0], error_bound(*_dequantized(inputs), expected[0],
+                                                      rounding_steps=3))
+
+
+SPEC_FP8 = register(KernelSpec(
+    name="m_grouped_fp8_gemm_nt_contiguous",
+    family="grouped_gemm",
+    description="DeepGEMM-style MoE grouped GEMM, fp8 e4m3 with 1x128 / 128x128 float32 scales",
+    factory=_specialise_fp8,
+    problems={
+        "small": Problem("small", dict(group_rows=[40, 0, 9], alignment=32, num_groups=3,
+                                       N=160, K=200, block_M=32, block_N=64)),
+        "demo": Problem("demo", dict(group_rows=[200, 77, 0, 310], alignment=128, num_groups=4,
+                                     N=256, K=512, block_M=64, block_N=64)),
+        "bench": Problem("bench", dict(group_rows=[8192] * 4, alignment=128, num_groups=4,
+                                       N=4096, K=2048, block_M=128, block_N=128, num_stages=3)),
+    },
+    make_inputs=make_inputs_fp8,
+    outputs=(5,),
+    reference=_reference_fp8,
+    check=_check_fp8,
+    flops=_flops,
+    bytes=lambda p: _bytes(p) / 2 + 2.0 * sum(p["group_rows"]) * p["N"],
+    tags=("moe", "gemm", "fp8"),
 ))

@@ -489,3 +489,74 @@ SPEC = register(KernelSpec(
     bytes=_bytes,
     tags=("attention", "decode", "paged"),
 ))
+
+
+_SPARSE_RUNTIME_SIZES = ("batch", "num_tokens", "topk_lengths")
+
+
+def _specialise_sparse(**params):
+    return mla_decode_sparse(**{k: v for k, v in params.items() if k not in _SPARSE_RUNTIME_SIZES})
+
+
+_specialise_sparse.space = mla_decode_sparse.space
+_specialise_sparse.__name__ = mla_decode_sparse.name
+
+
+def make_inputs_sparse(params: dict, seed: int, device: str = "cpu") -> list:
+    g = torch.Generator().manual_seed(seed)
+    b, heads, seq_q, topk = params["batch"], params["heads"], params.get("seq_q", 1), params["topk"]
+    dim, dim_v, num_tokens = params.get("dim", 576), params.get("dim_v", 512), params["num_tokens"]
+    lengths = torch.tensor(params["topk_lengths"], dtype=torch.int32)
+    kv = torch.randn(num_tokens, dim, generator=g).bfloat16()
+    indices = torch.randint(0, num_tokens, (b, seq_q, topk), generator=g, dtype=torch.int32)
+    indices[torch.rand(b, seq_q, topk, generator=g) < 0.1] = -1            # empty slots
+    for i, n in enumerate(lengths.tolist()):
+        indices[i, :, n:] = UNUSED_BLOCK                                    # never read
+    q = torch.randn(b, seq_q, heads, dim, generator=g).bfloat16()
+    sink = torch.randn(heads, generator=g)
+    out = torch.full((b, seq_q, heads, dim_v), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((b, heads, seq_q), float("nan"))
+    tensors = [q, kv, indices, lengths, sink]
+    return [t.to(device) for t in tensors] + [dim ** -0.5] + [out.to(device), lse.to(device)]
+
+
+def _reference_sparse(inputs: list, params: dict) -> list:
+    q, kv, indices, lengths, sink, scale = inputs[:6]
+    return list(reference_sparse(q, kv, indices, lengths, sink, scale, params.get("dim_v", 512)))
+
+
+def _check_sparse(outputs: list, expected: list, inputs: list, params: dict) -> None:
+    tol_out, tol_lse = tolerances(inputs[0], inputs[1], inputs[5], params["topk"],
+                                  params.get("dim_v", 512))
+    assert_close(outputs[0], outputs[1], expected[0], expected[1], tol_out, tol_lse)
+
+
+def _flops_sparse(p: dict) -> float:
+    rows = p["heads"] * p.get("seq_q", 1)
+    return sum(2.0 * rows * min(n, p["topk"]) * (p.get("dim", 576) + p.get("dim_v", 512))
+               for n in p["topk_lengths"])
+
+
+SPEC_SPARSE = register(KernelSpec(
+    name="mla_decode_sparse",
+    family="mla_decode",
+    description="Sparse (index-selected, DSA) MLA decode with topk_length and attention sink",
+    factory=_specialise_sparse,
+    problems={
+        "small": Problem("small", dict(batch=2, num_tokens=90, topk_lengths=[24, 11], heads=8,
+                                       topk=24, seq_q=2, dim=96, dim_v=64, block_N=16, block_H=8)),
+        # V4 geometry: 64 heads, d = dim_v = 512, index_topk 512
+        "demo": Problem("demo", dict(batch=2, num_tokens=4096, topk_lengths=[512, 300], heads=64,
+                                     topk=512, dim=512, dim_v=512, block_N=32, block_H=64)),
+        # FlashMLA's sparse perf shape (b=148... scaled to b=128, s_q=2, topk=2048, h=128)
+        "bench": Problem("bench", dict(batch=128, num_tokens=32768, topk_lengths=[2048] * 128,
+                                       heads=128, topk=2048, seq_q=2, dim=576, dim_v=512,
+                                       block_N=32, block_H=64)),
+    },
+    make_inputs=make_inputs_sparse,
+    outputs=(6, 7),
+    reference=_reference_sparse,
+    check=_check_sparse,
+    flops=_flops_sparse,
+    tags=("attention", "decode", "sparse"),
+))

@@ -47,32 +47,13 @@ def test_bf16_matches_reference(backend, case):
     assert torch.all(d[m_indices < 0] == 0)
 
 
-def quant_per_token(x):
-    """1x128 scales (DeepGEMM's activation recipe): sf = amax / 448, data = x / sf."""
-    kb = -(-x.shape[-1] // 128)
-    padded = torch.nn.functional.pad(x, (0, kb * 128 - x.shape[-1])).view(*x.shape[:-1], kb, 128)
-    sf = padded.abs().amax(-1).clamp(min=1e-4) / 448
-    data = (padded / sf[..., None]).view(*x.shape[:-1], kb * 128)[..., :x.shape[-1]]
-    return data.to(torch.float8_e4m3fn).contiguous(), sf.float()
-
-
-def quant_per_block(x):
-    """128x128 scales (DeepGEMM's weight recipe)."""
-    g, n, k = x.shape
-    nb, kb = -(-n // 128), -(-k // 128)
-    v = torch.nn.functional.pad(x, (0, kb * 128 - k, 0, nb * 128 - n)).view(g, nb, 128, kb, 128)
-    sf = v.abs().amax(dim=(2, 4)).clamp(min=1e-4) / 448
-    data = (v / sf[:, :, None, :, None]).view(g, nb * 128, kb * 128)[:, :n, :k]
-    return data.to(torch.float8_e4m3fn).contiguous(), sf.float()
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fp8_block_scaled_matches_dequantized_reference(backend):
     group_rows, alignment, n, k = [40, 0, 9], 32, 160, 200      # two K blocks, two N blocks, ragged
     g = torch.Generator().manual_seed(1)
     m_indices = G.contiguous_layout(group_rows, alignment)
-    a, sfa = quant_per_token(torch.randn(m_indices.numel(), k, generator=g))
-    b, sfb = quant_per_block(torch.randn(len(group_rows), n, k, generator=g) * 3)
+    a, sfa = G.per_token_cast_to_fp8(torch.randn(m_indices.numel(), k, generator=g))
+    b, sfb = G.per_block_cast_to_fp8(torch.randn(len(group_rows), n, k, generator=g) * 3)
     kernel = kernforge.compile(G.m_grouped_fp8_gemm_nt_contiguous, backend=backend,
                                num_groups=len(group_rows), N=n, K=k, block_M=32, block_N=64)
     d = torch.full((m_indices.numel(), n), float("nan"), dtype=torch.bfloat16)
@@ -111,9 +92,27 @@ def test_property_random_shapes(group_rows, n, k, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_registered_small_problem(backend):
-    r = run_spec(G.SPEC, backend, "small", repeat=0)
+@pytest.mark.parametrize("spec", [G.SPEC, G.SPEC_FP8], ids=lambda s: s.name)
+def test_registered_small_problem(backend, spec):
+    r = run_spec(spec, backend, "small", repeat=0)
     assert r.verified, r.error
+
+
+@pytest.mark.parametrize("use_ue8m0", [False, True])
+def test_fp8_casts_round_trip(use_ue8m0):
+    """Quantize-dequantize stays within e4m3's relative step (2^-3) of each scale block's amax."""
+    x = torch.randn(3, 130, 260) * torch.logspace(-2, 2, 260)
+    data, sf = G.per_block_cast_to_fp8(x, use_ue8m0)
+    assert sf.shape == (3, 2, 3) and data.dtype == torch.float8_e4m3fn
+    if use_ue8m0:
+        assert torch.equal(sf, torch.exp2(torch.round(torch.log2(sf))))
+    back = G.dequantize(data, sf, (128, 128))
+    bound = G.dequantize(torch.ones_like(x), sf, (128, 128)) * 448 * 2.0 ** -3
+    assert ((back - x.double()).abs() <= bound).all()
+    data, sf = G.per_token_cast_to_fp8(x[0], use_ue8m0)
+    assert sf.shape == (130, 3)
+    back = G.dequantize(data, sf, (1, 128))
+    assert ((back - x[0].double()).abs() <= G.dequantize(torch.ones_like(x[0]), sf, (1, 128)) * 448 * 2.0 ** -3).all()
 
 
 def test_kernel_name_carries_parameters():

@@ -105,8 +105,9 @@ def test_property_random_shapes(seqlens, heads, seq_q, causal, block_N, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_registered_small_problem(backend):
-    r = run_spec(M.SPEC, backend, "small", repeat=0)
+@pytest.mark.parametrize("spec", [M.SPEC, M.SPEC_SPARSE], ids=lambda s: s.name)
+def test_registered_small_problem(backend, spec):
+    r = run_spec(spec, backend, "small", repeat=0)
     assert r.verified, r.error
 
 

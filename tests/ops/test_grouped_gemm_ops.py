@@ -6,7 +6,6 @@ import torch
 from kernforge.kernels import grouped_gemm as G
 from kernforge.ops import grouped_gemm as ops
 from tests.conftest import host_backends
-from tests.kernels.test_grouped_gemm import quant_per_block, quant_per_token
 
 BACKENDS = [b for b in host_backends() if b in ("interp", "cpu")]
 
@@ -54,7 +53,7 @@ def test_psum_layout_zeroes_gap_rows():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fp8_pairs(backend):
     a, b, d, m_indices = operands([3, 50], n=130, k=136)
-    a8, b8 = quant_per_token(a.float()), quant_per_block(b.float())
+    a8, b8 = G.per_token_cast_to_fp8(a), G.per_block_cast_to_fp8(b)
     ops.m_grouped_fp8_gemm_nt_contiguous(a8, b8, d, m_indices, backend=backend)
     a64, b64 = G.dequantize(*a8, (1, 128)), G.dequantize(*b8, (128, 128))
     expected = G.reference(a64, b64, m_indices)
@@ -119,7 +118,7 @@ def test_bad_arguments_raise(mutate, error, match):
 
 def test_fp8_argument_checks():
     a, b, d, m_indices = operands([7, 40], n=48, k=80)
-    a8, b8 = quant_per_token(a.float()), quant_per_block(b.float())
+    a8, b8 = G.per_token_cast_to_fp8(a), G.per_block_cast_to_fp8(b)
     with pytest.raises(TypeError, match="pair"):
         ops.m_grouped_fp8_gemm_nt_contiguous(a8[0], b8, d, m_indices, backend="interp")
     with pytest.raises(ValueError, match="sfa must have shape"):

@@ -16,7 +16,7 @@ saying "fragment"); ``kernel`` itself is not changed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from kernforge import dtypes
 from kernforge.codegen import ir
@@ -37,6 +37,30 @@ class LayoutPlan:
 
     def in_registers(self, b: ir.Buffer) -> bool:
         return b in self.registers
+
+
+_IR_NODE = (ir.Expr, ir.Stmt, ir.Region, ir.Buffer)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def nodes(root):
+    """Pre-order walk of ``root`` like ``ir.walk``, but without descending into buffers' shapes
+    and strides: the CUDA analyses walk large bodies many times, and only need the tree."""
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, (ir.Buffer, ir.Var, ir.Const)):
+            continue
+        names = _FIELDS.get(type(n))
+        if names is None:
+            names = _FIELDS.setdefault(type(n), tuple(f.name for f in fields(n) if f.name != "loc"))
+        for name in reversed(names):
+            v = getattr(n, name)
+            if isinstance(v, tuple):
+                stack.extend(x for x in reversed(v) if isinstance(x, _IR_NODE))
+            elif isinstance(v, _IR_NODE):
+                stack.append(v)
 
 
 def _whole(r: ir.Region) -> bool:
@@ -65,7 +89,7 @@ class _Planner:
     def __init__(self, kernel: ir.Kernel, wgmma: bool):
         self.k = kernel
         self.wgmma = wgmma
-        self.frags = [n.buffer for n in ir.walk(kernel.body)
+        self.frags = [n.buffer for n in nodes(kernel.body)
                       if isinstance(n, ir.Allocate) and n.buffer.scope == ir.Scope.FRAGMENT]
         self.plan = LayoutPlan()
 
@@ -230,7 +254,7 @@ class _Planner:
                 and len(p.vars) == 2 and idx[0] is p.vars[0]
             if not (same or rows):
                 bad.add(b)
-        for n in ir.walk(p.body):
+        for n in nodes(p.body):
             if isinstance(n, (ir.Parallel, ir.Copy, ir.Fill, ir.Gemm, ir.Reduce, ir.Cumsum)):
                 bad |= {b for b, _ in accesses if b in regs}
 
@@ -244,18 +268,20 @@ class _Planner:
 
     def _scan_exprs(self, exprs, regs, bad: set) -> None:
         for e in exprs:
-            for n in ir.walk(e):
+            for n in nodes(e):
                 if isinstance(n, ir.Load) and n.buffer in regs:
                     bad.add(n.buffer)
 
     # -- helpers ---------------------------------------------------------
     def _nodes(self, cls):
-        return [n for n in ir.walk(self.k.body) if isinstance(n, cls)]
+        if not hasattr(self, "_all"):
+            self._all = list(nodes(self.k.body))
+        return [n for n in self._all if isinstance(n, cls)]
 
     @staticmethod
     def _accesses(body) -> list[tuple[ir.Buffer, tuple]]:
         out = []
-        for n in ir.walk(body):
+        for n in nodes(body):
             if isinstance(n, ir.Load) and n.buffer.scope == ir.Scope.FRAGMENT:
                 out.append((n.buffer, n.indices))
             elif isinstance(n, (ir.Store, ir.Atomic)) and n.buffer.scope == ir.Scope.FRAGMENT:

@@ -37,7 +37,7 @@ import jinja2
 from kernforge import dtypes
 from kernforge.codegen import ir
 from kernforge.codegen.layouts import AccumLayout
-from kernforge.codegen.passes.cuda_layout import LayoutPlan, plan_layouts
+from kernforge.codegen.passes.cuda_layout import LayoutPlan, nodes, plan_layouts
 from kernforge.codegen.passes.cuda_pipeline import PipelinePlan, plan_pipelines
 from kernforge.codegen.render import cuda_ops
 from kernforge.codegen.render.base import CRenderer
@@ -191,7 +191,7 @@ class CudaRenderer(CRenderer):
 
     def smem_use(self, s) -> tuple[bool, bool]:
         reads = writes = False
-        for n in ir.walk(s):
+        for n in nodes(s):
             if isinstance(n, ir.Load) and self.is_smem(n.buffer):
                 reads = True
             elif isinstance(n, (ir.Store, ir.Atomic)) and self.is_smem(n.buffer):
@@ -213,13 +213,13 @@ class CudaRenderer(CRenderer):
     # -- kernel ---------------------------------------------------------------------
     def allocate_smem(self) -> None:
         off = 0
-        for n in ir.walk(self.k.body):
+        for n in nodes(self.k.body):
             if isinstance(n, ir.Allocate) and self.is_smem(n.buffer) and n.buffer not in self.smem_offsets:
                 b = n.buffer
                 self.smem_offsets[b] = off
                 off += -(-prod(b.static_shape()) * b.dtype.itemsize * self.pipes.stages.get(b, 1)
                          // SMEM_ALIGN) * SMEM_ALIGN
-        scratch = max((cuda_ops.reduce_scratch_floats(self, r) for r in ir.walk(self.k.body)
+        scratch = max((cuda_ops.reduce_scratch_floats(self, r) for r in nodes(self.k.body)
                        if isinstance(r, ir.Reduce)), default=0)
         if scratch:
             self.scratch_offset = off
@@ -266,7 +266,7 @@ class CudaRenderer(CRenderer):
         self.stmt(self.k.body)
         for kind in set(self.plan.gemm_kind.values()):
             self.headers.add({"wgmma": "kf/wgmma.cuh", "mma": "kf/mma.cuh", "scalar": "kf/common.cuh"}[kind])
-        if self.pipes.prefetch or any(isinstance(n, ir.Copy) for n in ir.walk(self.k.body)):
+        if self.pipes.prefetch or any(isinstance(n, ir.Copy) for n in nodes(self.k.body)):
             self.headers.add("kf/cp_async.cuh")
         self.headers |= {"kf/reduce.cuh", "kf/atomic.cuh"}
         params = self.params()

@@ -14,6 +14,7 @@ from math import prod
 from kernforge import dtypes
 from kernforge.codegen import arith, ir
 from kernforge.codegen.layouts import AccumLayout, RowLayout
+from kernforge.codegen.passes.cuda_layout import nodes
 
 I32 = dtypes.int32
 
@@ -80,7 +81,7 @@ def render_atomic(R, s: ir.Atomic) -> None:
 
 def render_if(R, s: ir.If) -> None:
     if not R.in_parallel:
-        reads = any(isinstance(n, ir.Load) and R.is_smem(n.buffer) for n in ir.walk(s.cond))
+        reads = any(isinstance(n, ir.Load) and R.is_smem(n.buffer) for n in nodes(s.cond))
         R.before(reads, False)
     R.open(f"if ({R.expr(s.cond)})")
     state = (R.pend_w, R.pend_r)
@@ -104,7 +105,7 @@ def render_for(R, s: ir.For) -> None:
     ct = R.ctype(s.var.dtype)
     if not R.in_parallel:
         reads = any(isinstance(n, ir.Load) and R.is_smem(n.buffer) for e in (s.start, s.extent)
-                    for n in ir.walk(e))
+                    for n in nodes(e))
         R.before(reads, False)
         body_r, body_w = R.smem_use(s.body)
         R.pend_w |= body_w
@@ -124,7 +125,7 @@ def render_for(R, s: ir.For) -> None:
 
 
 def _driver(R, p: ir.Parallel):
-    cands = [R.plan.registers[n.buffer] for n in ir.walk(p.body)
+    cands = [R.plan.registers[n.buffer] for n in nodes(p.body)
              if isinstance(n, (ir.Load, ir.Store)) and n.buffer in R.plan.registers
              and len(n.indices) == len(p.vars) and all(i is v for i, v in zip(n.indices, p.vars))
              and n.buffer.static_shape() == p.extents]
@@ -152,7 +153,7 @@ def render_parallel(R, p: ir.Parallel) -> None:
         r = R.fresh("r")
         R.emit("#pragma unroll")
         R.open(f"for (int {r} = 0; {r} < {driver.regs}; ++{r})")
-        used = {n for n in ir.walk(p.body) if isinstance(n, ir.Var)}
+        used = {n for n in nodes(p.body) if isinstance(n, ir.Var)}
         for v, c in zip(p.vars, driver.coords(r, R.tid)):
             if v in used:
                 R.emit(f"const int32_t {v.name} = {c};")
@@ -169,7 +170,7 @@ def render_parallel(R, p: ir.Parallel) -> None:
         total = prod(p.extents)
         R.open(f"for (int {e} = {R.tid}; {e} < {total}; {e} += {R.k.threads})")
         inner = 1
-        used = {n for n in ir.walk(p.body) if isinstance(n, ir.Var)}
+        used = {n for n in nodes(p.body) if isinstance(n, ir.Var)}
         for v, ext in reversed(list(zip(p.vars, p.extents))):
             if v in used:
                 R.emit(f"const int32_t {v.name} = ({e} / {inner}) % {ext};" if inner > 1

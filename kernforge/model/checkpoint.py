@@ -87,13 +87,9 @@ def load_checkpoint(model: Transformer, path: str | Path, keep_quantized: bool =
     linears = {name: mod for name, mod in model.named_modules() if isinstance(mod, Linear)}
     for name, mod in linears.items():
         _load_linear(name, mod, tensors, used, model.config.expert_dtype, keep_quantized)
-    params = dict(model.named_parameters())
-    params.update(model.named_buffers(remove_duplicate=True))
-    for name, target in params.items():
-        owner = name.rsplit(".", 1)[0]
-        if owner in linears or name.endswith((".cos", ".sin")):
-            continue
-        _copy(name, target, tensors, used, model.config)
+    for name, target in model.state_dict(keep_vars=True).items():  # persistent tensors only
+        if name.rsplit(".", 1)[0] not in linears:
+            _copy(name, target, tensors, used, model.config)
     unused = sorted(set(tensors) - used)
     if unused:
         raise ValueError(f"{len(unused)} checkpoint tensors match nothing in the model, e.g. {unused[:5]}")

@@ -89,7 +89,7 @@ def rsqrt(x: torch.Tensor) -> torch.Tensor:
     return 1.0 / torch.sqrt(x)
 
 
-def _pow2(k: torch.Tensor) -> torch.Tensor:
+def pow2(k: torch.Tensor) -> torch.Tensor:
     """2**k for integer-valued float64 k in [-1022, 1023], built from exponent bits."""
     return ((k.to(torch.int64) + 1023) << 52).view(torch.float64)
 
@@ -102,7 +102,7 @@ def _exp64(x: torch.Tensor) -> torch.Tensor:
     p = torch.ones_like(r)
     for n in range(_EXP_TERMS, 0, -1):
         p = p * (r / n) + 1.0
-    out = p * _pow2(k)
+    out = p * pow2(k)
     out = torch.where(x < -708.0, torch.zeros_like(out), out)
     return torch.where(x > 709.0, torch.full_like(out, math.inf), out)
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from kernforge.model.numerics import pow2
+
 FP8_MAX = 448.0
 FP4_MAX = 6.0
 FP4_BLOCK = 32
@@ -67,7 +69,7 @@ def _pow2_ceil_scale(amax: torch.Tensor, qmax: float, floor: float) -> torch.Ten
     v = amax.clamp(min=floor) / qmax
     m, e = torch.frexp(v)  # v = m * 2**e, m in [0.5, 1)
     k = torch.where(m == 0.5, e - 1, e)
-    return torch.ldexp(torch.ones_like(v), k)
+    return pow2(k.double()).to(v.dtype)  # exact, unlike a pow() call
 
 
 def _blocked(x: torch.Tensor, block: int) -> torch.Tensor:

@@ -110,7 +110,7 @@ def test_openmp_runs_more_than_one_thread():
 def test_default_flags_and_native_arch_are_resolved_in_the_key():
     module = runtime.compile("threads", THREADS)
     inputs = module.manifest["inputs"]
-    for flag in ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-march=native"):
+    for flag in ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-march=native", "-ffp-contract=off"):
         assert flag in inputs["options"]
     machine = inputs["compiler"]["machine"]
     assert machine and not any(tok == "-march=native" for tok in machine)
@@ -156,3 +156,20 @@ def test_tag_is_not_part_of_the_key():
     a = runtime.compile_without_load("first", THREADS)
     b = runtime.compile_without_load("second", THREADS)
     assert a.key == b.key and a.path != b.path
+
+
+def test_no_fma_contraction_so_rounding_matches_numpy():
+    source = r'''
+    #include <cstdint>
+    extern "C" int kf_mix(void** args, const int64_t* dims) {
+      const float* x = static_cast<const float*>(args[0]);
+      float* out = static_cast<float*>(args[1]);
+      for (int64_t i = 0; i < dims[0]; ++i) out[i] = x[i] / 3.0f - x[i] * x[i];
+      return 0;
+    }
+    '''
+    fn = runtime.compile("mix_round", source).get_function("kf_mix", argtypes=("ptr", "ptr"))
+    x = (np.random.default_rng(7).standard_normal(4096) * 4).astype(np.float32)
+    out = np.full_like(x, np.nan)
+    assert fn(runtime.pack_pointers([x, out]), runtime.pack_dims([x.size])) == 0
+    np.testing.assert_array_equal(out.view(np.uint32), (x / np.float32(3) - x * x).view(np.uint32))

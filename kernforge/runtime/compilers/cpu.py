@@ -16,7 +16,11 @@ import threading
 
 from .base import CompileOutput, Compiler, check_ran, find_executable, read_depfile, run_tool
 
-DEFAULT_OPTIONS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-march=native")
+# -ffp-contract=off: g++ otherwise fuses a*b+c into an FMA under -march=native
+# (even in ISO mode), so elementwise results would differ in the last bit from
+# the numpy/interpreter references and between machines with and without FMA.
+# Kernels that want an FMA call std::fma.
+DEFAULT_OPTIONS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-march=native", "-ffp-contract=off")
 
 
 def _target_options(options) -> list[str]:

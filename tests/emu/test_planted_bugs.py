@@ -1,0 +1,149 @@
+"""Bugs planted in a copy of the generated CUDA must be caught by the emulation.
+
+Each case mutates the renderer's output for one of the DSL kernels of
+``dsl_kernels.py`` (a wrong fragment layout, a missing barrier, an off-by-one
+edge mask, a wrong shuffle lane, a wrong wgmma descriptor) and checks that the
+emulated run disagrees with the interpreter or stops with an error.  The
+unmutated copies run through the same harness first, so a failure can only
+come from the planted bug.  All variants share one emulation module (one
+compile).
+"""
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kernforge
+from kernforge.codegen.render.cuda import render_cuda
+from kernforge.codegen.render.cuda_emu_backend import CudaEmuBackend, EmulatedModule, EmulationError
+
+from .dsl_kernels import gemm, masked_copy, row_stats
+
+BF16 = ml_dtypes.bfloat16
+GEMM_SHAPE = (80, 72, 72)
+COPY_SHAPE = (37, 45)
+
+
+def _swap_a_registers(src):
+    helper = ("__device__ inline void kf_bug_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],\n"
+              "                               const float (&c)[4]) {\n"
+              "  const uint32_t swapped[4] = {a[0], a[2], a[1], a[3]};  // A(g+8, .) and A(g, .+8) exchanged\n"
+              "  kf::mma_m16n8k16_f32_bf16(d, swapped, b, c);\n}\n")
+    return _before_kernel(src, helper).replace("kf::mma_m16n8k16_f32_bf16(kf_d,", "kf_bug_mma(kf_d,")
+
+
+def _drop_pipeline_barrier(src):
+    return src.replace("kf::cp_async_wait<0>();\n      __syncthreads();", "kf::cp_async_wait<0>();", 1)
+
+
+def _swap_b_descriptor_strides(src):
+    return re.sub(r"(make_smem_desc\(B_s[^;]*), 1024, 128\);", r"\1, 128, 1024);", src, count=1)
+
+
+def _store_mask_off_by_one(src):
+    return re.sub(r"< N\)\)\) \{\n(\s*)B\[", r"<= N))) {\n\1B[", src, count=1)
+
+
+def _wrong_shuffle_lane(src):
+    helper = ("__device__ inline float kf_bug_quad_sum(float v) {\n"
+              "  v += __shfl_xor_sync(0xffffffffu, v, 1);\n"
+              "  v += __shfl_xor_sync(0xffffffffu, v, 4);  // should be lane ^ 2: mixes another row in\n"
+              "  return v;\n}\n")
+    return _before_kernel(src, helper).replace("kf::quad_allreduce<kf::SumOp>(kf_v)", "kf_bug_quad_sum(kf_v)")
+
+
+def _before_kernel(src, text):
+    i = src.index('extern "C" __global__')
+    return src[:i] + text + src[i:]
+
+
+@dataclass(frozen=True)
+class Case:
+    base: str
+    mutate: Callable[[str], str]
+
+
+BASES = {  # name -> (prim_func, arch)
+    "gemm80": (lambda: gemm(*GEMM_SHAPE), "sm_80"),
+    "gemm90": (lambda: gemm(*GEMM_SHAPE), "sm_90a"),
+    "rowstats": (lambda: row_stats(80, 64), "sm_80"),
+    "copy": (masked_copy, "sm_90a"),
+}
+BUGS = {
+    "mma_fragment_layout": Case("gemm80", _swap_a_registers),
+    "wgmma_descriptor_layout": Case("gemm90", _swap_b_descriptor_strides),
+    "missing_pipeline_barrier": Case("gemm80", _drop_pipeline_barrier),
+    "edge_mask_off_by_one": Case("copy", _store_mask_off_by_one),
+    "wrong_shuffle_lane": Case("rowstats", _wrong_shuffle_lane),
+}
+
+
+def _renamed(src, tag):
+    return src.replace("kf_emu_main(", f"kf_emu_{tag}(").replace("kf_main(", f"kf_main_{tag}(")
+
+
+@pytest.fixture(scope="module")
+def module():
+    parts, smem = [], 16
+    for name, (make, arch) in BASES.items():
+        ir = make().ir
+        smem = max(smem, render_cuda(ir, arch).dynamic_smem)
+        clean = CudaEmuBackend().source(ir, arch)
+        parts.append(_renamed(clean, f"clean_{name}"))
+        for bug, case in BUGS.items():
+            if case.base == name:
+                mutated = case.mutate(clean)
+                assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
+                parts.append(_renamed(mutated, bug))
+    return EmulatedModule("emu_test_planted_bugs", "\n".join(parts), dynamic_smem=smem, arch="sm_90a")
+
+
+def _run(module, tag, base, rng):
+    """Run variant ``tag`` of ``base``; return (outputs, oracle outputs)."""
+    k = module.kernel(tag, timeout_ms=5_000)
+    if base in ("gemm80", "gemm90"):
+        M, N, K = GEMM_SHAPE
+        A = rng.standard_normal((M, K)).astype(BF16)
+        B = rng.standard_normal((K, N)).astype(BF16)
+        C = np.full((M, N), np.nan, np.float32).astype(BF16)
+        k([A, B, C], [], [-(-N // 64), -(-M // 64)])
+        want = np.full_like(C, np.nan)
+        kernforge.compile(gemm(*GEMM_SHAPE), backend="interp")(A, B, want)
+        return [C.astype(np.float32)], [want.astype(np.float32)]
+    if base == "rowstats":
+        A = rng.standard_normal((80, 64)).astype(BF16)
+        B = rng.standard_normal((64, 64)).astype(BF16)
+        outs = [np.full(80, np.nan, np.float32) for _ in range(2)]
+        k([A, B, *outs], [], [2])
+        want = [np.full(80, np.nan, np.float32) for _ in range(2)]
+        kernforge.compile(row_stats(80, 64), backend="interp")(A, B, *want)
+        return outs, want
+    M, N = COPY_SHAPE
+    A = rng.integers(-1000, 1000, size=(M, N)).astype(np.int32)
+    storage = np.full(M * N + 64, -77, np.int32)  # poisoned guard after the tensor
+    k([A, storage[: M * N]], [M, N], [-(-N // 32), -(-M // 16)])
+    want = np.full(M * N + 64, -77, np.int32)
+    want[: M * N] = (A + 1).ravel()
+    return [storage], [want]
+
+
+def _agree(got, want):
+    return all(np.allclose(g, w, rtol=2.0 ** -7, atol=1e-3, equal_nan=False) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_unmutated_copies_pass_the_harness(module, base, rng):
+    got, want = _run(module, f"clean_{base}", base, rng)
+    assert _agree(got, want)
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_planted_bug_is_caught(module, bug, rng):
+    try:
+        got, want = _run(module, bug, BUGS[bug].base, rng)
+    except EmulationError:
+        return  # caught as a deadlock / invalid access
+    assert not _agree(got, want), f"planted bug {bug} went unnoticed"

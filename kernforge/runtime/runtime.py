@@ -90,13 +90,15 @@ class Runtime:
         return found
 
     def request(self, tag, source, backend, options, include_dirs, dependency_signature) -> Request:
-        memo_key = (tag, source, backend, tuple(options) if not isinstance(options, str) else options,
-                    tuple(include_dirs) if not isinstance(include_dirs, str) else include_dirs, dependency_signature)
+        if not isinstance(options, (str, bytes)):
+            options = tuple(options)
+        if not isinstance(include_dirs, (str, bytes)):
+            include_dirs = tuple(include_dirs)
+        memo_key = (tag, source, backend, options, include_dirs, dependency_signature)
         found = self._requests.get(memo_key)
         if found is not None:
             return found
         _validate(tag, source, backend, options, include_dirs, dependency_signature)
-        options = tuple(options)
         include_dirs = tuple(os.path.normpath(os.path.abspath(os.fspath(d))) for d in include_dirs)
         compiler = self.compiler(backend)
         inputs = {

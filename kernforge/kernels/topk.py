@@ -204,7 +204,9 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                         for i in T.serial(cnt):
                             cand_key[kept] = cand_key[i]
                             cand_idx[kept] = cand_idx[i]
-                            kept = kept + T.cast((cand_key[i] > prefix) | ((cand_key[i] == prefix) & (equal < need)), "int32")
+                            # integer | and & (not C's || and &&) keep the loop free of branches
+                            kept = kept + (T.cast(cand_key[i] > prefix, "int32")
+                                           | (T.cast(cand_key[i] == prefix, "int32") & T.cast(equal < need, "int32")))
                             equal = equal + T.cast(cand_key[i] == prefix, "int32")
                     else:
                         for i in T.Parallel(cap):

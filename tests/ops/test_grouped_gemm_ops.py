@@ -50,8 +50,7 @@ def test_psum_layout_zeroes_gap_rows():
     assert torch.all(d[7:32] == 0)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_fp8_pairs(backend):
+def test_fp8_pairs(backend="interp"):
     a, b, d, m_indices = operands([3, 50], n=130, k=136)
     a8, b8 = G.per_token_cast_to_fp8(a), G.per_block_cast_to_fp8(b)
     ops.m_grouped_fp8_gemm_nt_contiguous(a8, b8, d, m_indices, backend=backend)

@@ -123,8 +123,7 @@ def sparse_case(seed=0, b=2, s_q=2, heads=8, d=576, topk=40, page=64, num_blocks
     return q, kv, indices, topk_length
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_sparse_indices_with_sink(backend):
+def test_sparse_indices_with_sink(backend="interp"):
     q, kv, indices, topk_length = sparse_case()
     sink = torch.randn(8)
     meta, _ = mla.get_mla_metadata()

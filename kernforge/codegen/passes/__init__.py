@@ -9,10 +9,10 @@ from kernforge.codegen.passes.allocate import MemoryPlan, Slot, buffer_bytes, li
 from kernforge.codegen.passes.masks import edge_conditions, lower_copies
 from kernforge.codegen.passes.pipeline import PassError, pass_name, run_pipeline
 from kernforge.codegen.passes.ranges import expr_range, nonneg_vars, proves, var_ranges
-from kernforge.codegen.passes.simplify import simplify
+from kernforge.codegen.passes.simplify import simplify, simplify_expr
 
 __all__ = [
     "MemoryPlan", "PassError", "Slot", "buffer_bytes", "edge_conditions", "expr_range", "lifetimes",
     "lower_copies", "nonneg_vars", "pass_name", "plan_memory", "proves", "run_pipeline", "simplify",
-    "var_ranges",
+    "simplify_expr", "var_ranges",
 ]

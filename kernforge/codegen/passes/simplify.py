@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Optional
 
 from kernforge import dtypes
-from kernforge.codegen import ir
+from kernforge.codegen import arith, ir
 
 _FOLD = {
     ir.Op.ADD: lambda a, b: a + b, ir.Op.SUB: lambda a, b: a - b, ir.Op.MUL: lambda a, b: a * b,
@@ -42,6 +42,36 @@ def _exact(e: ir.Expr) -> bool:
 
 def _const(e: ir.Expr) -> Optional[int]:
     return e.value if isinstance(e, ir.Const) and _exact(e) else None
+
+
+def _size(e: ir.Expr) -> int:
+    return sum(1 for n in ir.walk(e) if isinstance(n, ir.Binary))
+
+
+def _canonical_sum(e: ir.Binary) -> ir.Expr:
+    """Rewrite a sum/difference as ``x*a + y*b + c`` (terms in first-use order) when
+    that is smaller: ``(i + 3) + 4`` -> ``i + 7``, ``2 + (n - 2)`` -> ``n``.  Only
+    when every term already has the sum's dtype, so no cast is dropped or added."""
+    lin = arith.linear(e, atoms=True)
+    if lin is None or any(k is not None and k.dtype != e.dtype for k in lin):
+        return e
+    out: Optional[ir.Expr] = None
+    for k, c in lin.items():
+        if k is None or c == 0:
+            continue
+        term = k if abs(c) == 1 else ir.Binary(ir.Op.MUL, k, ir.const(abs(c), e.dtype), e.dtype)
+        if out is None:
+            out = term if c > 0 else ir.Binary(ir.Op.SUB, ir.const(0, e.dtype), term, e.dtype)
+        else:
+            out = ir.Binary(ir.Op.ADD if c > 0 else ir.Op.SUB, out, term, e.dtype)
+    c = lin.get(None, 0)
+    if not _fits(c, e.dtype):
+        return e
+    if out is None:
+        out = ir.const(c, e.dtype)
+    elif c:
+        out = ir.Binary(ir.Op.ADD if c > 0 else ir.Op.SUB, out, ir.const(abs(c), e.dtype), e.dtype)
+    return out if _size(out) < _size(e) else e
 
 
 def _as(e: ir.Expr, dt: dtypes.DType) -> ir.Expr:
@@ -83,22 +113,9 @@ class _Simplify(ir.Mutator):
             return _as(a, e.dtype)
         if e.op == ir.Op.MOD and cb == 1:
             return ir.const(0, e.dtype)
-        if e.op in (ir.Op.ADD, ir.Op.SUB) and cb is not None:
-            return self._reassociate(e, cb)
+        if e.op in (ir.Op.ADD, ir.Op.SUB):
+            return _canonical_sum(e)
         return e
-
-    def _reassociate(self, e: ir.Binary, cb: int) -> ir.Expr:
-        """``(x + c1) + c2`` and friends -> ``x + (c1 + c2)``."""
-        inner = e.a
-        if not (isinstance(inner, ir.Binary) and inner.op in (ir.Op.ADD, ir.Op.SUB)
-                and inner.dtype == e.dtype and _const(inner.b) is not None):
-            return e
-        c = (inner.b.value if inner.op == ir.Op.ADD else -inner.b.value) + (cb if e.op == ir.Op.ADD else -cb)
-        if not _fits(c, e.dtype):
-            return e
-        if c == 0:
-            return inner.a
-        return ir.Binary(ir.Op.ADD if c > 0 else ir.Op.SUB, inner.a, ir.const(abs(c), e.dtype), e.dtype)
 
     def visit_Select(self, e: ir.Select):
         e = self.generic(e)
@@ -133,3 +150,8 @@ def simplify(kernel: ir.Kernel) -> ir.Kernel:
     """Fold integer/boolean constants, drop identities, prune constant branches and empty loops."""
     m = _Simplify()
     return replace(kernel, body=m.visit(kernel.body), grid=tuple(m.visit(g) for g in kernel.grid))
+
+
+def simplify_expr(e: ir.Expr) -> ir.Expr:
+    """One expression through the same rules (renderers use it on expressions they build)."""
+    return _Simplify().visit(e)

@@ -26,9 +26,9 @@ import re
 import jinja2
 
 from kernforge import dtypes
-from kernforge.codegen import arith, ir
+from kernforge.codegen import ir
 from kernforge.codegen.passes import (buffer_bytes, lower_copies, nonneg_vars, plan_memory, run_pipeline,
-                                      simplify)
+                                      simplify, simplify_expr)
 from kernforge.codegen.render.base import CRenderer
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -145,7 +145,7 @@ class CpuRenderer(CRenderer):
 
     def stmt_For(self, s: ir.For, out, pad, depth):
         v, t = self.names[s.var], self.ctype(s.var.dtype)
-        end = s.extent if arith.const_int(s.start) == 0 else ir.fold(ir.binary(ir.Op.ADD, s.start, s.extent))
+        end = simplify_expr(ir.binary(ir.Op.ADD, s.start, s.extent))
         out.append(f"{pad}const {t} kf_end_{v} = {self.cast_to(end, s.var.dtype)};")
         if s.kind == ir.LoopKind.UNROLLED:
             n = s.extent.value if isinstance(s.extent, ir.Const) else 8

@@ -2,6 +2,8 @@
 import json
 import time
 
+from .parser import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallStart
+
 
 class ChatCompletionChunk:
     __slots__ = ("data",)
@@ -45,16 +47,16 @@ class ChatCompletionChunkGenerator:
         return [self._chunk(delta)]
 
     def event(self, ev):
-        name = type(ev).__name__
-        if name == "ReasoningDelta":
+        kind = type(ev)
+        if kind is ReasoningDelta:
             return [self._chunk({"content": None, "reasoning_content": ev.text})]
-        if name == "ContentDelta":
+        if kind is ContentDelta:
             return [self._chunk({"content": ev.text, "reasoning_content": None})]
-        if name == "ToolCallStart":
+        if kind is ToolCallDelta:
+            return [self._chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]})]
+        if kind is ToolCallStart:
             return [self._chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
                                                  "function": {"name": ev.name, "arguments": ""}}]})]
-        if name == "ToolCallDelta":
-            return [self._chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]})]
         return []  # ToolCallEnd and ParseIssue carry nothing new for Chat clients
 
     def end(self, reason, completion_tokens, stop_sequence):

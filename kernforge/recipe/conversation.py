@@ -81,8 +81,18 @@ class BytesImageSource(ImageSource):
         super().__init__("bytes", detail, data=bytes(data), path=path)
 
 
+def _text(role: str, content) -> str:
+    if type(content) is not str:
+        raise TypeError(f"{role} message content must be str, got {type(content).__name__}")
+    return content
+
+
 class Message:
-    """Base of conversation messages; role-specific fields default to empty."""
+    """Base of conversation messages; role-specific fields default to empty.
+
+    Subclass constructors assign their slots directly (no `super()` chain): a
+    long agent history builds hundreds of these per request.
+    """
 
     __slots__ = ("content", "image_sources")
     role = ""
@@ -93,12 +103,6 @@ class Message:
     tools = None
     task = None
 
-    def __init__(self, content: str, image_sources: Sequence[ImageSource] | None = None):
-        if not isinstance(content, str):
-            raise TypeError(f"{self.role} message content must be str")
-        self.content = content
-        self.image_sources = list(image_sources or ())
-
     def __repr__(self):
         return f"{type(self).__name__}({self.content[:40]!r})"
 
@@ -107,9 +111,10 @@ class SystemMessage(Message):
     __slots__ = ("tools",)
     role = "system"
 
-    def __init__(self, content: str, image_sources=None, tools: Sequence[ToolDefinition] | None = None,
-                 *, image_token: str | None = None):
-        super().__init__(content, image_sources)
+    def __init__(self, content: str, image_sources: Sequence[ImageSource] | None = None,
+                 tools: Sequence[ToolDefinition] | None = None):
+        self.content = _text("system", content)
+        self.image_sources = list(image_sources) if image_sources else []
         self.tools = list(tools) if tools else None
 
 
@@ -124,19 +129,21 @@ class DeveloperMessage(Message):
     role = "developer"
 
     def __init__(self, content: str, tools: Sequence[ToolDefinition] | None = None):
-        super().__init__(content)
+        self.content = _text("developer", content)
+        self.image_sources = []
         self.tools = list(tools) if tools else None
 
 
 class UserMessage(Message):
+    """A user turn; each image source needs one image-token placeholder in `content`."""
+
     __slots__ = ("task",)
     role = "user"
 
-    def __init__(self, content: str, image_sources=None, *, image_token: str | None = None,
+    def __init__(self, content: str, image_sources: Sequence[ImageSource] | None = None, *,
                  task: str | None = None):
-        if image_token == "":
-            raise ValueError("image_token must be non-empty")
-        super().__init__(content, image_sources)
+        self.content = _text("user", content)
+        self.image_sources = list(image_sources) if image_sources else []
         if task is not None and not task.isidentifier():
             raise ValueError(f"task must be an identifier, got {task!r}")
         self.task = task
@@ -148,21 +155,23 @@ class AssistantMessage(Message):
 
     def __init__(self, content: str, reasoning_content: str | None = None,
                  tool_calls: Sequence[ToolCall] | None = None, prefix: bool = False):
-        super().__init__(content)
+        self.content = _text("assistant", content)
+        self.image_sources = []
         self.reasoning_content = reasoning_content
         self.tool_calls = list(tool_calls) if tool_calls else None
         self.prefix = bool(prefix)
 
 
 class ToolMessage(Message):
+    """A tool result; each image source needs one image-token placeholder in `content`."""
+
     __slots__ = ("tool_call_id",)
     role = "tool"
 
-    def __init__(self, content: str, tool_call_id: str | None = None, image_sources=None,
-                 *, image_token: str | None = None):
-        if image_token == "":
-            raise ValueError("image_token must be non-empty")
-        super().__init__(content, image_sources)
+    def __init__(self, content: str, tool_call_id: str | None = None,
+                 image_sources: Sequence[ImageSource] | None = None):
+        self.content = _text("tool", content)
+        self.image_sources = list(image_sources) if image_sources else []
         self.tool_call_id = tool_call_id
 
 
@@ -173,7 +182,8 @@ class LatestReminderMessage(Message):
     role = "latest_reminder"
 
     def __init__(self, content: str):
-        super().__init__(content)
+        self.content = _text("latest_reminder", content)
+        self.image_sources = []
 
 
 class Conversation:

@@ -5,6 +5,7 @@ structure, so one `DsmlNames` table drives the encoder and the parser.
 """
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .errors import ConversionError
 
@@ -22,27 +23,41 @@ V4_DSML = DsmlNames("tool_calls", "invoke", "parameter")
 V41_DSML = DsmlNames(" calls", " invoke", " parameter")
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
+_decode = json.JSONDecoder().decode
+
+
 def dump_json(value) -> str:
     """JSON the way the reference encoder writes it: `, ` and `: ` separators, raw UTF-8."""
-    return json.dumps(value, ensure_ascii=False)
+    return _ENCODER.encode(value)
 
 
-def arguments_to_parameters(name: str, arguments: str) -> list[tuple[str, str, bool]]:
+def _dump_value(value) -> str:
+    """`dump_json` with shortcuts for the scalars that dominate tool arguments."""
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    if type(value) is int:
+        return str(value)
+    return _ENCODER.encode(value)
+
+
+@lru_cache(maxsize=4096)
+def arguments_to_parameters(name: str, arguments: str) -> tuple[tuple[str, str, bool], ...]:
     """Split a history call's JSON-object arguments into (name, text, is_string) triples.
 
     Raises ConversionError when the arguments are not a JSON object: rendering
-    them as anything else would teach the model a call it never made.
+    them as anything else would teach the model a call it never made. Cached:
+    an agent resends its whole history every turn, so the same calls recur.
     """
     try:
-        value = json.loads(arguments) if arguments.strip() else {}
+        value = _decode(arguments) if arguments.strip() else {}
     except ValueError as exc:
         raise ConversionError(f"arguments of tool call {name!r} are not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ConversionError(f"arguments of tool call {name!r} must be a JSON object")
-    out = []
-    for key, val in value.items():
-        if isinstance(val, str):
-            out.append((key, val, True))
-        else:
-            out.append((key, dump_json(val), False))
-    return out
+    return tuple([(key, val, True) if type(val) is str else (key, _dump_value(val), False)
+                  for key, val in value.items()])

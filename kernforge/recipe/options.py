@@ -3,6 +3,9 @@ import enum
 from collections.abc import Sequence
 
 from .conversation import Conversation
+from .dsml import V4_DSML
+from .encoding_v4 import DeepseekV4Encoding
+from .encoding_v41 import DeepseekV41Encoding
 from .errors import ConversionError
 from .tokens import DEFAULT_SPECIAL_TOKENS, SpecialTokens
 
@@ -16,8 +19,6 @@ class ModelVersion(enum.Enum):
     DeepseekV41Flash = "deepseek-v4.1-flash"
 
     def encoding(self, special_tokens: SpecialTokens = DEFAULT_SPECIAL_TOKENS):
-        from .encoding_v4 import DeepseekV4Encoding
-        from .encoding_v41 import DeepseekV41Encoding
         cls = DeepseekV4Encoding if self is ModelVersion.DeepseekV4Pro else DeepseekV41Encoding
         return cls(special_tokens)
 
@@ -124,12 +125,25 @@ class ConversionOptions:
 
 
 class OutputConstraint:
-    """What constrained decoding would enforce: kind json/regex/tool_call/tool_call_required."""
+    """What constrained decoding would enforce: kind json/regex/tool_call/tool_call_required.
 
-    __slots__ = ("kind", "schema")
+    `schema` is compact JSON (or the regex); it may be built on first read, since
+    only backends that apply constrained decoding need it.
+    """
 
-    def __init__(self, kind: str, schema: str):
-        self.kind, self.schema = kind, schema
+    __slots__ = ("kind", "_schema", "_build")
+
+    def __init__(self, kind: str, schema: str | None = None, *, build=None):
+        if (schema is None) == (build is None):
+            raise ValueError("give exactly one of schema and build")
+        self.kind, self._schema, self._build = kind, schema, build
+
+    @property
+    def schema(self) -> str:
+        if self._schema is None:
+            self._schema = self._build()
+            self._build = None
+        return self._schema
 
     def __repr__(self):
         return f"OutputConstraint({self.kind!r}, {self.schema[:40]!r})"
@@ -165,7 +179,6 @@ class ParsingOptions:
                  thinking_initial_stage: ThinkingInitialStage | None = None,
                  stop_sequences: Sequence[str] | None = None,
                  special_tokens: SpecialTokens | None = None, dsml=None):
-        from .dsml import V4_DSML
         self.parse_tool_calls = bool(parse_tool_calls)
         self.starts_in_tool_calls = bool(starts_in_tool_calls)
         self.parse_json_output = bool(parse_json_output)

@@ -9,6 +9,7 @@ on model output.
 """
 import json
 import re
+from json.encoder import encode_basestring
 import secrets
 import string
 from dataclasses import dataclass, field
@@ -23,36 +24,36 @@ def new_tool_call_id(index: int) -> str:
     return f"call_{index:02d}_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
 
 
-@dataclass
+@dataclass(slots=True)
 class ReasoningDelta:
     text: str
 
 
-@dataclass
+@dataclass(slots=True)
 class ContentDelta:
     text: str
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolCallStart:
     index: int
     id: str
     name: str
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolCallDelta:
     index: int
     arguments: str
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolCallEnd:
     index: int
     arguments: str
 
 
-@dataclass
+@dataclass(slots=True)
 class ParseIssue:
     """Malformed model output, reported instead of raised."""
 
@@ -66,15 +67,20 @@ _ATTR = re.compile(r'\s+(\w+)="([^"]*)"')
 
 
 def _held_suffix(buf: str, markers) -> int:
-    """Length of the longest tail of `buf` that is a proper prefix of some marker."""
+    """Length of the longest tail of `buf` that is a proper prefix of some marker.
+
+    Only positions holding a marker's first character are tried, so text with no
+    `<` near its end costs one `find` per marker.
+    """
+    n = len(buf)
     best = 0
     for m in markers:
-        k = min(len(m) - 1, len(buf))
-        while k > best:
-            if buf.endswith(m[:k]):
-                best = k
+        i = buf.find(m[0], max(0, n - len(m) + 1))
+        while i >= 0 and n - i > best:
+            if m.startswith(buf[i:]):
+                best = n - i
                 break
-            k -= 1
+            i = buf.find(m[0], i + 1)
     return best
 
 
@@ -365,7 +371,7 @@ class OutputParser:
             self.buf = buf[len(buf) - keep:]
             if chunk and target is not None:
                 if self.value_is_string:
-                    self._args(out, json.dumps(chunk, ensure_ascii=False)[1:-1])
+                    self._args(out, encode_basestring(chunk)[1:-1])
                 else:
                     self.value_parts.append(chunk)
             return False
@@ -374,7 +380,7 @@ class OutputParser:
         if target is not None:
             if self.value_is_string:
                 if chunk:
-                    self._args(out, json.dumps(chunk, ensure_ascii=False)[1:-1])
+                    self._args(out, encode_basestring(chunk)[1:-1])
                 self._args(out, '"')
             else:
                 raw = "".join(self.value_parts) + chunk

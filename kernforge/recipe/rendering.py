@@ -50,9 +50,8 @@ class _Builder:
         self.marks.extend(base + m for m in marks)
 
     def finish(self):
-        parts = self.parts
-        ends = list(accumulate(map(len, parts)))
-        return "".join(parts), [(ends[i] - len(parts[i]), ends[i]) for i in self.marks]
+        starts = list(accumulate(map(len, self.parts), initial=0))
+        return "".join(self.parts), [(starts[i], starts[i + 1]) for i in self.marks]
 
 
 class PromptEncoding:
@@ -121,17 +120,15 @@ class PromptEncoding:
         marks.append(len(parts) + 1)
         parts.extend(("<", dsml, d.block + ">\n"))
         for call in calls:
-            marks.append(len(parts) + 1)
-            parts.extend(("<", dsml, invoke_open, call.name, '">\n'))
             params = arguments_to_parameters(call.name, call.arguments)
-            if not params:
-                parts.append(empty_params)
+            marks.append(len(parts) + 1)
+            parts.extend(("<", dsml, f'{invoke_open}{call.name}">\n{"" if params else empty_params}'))
             for name, text, is_string in params:
                 n = len(parts)
                 marks.append(n + 1)
-                marks.append(n + 7)
-                parts.extend(("<", dsml, param_open, name, '" string="true">' if is_string else '" string="false">',
-                              text, "</", dsml, param_close))
+                marks.append(n + 3)
+                parts.extend(("<", dsml, f'{param_open}{name}" string="{"true" if is_string else "false"}">{text}</',
+                              dsml, param_close))
             marks.append(len(parts) + 1)
             parts.extend(("</", dsml, invoke_close))
         marks.append(len(parts) + 1)
@@ -209,16 +206,22 @@ class PromptEncoding:
         def write_user_side(m):
             nonlocal task
             if m.role == "tool":
-                b.text("<tool_result>")
-                self._content_with_images(b, m, images)
-                b.text("</tool_result>")
+                if m.image_sources:
+                    b.text("<tool_result>")
+                    self._content_with_images(b, m, images)
+                    b.text("</tool_result>")
+                else:
+                    b.text(f"<tool_result>{m.content}</tool_result>")
             elif m.role == "developer":
                 b.text(m.content)
                 if m.tools:
                     b.text("\n\n")
                     self._tool_prompt(b, m.tools)
             else:
-                self._content_with_images(b, m, images)
+                if m.image_sources:
+                    self._content_with_images(b, m, images)
+                else:
+                    b.text(m.content)
                 task = m.task
 
         def flush():
@@ -255,16 +258,16 @@ class PromptEncoding:
                 continue
             flush()
             if role == "assistant":
-                b.special(t.assistant)
                 content = m.content
                 if thinking and i >= last_user:
-                    b.special(t.thinking_start)
-                    b.text(m.reasoning_content or "")
                     if m.prefix and not content and not m.tool_calls:
-                        break  # reasoning continuation: the model goes on thinking
-                    b.special(t.thinking_end)
+                        # reasoning continuation: the model goes on thinking
+                        b.extend((t.assistant, t.thinking_start, m.reasoning_content or ""), (0, 1))
+                        break
+                    b.extend((t.assistant, t.thinking_start, m.reasoning_content or "", t.thinking_end),
+                             (0, 1, 3))
                 else:
-                    b.special(t.thinking_end)
+                    b.extend((t.assistant, t.thinking_end), (0, 1))
                 if task:
                     b.special(f"<｜{task}｜>")
                     task = None

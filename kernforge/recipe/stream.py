@@ -6,7 +6,7 @@ chunk/event objects. The generator also builds the final finish reason.
 """
 import enum
 
-from .errors import StreamStateError
+from .errors import StreamStateError, UnsupportedFeatureError
 from .options import ParsingOptions
 from .parser import OutputParser
 
@@ -61,7 +61,6 @@ class StreamProcessor:
 
     def __init__(self, generator, options: ParsingOptions, tokenizer=None):
         if tokenizer is not None:
-            from .errors import UnsupportedFeatureError
             raise UnsupportedFeatureError("tokenizer", "token-id chunks; decode to text first")
         self._gen = generator
         self._parser = OutputParser(options)

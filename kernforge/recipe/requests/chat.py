@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, Union
 import pydantic
 from typing_extensions import NotRequired, Required, TypedDict
 
+from ..chat_out import ChatCompletionChunkGenerator
 from ..conversation import (AssistantMessage, LatestReminderMessage, SystemMessage, ToolCall,
                             ToolDefinition, ToolMessage, UserMessage)
 from ..errors import ConversionError, UnsupportedFeatureError
@@ -167,9 +168,9 @@ def _content(m: ChatMessage, i: int, allow_images: bool):
     """Text with image placeholders, and the image sources, of one message's content."""
     c = m.get("content")
     if c is None:
-        return "", []
+        return "", ()
     if isinstance(c, str):
-        return c, []
+        return c, ()
     texts, images = [], []
     for j, part in enumerate(c):
         kind = part["type"]
@@ -186,44 +187,63 @@ def _content(m: ChatMessage, i: int, allow_images: bool):
     return "\n\n".join(texts), images
 
 
+_ROLE_KEYS = {
+    "user": frozenset(("role", "content")),
+    "system": frozenset(("role", "content")),
+    "developer": frozenset(("role", "content")),
+    "latest_reminder": frozenset(("role", "content")),
+    "tool": frozenset(("role", "content", "tool_call_id")),
+    "assistant": frozenset(("role", "content", "reasoning_content", "reasoning", "tool_calls", "prefix")),
+}
+
+
+def _check_keys(m: ChatMessage, i: int):
+    """Reject fields that do not belong to the message's role (null/false values are harmless)."""
+    for key in m.keys() - _ROLE_KEYS[m["role"]]:
+        value = m[key]
+        if value is None or value is False:
+            continue
+        if key == "name":
+            raise UnsupportedFeatureError(f"messages[{i}].name", "participant names are not rendered")
+        if key == "refusal":
+            raise UnsupportedFeatureError(f"messages[{i}].refusal")
+        raise ConversionError(f"messages[{i}]: {key} does not belong to a {m['role']} message",
+                              param=f"messages[{i}].{key}")
+
+
 def _messages(b: ChatBody):
     out = []
+    append = out.append
     for i, m in enumerate(b.messages):
-        get = m.get
-        if get("name") is not None:
-            raise UnsupportedFeatureError(f"messages[{i}].name", "participant names are not rendered")
         role = m["role"]
-        reasoning = get("reasoning_content")
-        alias = get("reasoning")
-        if role != "assistant" and (get("tool_calls") or reasoning or alias or get("prefix")):
-            raise ConversionError(f"messages[{i}]: tool_calls, reasoning_content and prefix belong "
-                                  "to assistant messages", param=f"messages[{i}]")
-        if role != "tool" and get("tool_call_id") is not None:
-            raise ConversionError(f"messages[{i}]: tool_call_id belongs to tool messages",
-                                  param=f"messages[{i}].tool_call_id")
+        if not m.keys() <= _ROLE_KEYS[role]:
+            _check_keys(m, i)
+        content = m.get("content")
+        if type(content) is str:
+            images = ()
+        else:
+            content, images = _content(m, i, allow_images=role in ("user", "tool"))
         if role == "user":
-            text, images = _content(m, i, allow_images=True)
-            out.append(UserMessage(text, images))
+            append(UserMessage(content, images))
         elif role == "assistant":
-            if get("refusal") is not None:
-                raise UnsupportedFeatureError(f"messages[{i}].refusal")
-            if reasoning is not None and alias is not None and reasoning != alias:
+            reasoning = m.get("reasoning_content")
+            alias = m.get("reasoning")
+            if reasoning is None:
+                reasoning = alias
+            elif alias is not None and reasoning != alias:
                 raise ConversionError(f"messages[{i}]: reasoning and reasoning_content differ",
                                       param=f"messages[{i}].reasoning_content")
-            text, _ = _content(m, i, allow_images=False)
-            calls = [ToolCall(tc.get("id") or f"call_{i}_{k}", tc["function"]["name"], tc["function"]["arguments"])
-                     for k, tc in enumerate(get("tool_calls") or ())]
-            out.append(AssistantMessage(text, reasoning if reasoning is not None else alias, calls,
-                                        prefix=get("prefix", False)))
+            calls = m.get("tool_calls")
+            if calls:
+                calls = [ToolCall(tc.get("id") or f"call_{i}_{k}", tc["function"]["name"],
+                                  tc["function"]["arguments"]) for k, tc in enumerate(calls)]
+            append(AssistantMessage(content, reasoning, calls, prefix=m.get("prefix", False)))
         elif role == "tool":
-            text, images = _content(m, i, allow_images=True)
-            out.append(ToolMessage(text, get("tool_call_id"), images))
+            append(ToolMessage(content, m.get("tool_call_id"), images))
         elif role == "latest_reminder":
-            out.append(LatestReminderMessage(_content(m, i, allow_images=False)[0]))
-        else:  # system, developer
-            text, _ = _content(m, i, allow_images=False)
-            if text:  # an empty system message renders nothing useful; deepseek-recipe drops it too
-                out.append(SystemMessage(text))
+            append(LatestReminderMessage(content))
+        elif content:  # system, developer; an empty system message renders nothing (deepseek-recipe drops it too)
+            append(SystemMessage(content))
     return out
 
 
@@ -275,5 +295,4 @@ class ChatCompletionRequest:
 
     @staticmethod
     def chunk_generator(request: ConversationRequest, id: str, model: str):
-        from ..chat_out import ChatCompletionChunkGenerator
         return ChatCompletionChunkGenerator(id, model, request)

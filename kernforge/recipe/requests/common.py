@@ -10,11 +10,15 @@ from typing import Any
 
 import pydantic
 
-from ..conversation import AssistantMessage, Conversation, Message, ToolDefinition
+from ..conversation import (AssistantMessage, Conversation, DataUrlImageSource, Message, ToolDefinition,
+                            UrlImageSource)
+from ..dsml import V4_DSML, V41_DSML
 from ..errors import ConversionError, UnsupportedFeatureError
 from ..options import (ConversationRequest, ConversionOptions, InferenceOptions, ModelVersion,
                        OutputConstraint, ParsingOptions, ReasoningContentBehavior,
                        ThinkingInitialStage)
+
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 # OpenAI effort words mapped onto the model's three budgets; "none" turns thinking off.
 EFFORT_WORDS = {"minimal": "low", "low": "low", "medium": "high", "high": "high",
@@ -161,11 +165,10 @@ def assemble(p: Parts, options: ConversionOptions) -> ConversationRequest:
     constraint = None
     if use_tools:
         kind = "tool_call_required" if choice == "required" else "tool_call"
-        constraint = OutputConstraint(kind, json.dumps([t.to_chat_tool() for t in tools],
-                                                       separators=(",", ":"), ensure_ascii=False))
+        constraint = OutputConstraint(kind, build=lambda: _COMPACT.encode([t.to_chat_tool() for t in tools]))
     elif p.response_format == "json_schema":
-        constraint = OutputConstraint("json", json.dumps(p.response_schema, separators=(",", ":"),
-                                                         ensure_ascii=False))
+        schema = p.response_schema
+        constraint = OutputConstraint("json", build=lambda: _COMPACT.encode(schema))
     elif p.response_format == "json_object":
         constraint = OutputConstraint("json", "")
     elif p.response_format == "regex":
@@ -184,7 +187,6 @@ def assemble(p: Parts, options: ConversionOptions) -> ConversationRequest:
             stage = (ThinkingInitialStage.ReasoningContinuation
                      if not last.content and not last.tool_calls
                      else ThinkingInitialStage.ContentContinuation)
-    from ..dsml import V4_DSML, V41_DSML
     parsing = ParsingOptions(parse_tool_calls=use_tools, starts_in_tool_calls=choice == "required",
                              parse_json_output=False, thinking_initial_stage=stage, stop_sequences=p.stop,
                              special_tokens=options.special_tokens,
@@ -232,7 +234,6 @@ def text_of_parts(parts, where: str, allowed=("text",)) -> str:
 
 def image_source(url: str, detail: str, path: str):
     """An ImageSource for an OpenAI-style image URL (data: URLs carry the bytes inline)."""
-    from ..conversation import DataUrlImageSource, UrlImageSource
     if url.startswith("data:"):
         return DataUrlImageSource(url, detail, path=path)
     if url.startswith(("http://", "https://")):

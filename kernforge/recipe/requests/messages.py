@@ -4,64 +4,71 @@ Thinking blocks become reasoning, tool_use/tool_result blocks become tool calls
 and tool messages, `thinking.type` and `output_config.effort` pick the mode.
 Too-large `max_tokens` is lowered to the configured bound, as deepseek-recipe does.
 """
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-import pydantic
+from typing_extensions import NotRequired, TypedDict
 
-from ..conversation import (AssistantMessage, SystemMessage, ToolCall, ToolDefinition, ToolMessage,
+from ..anthropic_out import MessagesChunkGenerator
+from ..conversation import (AssistantMessage, DataUrlImageSource, UrlImageSource, SystemMessage, ToolCall, ToolDefinition, ToolMessage,
                             UserMessage)
 from ..dsml import dump_json
 from ..errors import ConversionError, UnsupportedFeatureError
 from ..options import ConversionOptions, ConversationRequest, WebSearchBehavior
 from ..tokens import DEFAULT_SPECIAL_TOKENS
-from .common import Parts, Strict, assemble, validate
+from .common import FORBID_EXTRA, Parts, Strict, assemble, validate
 
+IMAGE_TOKEN = DEFAULT_SPECIAL_TOKENS.image
 ANTHROPIC_EFFORTS = {"low": "low", "medium": "high", "high": "high", "xhigh": "xhigh", "max": "max"}
 
 
-class ImageSourceSpec(Strict):
+class ImageSourceSpec(TypedDict):
     type: Literal["base64", "url"]
-    media_type: str | None = None
-    data: str | None = None
-    url: str | None = None
+    media_type: NotRequired[str]
+    data: NotRequired[str]
+    url: NotRequired[str]
 
 
-class Block(pydantic.BaseModel):
-    """Any content block; fields are checked per type in `_blocks`."""
+class Block(TypedDict):
+    """Any content block; which fields a type needs is checked in `_messages`.
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    TypedDicts rather than models: long histories validate several times faster.
+    """
+
     type: str
-    text: str | None = None
-    thinking: str | None = None
-    signature: str | None = None
-    data: str | None = None
-    source: ImageSourceSpec | None = None
-    id: str | None = None
-    name: str | None = None
-    input: Any = None
-    tool_use_id: str | None = None
-    content: str | list["Block"] | None = None
-    is_error: bool | None = None
-    cache_control: dict | None = None
-    citations: list | None = None
+    text: NotRequired[str]
+    thinking: NotRequired[str]
+    signature: NotRequired[str]
+    data: NotRequired[str]
+    source: NotRequired[ImageSourceSpec]
+    id: NotRequired[str]
+    name: NotRequired[str]
+    input: NotRequired[Any]
+    tool_use_id: NotRequired[str]
+    content: NotRequired[str | list["Block"] | None]
+    is_error: NotRequired[bool | None]
+    cache_control: NotRequired[dict | None]
+    citations: NotRequired[list | None]
 
 
-class Message(Strict):
+class Message(TypedDict):
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
 
-class Tool(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+class Tool(TypedDict):
     name: str
-    type: str | None = None
-    description: str | None = None
-    input_schema: dict[str, Any] | None = None
-    cache_control: dict | None = None
-    max_uses: int | None = None
-    allowed_domains: list[str] | None = None
-    blocked_domains: list[str] | None = None
-    user_location: dict | None = None
+    type: NotRequired[str | None]
+    description: NotRequired[str | None]
+    input_schema: NotRequired[dict[str, Any] | None]
+    cache_control: NotRequired[dict | None]
+    max_uses: NotRequired[int | None]
+    allowed_domains: NotRequired[list[str] | None]
+    blocked_domains: NotRequired[list[str] | None]
+    user_location: NotRequired[dict | None]
+
+
+for _td in (ImageSourceSpec, Block, Message, Tool):
+    _td.__pydantic_config__ = FORBID_EXTRA
 
 
 class ToolChoice(Strict):
@@ -98,35 +105,60 @@ class MessagesBody(Strict):
 
 
 def _image(block: Block, path: str):
-    from ..conversation import DataUrlImageSource, UrlImageSource
-    src = block.source
+    src = block.get("source")
     if src is None:
         raise ConversionError(f"{path}: image block needs a source", param=path)
-    if src.type == "base64":
-        if not src.media_type or src.data is None:
+    if src["type"] == "base64":
+        if not src.get("media_type") or src.get("data") is None:
             raise ConversionError(f"{path}: base64 image needs media_type and data", param=path)
-        return DataUrlImageSource(f"data:{src.media_type};base64,{src.data}", "high", path=path)
-    if not src.url:
+        return DataUrlImageSource(f"data:{src['media_type']};base64,{src['data']}", "high", path=path)
+    if not src.get("url"):
         raise ConversionError(f"{path}: url image needs a url", param=path)
-    return UrlImageSource(src.url, "high", path=path)
+    return UrlImageSource(src["url"], "high", path=path)
 
 
 def _tool_result_text(block: Block, path: str):
-    c = block.content
+    c = block.get("content")
     if c is None:
-        return "", []
+        return "", ()
     if isinstance(c, str):
-        return c, []
+        return c, ()
     texts, images = [], []
     for j, sub in enumerate(c):
-        if sub.type == "text":
-            texts.append(sub.text or "")
-        elif sub.type == "image":
+        kind = sub["type"]
+        if kind == "text":
+            texts.append(sub.get("text", ""))
+        elif kind == "image":
             images.append(_image(sub, f"{path}.content[{j}]"))
-            texts.append(DEFAULT_SPECIAL_TOKENS.image)
+            texts.append(IMAGE_TOKEN)
         else:
-            raise UnsupportedFeatureError(f"{path}.content[{j}].type={sub.type}")
+            raise UnsupportedFeatureError(f"{path}.content[{j}].type={kind}")
     return "\n\n".join(texts), images
+
+
+def _assistant(blocks, i: int, options: ConversionOptions) -> AssistantMessage:
+    reasoning, texts, calls = None, [], []
+    for j, blk in enumerate(blocks):
+        kind = blk["type"]
+        if kind == "text":
+            texts.append(blk.get("text", ""))
+        elif kind == "thinking":
+            reasoning = (reasoning or "") + blk.get("thinking", "")
+        elif kind == "tool_use":
+            if not blk.get("id") or not blk.get("name"):
+                path = f"messages[{i}].content[{j}]"
+                raise ConversionError(f"{path}: tool_use needs id and name", param=path)
+            tool_input = blk.get("input")
+            calls.append(ToolCall(blk["id"], blk["name"], dump_json({} if tool_input is None else tool_input)))
+        elif kind == "redacted_thinking":
+            raise UnsupportedFeatureError(f"messages[{i}].content[{j}].type=redacted_thinking",
+                                          "encrypted reasoning cannot be rendered")
+        elif kind in ("server_tool_use", "web_search_tool_result") \
+                and options.messages_web_search is WebSearchBehavior.Drop:
+            continue
+        else:
+            raise UnsupportedFeatureError(f"messages[{i}].content[{j}].type={kind}")
+    return AssistantMessage("".join(texts), reasoning, calls)
 
 
 def _messages(b: MessagesBody, options: ConversionOptions):
@@ -136,51 +168,35 @@ def _messages(b: MessagesBody, options: ConversionOptions):
             out.append(SystemMessage(b.system))
         else:
             for j, blk in enumerate(b.system):
-                if blk.type != "text":
-                    raise UnsupportedFeatureError(f"system[{j}].type={blk.type}")
-            out.append(SystemMessage("\n\n".join(blk.text or "" for blk in b.system)))
+                if blk["type"] != "text":
+                    raise UnsupportedFeatureError(f"system[{j}].type={blk['type']}")
+            out.append(SystemMessage("\n\n".join(blk.get("text", "") for blk in b.system)))
     for i, m in enumerate(b.messages):
-        blocks = [Block(type="text", text=m.content)] if isinstance(m.content, str) else m.content
-        if m.role == "assistant":
-            msg = AssistantMessage("")
-            texts, calls = [], []
-            for j, blk in enumerate(blocks):
-                path = f"messages[{i}].content[{j}]"
-                if blk.type == "thinking":
-                    msg.reasoning_content = (msg.reasoning_content or "") + (blk.thinking or "")
-                elif blk.type == "redacted_thinking":
-                    raise UnsupportedFeatureError(f"{path}.type=redacted_thinking",
-                                                  "encrypted reasoning cannot be rendered")
-                elif blk.type == "text":
-                    texts.append(blk.text or "")
-                elif blk.type == "tool_use":
-                    if not blk.id or not blk.name:
-                        raise ConversionError(f"{path}: tool_use needs id and name", param=path)
-                    calls.append(ToolCall(blk.id, blk.name, dump_json(blk.input if blk.input is not None else {})))
-                elif blk.type in ("server_tool_use", "web_search_tool_result"):
-                    if options.messages_web_search is WebSearchBehavior.Reject:
-                        raise UnsupportedFeatureError(f"{path}.type={blk.type}", "server-side web search")
-                else:
-                    raise UnsupportedFeatureError(f"{path}.type={blk.type}")
-            msg.content = "".join(texts)
-            msg.tool_calls = calls or None
-            out.append(msg)
+        content = m["content"]
+        if m["role"] == "assistant":
+            if isinstance(content, str):
+                out.append(AssistantMessage(content))
+            else:
+                out.append(_assistant(content, i, options))
+            continue
+        if isinstance(content, str):
+            out.append(UserMessage(content))
             continue
         texts, images = [], []
-        for j, blk in enumerate(blocks):
-            path = f"messages[{i}].content[{j}]"
-            if blk.type == "tool_result":
-                text, imgs = _tool_result_text(blk, path)
-                if blk.is_error:
+        for j, blk in enumerate(content):
+            kind = blk["type"]
+            if kind == "tool_result":
+                text, imgs = _tool_result_text(blk, f"messages[{i}].content[{j}]")
+                if blk.get("is_error"):
                     text = "Error: " + text
-                out.append(ToolMessage(text, blk.tool_use_id, imgs))
-            elif blk.type == "text":
-                texts.append(blk.text or "")
-            elif blk.type == "image":
-                images.append(_image(blk, path))
-                texts.append(DEFAULT_SPECIAL_TOKENS.image)
+                out.append(ToolMessage(text, blk.get("tool_use_id"), imgs))
+            elif kind == "text":
+                texts.append(blk.get("text", ""))
+            elif kind == "image":
+                images.append(_image(blk, f"messages[{i}].content[{j}]"))
+                texts.append(IMAGE_TOKEN)
             else:
-                raise UnsupportedFeatureError(f"{path}.type={blk.type}")
+                raise UnsupportedFeatureError(f"messages[{i}].content[{j}].type={kind}")
         if texts:
             out.append(UserMessage("\n\n".join(texts), images))
     # A trailing assistant message is a prefill: the model continues it.
@@ -205,13 +221,14 @@ class MessagesRequest:
             raise UnsupportedFeatureError("top_k")
         tools = []
         for i, t in enumerate(b.tools or ()):
-            if t.type and t.type.startswith("web_search"):
+            kind = t.get("type")
+            if kind and kind.startswith("web_search"):
                 if options.messages_web_search is WebSearchBehavior.Reject:
-                    raise UnsupportedFeatureError(f"tools[{i}].type={t.type}", "server-side web search")
+                    raise UnsupportedFeatureError(f"tools[{i}].type={kind}", "server-side web search")
                 continue
-            if t.type not in (None, "custom"):
-                raise UnsupportedFeatureError(f"tools[{i}].type={t.type}")
-            tools.append(ToolDefinition(t.name, t.description, t.input_schema))
+            if kind not in (None, "custom"):
+                raise UnsupportedFeatureError(f"tools[{i}].type={kind}")
+            tools.append(ToolDefinition(t["name"], t.get("description"), t.get("input_schema")))
         choice, forced = "auto", None
         if b.tool_choice is not None:
             if b.tool_choice.disable_parallel_tool_use:
@@ -235,5 +252,4 @@ class MessagesRequest:
 
     @staticmethod
     def chunk_generator(request: ConversationRequest, id: str, model: str):
-        from ..anthropic_out import MessagesChunkGenerator
         return MessagesChunkGenerator(id, model, request.conversation.thinking_mode)

@@ -12,6 +12,7 @@ from ..conversation import (AssistantMessage, SystemMessage, ToolCall, ToolDefin
                             UserMessage)
 from ..dsml import dump_json
 from ..errors import ConversionError, UnsupportedFeatureError
+from ..responses_out import ResponsesChunkGenerator
 from ..options import ConversionOptions, ConversationRequest, WebSearchBehavior
 from ..tokens import DEFAULT_SPECIAL_TOKENS
 from .common import Parts, Strict, assemble, image_source, map_effort, validate
@@ -297,5 +298,4 @@ class ResponsesRequest:
 
     @staticmethod
     def chunk_generator(request: ConversationRequest, id: str, model: str):
-        from ..responses_out import ResponsesChunkGenerator
         return ResponsesChunkGenerator(id, model, request)

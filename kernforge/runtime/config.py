@@ -38,10 +38,6 @@ def set_app_prefix(prefix: str | None) -> None:
     _app_prefix = prefix
 
 
-def app_prefix() -> str | None:
-    return _app_prefix
-
-
 def _lookup(suffix: str, env) -> tuple[str, str] | None:
     """Return (variable name, value) of the highest-precedence variable set."""
     names = []

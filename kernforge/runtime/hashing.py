@@ -67,11 +67,3 @@ class StatCache:
             with self._lock:
                 self._entries[path] = (sig, value)
         return value
-
-    def forget(self, path: str) -> None:
-        with self._lock:
-            self._entries.pop(path, None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()

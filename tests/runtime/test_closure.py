@@ -74,3 +74,24 @@ def test_build_dir_files_are_excluded(tmp_path):
     build.mkdir()
     (build / "kernel.cpp").write_text("x")
     assert build_closure(["kernel.cpp", str(build / "kernel.cpp")], str(build), Anchors((), ()), StatCache()) == []
+
+
+def test_probe_parser_reads_gcc_and_clang_driver_output():
+    from kernforge.runtime.compilers.cpu import parse_probe
+
+    gcc = ("Target: x86_64-linux-gnu\ngcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n"
+           " /usr/lib/gcc/x86_64-linux-gnu/12/cc1plus -E -quiet -v - -march=znver3 -mavx2 -mno-avx512f "
+           "--param l1-cache-size=32 -mtune=znver3 -O3\n"
+           "#include <...> search starts here:\n /usr/include/c++/12\n /usr/include\nEnd of search list.\n")
+    got = parse_probe(gcc)
+    assert got["version"].startswith("gcc version 12.2.0") and got["target"] == "x86_64-linux-gnu"
+    assert got["machine"] == ["-march=znver3", "-mavx2", "-mno-avx512f", "--param=l1-cache-size=32", "-mtune=znver3"]
+    assert got["search"] == ["/usr/include/c++/12", "/usr/include"]
+    clang = ("Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu\n"
+             ' "/usr/lib/llvm-14/bin/clang" "-cc1" "-triple" "x86_64-pc-linux-gnu" "-E" "-target-cpu" "znver3" '
+             '"-target-feature" "+avx2" "-target-feature" "-avx512f" "-O3"\n'
+             "#include <...> search starts here:\n /usr/lib/llvm-14/lib/clang/14.0.6/include\nEnd of search list.\n")
+    got = parse_probe(clang)
+    assert got["version"] == "Debian clang version 14.0.6"
+    assert got["machine"] == ["-triple=x86_64-pc-linux-gnu", "-target-cpu=znver3", "-target-feature=+avx2",
+                              "-target-feature=-avx512f"]

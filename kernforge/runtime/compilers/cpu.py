@@ -35,7 +35,7 @@ def parse_probe(stderr: str) -> dict:
     target = next((l.split(":", 1)[1].strip() for l in lines if l.startswith("Target:")), "")
     machine: list[str] = []
     for line in lines:
-        tokens = line.split()
+        tokens = [t.strip('"') for t in line.split()]
         if not tokens:
             continue
         if tokens[0].endswith("cc1plus") or tokens[0].endswith("cc1"):
@@ -51,7 +51,7 @@ def parse_probe(stderr: str) -> dict:
         elif "-cc1" in tokens:
             for i, tok in enumerate(tokens[:-1]):
                 if tok in ("-triple", "-target-cpu", "-tune-cpu", "-target-feature", "-target-abi"):
-                    machine.append(f"{tok}={tokens[i + 1].strip(chr(34))}")
+                    machine.append(f"{tok}={tokens[i + 1]}")
     search, inside = [], False
     for line in lines:
         if line.startswith("#include <...> search starts here"):

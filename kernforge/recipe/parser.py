@@ -214,11 +214,11 @@ class OutputParser:
     def _run(self, out, final):
         while self.buf:
             st = self.state
-            if st in (REASONING, CONTENT):
-                if not self._scan_text(out, final):
-                    return
-            elif st == VALUE:
+            if st == VALUE:  # the hot state: long argument values stream through here
                 if not self._scan_value(out, final):
+                    return
+            elif st == REASONING or st == CONTENT:
+                if not self._scan_text(out, final):
                     return
             elif st in (BLOCK, INVOKE):
                 if not self._scan_tag(out, final):
@@ -371,7 +371,9 @@ class OutputParser:
             self.buf = buf[len(buf) - keep:]
             if chunk and target is not None:
                 if self.value_is_string:
-                    self._args(out, encode_basestring(chunk)[1:-1])
+                    text = encode_basestring(chunk)[1:-1]
+                    target.parts.append(text)
+                    out.append(ToolCallDelta(target.index, text))
                 else:
                     self.value_parts.append(chunk)
             return False

@@ -92,10 +92,12 @@ class StreamProcessor:
             self._fingerprint = chunk.system_fingerprint
             self._start(out)
         elif kind == "text":
-            self._start(out)
+            if not self._started:
+                self._start(out)
             self._completion_tokens += chunk.token_count or 0
+            event = self._gen.event
             for ev in self._parser.feed(chunk.content):
-                out.extend(self._gen.event(ev))
+                out += event(ev)
         elif kind == "finish":
             self._start(out)
             self._finish_reason = chunk.finish_reason

@@ -50,6 +50,17 @@ class Linear(nn.Module):
         return nx.linear(x, self.dense_weight(x.dtype))
 
 
+class Embedding(nn.Module):
+    """Token embedding table [vocab, dim]; left uninitialised (weights come from a loader or init.py)."""
+
+    def __init__(self, vocab_size: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, dim))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -72,12 +83,13 @@ def rope_frequencies(rope_dim: int, base: float, yarn_original_len: int = 0, fac
     YaRN applies only when `yarn_original_len` > 0 (compressed layers); there is
     no attention-scale correction in V4.
     """
-    freqs = base ** (-torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim)
+    # Tables are built on the CPU (explicit device), also inside a meta-device context.
+    freqs = base ** (-torch.arange(0, rope_dim, 2, dtype=torch.float64, device="cpu") / rope_dim)
     if yarn_original_len > 0:
         low, high = yarn_correction_range(rope_dim, base, yarn_original_len, beta_fast, beta_slow)
         if low == high:
             high += 0.001
-        ramp = ((torch.arange(rope_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        ramp = ((torch.arange(rope_dim // 2, dtype=torch.float64, device="cpu") - low) / (high - low)).clamp(0, 1)
         freqs = freqs * (1 - ramp) + (freqs / factor) * ramp
     return freqs
 
@@ -95,7 +107,7 @@ class RopeTable(nn.Module):
 
     def __init__(self, rope_dim: int, max_seq_len: int, freqs: torch.Tensor):
         super().__init__()
-        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), freqs)
+        angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64, device=freqs.device), freqs)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
         self.rope_dim = rope_dim

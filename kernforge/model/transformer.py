@@ -20,7 +20,7 @@ from torch import nn
 from kernforge.model import numerics as nx
 from kernforge.model.block import Block, hc_head
 from kernforge.model.config import ModelConfig
-from kernforge.model.primitives import Linear, RMSNorm, RopeTable, rope_frequencies
+from kernforge.model.primitives import Embedding, Linear, RMSNorm, RopeTable, rope_frequencies
 
 
 def rope_tables(config: ModelConfig) -> tuple[RopeTable, RopeTable]:
@@ -66,7 +66,7 @@ class MTPBlock(Block):
         self.hc_head_scale = nn.Parameter(torch.empty(1))
 
     def forward(self, streams: torch.Tensor, start_pos: int, token_ids: torch.Tensor,
-                embed: nn.Embedding) -> torch.Tensor:
+                embed: Embedding) -> torch.Tensor:
         """Final-layer streams [b,s,M,D] and the ids of the NEXT tokens -> MTP output streams."""
         e = self.enorm(embed(token_ids))
         x = self.e_proj(e)[:, :, None] + self.h_proj(self.hnorm(streams))
@@ -80,7 +80,7 @@ class Transformer(nn.Module):
         plain, yarn = rope_tables(c)
         self.rope_plain, self.rope_yarn = plain, yarn
         rope_for = [yarn if r else plain for r in c.compress_ratios]
-        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed = Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(Block(i, c, rope_for[i]) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.head = Linear(c.hidden_size, c.vocab_size)

@@ -28,7 +28,8 @@ import kernforge.dsl as T
 from kernforge.kernels.registry import KernelSpec, Problem, register
 
 
-@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64], num_stages=[1, 2, 3])
+@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64, 128, 256],
+           num_stages=[1, 2, 3])
 def m_grouped_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: int = 64,
                                  block_N: int = 64, block_K: int = 64, num_stages: int = 2,
                                  dtype: str = "bfloat16", out_dtype: str = "bfloat16",

@@ -60,7 +60,7 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     m_indices = _row_experts(grouped_layout, m, groups, use_psum_layout)
     backend = backend or ("cuda" if a.is_cuda else "cpu")
     kernel = _kernel(kernels.m_grouped_gemm_nt_contiguous, backend,
-                     **choose_config(backend, groups, n, k), block_K=64)
+                     **choose_config(backend, groups, n, k))
     kernel(a, b, m_indices, d)
 
 
@@ -87,19 +87,26 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple, b: tuple, d: torch.Tensor,
     m_indices = _row_experts(grouped_layout, m, groups, use_psum_layout)
     backend = backend or ("cuda" if a_data.is_cuda else "cpu")
     kernel = _kernel(kernels.m_grouped_fp8_gemm_nt_contiguous, backend,
-                     **choose_config(backend, groups, n, k))
+                     **choose_config(backend, groups, n, k, fp8=True))
     kernel(a_data, sfa, b_data, sfb, m_indices, d)
 
 
 m_grouped_gemm_fp8_fp8_bf16_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous  # legacy v1 name
 
 
-def choose_config(backend: str, groups: int, n: int, k: int) -> dict:
-    """Tile sizes: ``block_M`` divides the alignment so a tile never spans two experts;
-    GPUs take 128-row tiles when the alignment allows, host backends 64."""
-    want = 128 if backend.startswith("cuda") else 64
-    block_M = next(bm for bm in (want, 64, 32, 16, 8, 4, 2, 1) if bm <= want and _alignment % bm == 0)
-    return dict(num_groups=groups, N=n, K=k, block_M=block_M, block_N=64)
+def choose_config(backend: str, groups: int, n: int, k: int, fp8: bool = False) -> dict:
+    """Tile sizes.  ``block_M`` divides the alignment so a tile never spans two experts
+    (128 rows when the alignment allows).  GPUs use 128x128 output tiles with 64-deep K
+    steps (three stages fit Hopper shared memory); host backends take 128x128 tiles with
+    256-deep K steps, so each call of the packed tile GEMM amortises its packing.  FP8
+    tiles are 128 deep (one scale block) by construction."""
+    gpu = backend.startswith("cuda")
+    block_M = next(bm for bm in (128, 64, 32, 16, 8, 4, 2, 1) if _alignment % bm == 0)
+    cfg = dict(num_groups=groups, N=n, K=k, block_M=block_M, block_N=128,
+               num_stages=3 if gpu else 1)
+    if not fp8:
+        cfg["block_K"] = 64 if gpu else 256
+    return cfg
 
 
 @functools.lru_cache(maxsize=None)

@@ -143,10 +143,12 @@ def choose_config(backend: str, h_q: int, h_kv: int, s_q: int, d: int, dim_v: in
     fill a block of ``block_H``: GPUs want a tensor-core friendly 64; host backends
     gain nothing from padding rows, so they take the exact row count up to 64.
     KV tiles of 32 tokens keep two pipeline stages of a 64-row, d=576 block within
-    Hopper's 227 KB of shared memory (64-token tiles need 241 KB)."""
+    Hopper's 227 KB of shared memory (64-token tiles need 241 KB); host backends take
+    whole 64-token pages (fewer, longer tile GEMMs)."""
     rows = s_q * (h_q // h_kv)
-    block_H = 64 if backend.startswith("cuda") else min(rows, 64)
-    block_N = next(n for n in (32, 16, 8, 4, 2, 1) if page % n == 0)
+    gpu = backend.startswith("cuda")
+    block_H = 64 if gpu else min(rows, 64)
+    block_N = next(n for n in (32 if gpu else 64, 32, 16, 8, 4, 2, 1) if page % n == 0)
     return dict(heads=h_q, heads_kv=h_kv, seq_q=s_q, dim=d, dim_v=dim_v, page_size=page,
                 causal=causal, block_N=block_N, block_H=block_H)
 

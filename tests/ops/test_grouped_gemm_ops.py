@@ -76,6 +76,7 @@ def test_block_m_divides_alignment():
     assert ops.choose_config("cpu", 2, 64, 64)["block_M"] == 16
     ops.set_mk_alignment_for_contiguous_layout(128)
     assert ops.choose_config("cuda", 2, 64, 64)["block_M"] == 128
+    assert "block_K" not in ops.choose_config("cpu", 2, 64, 64, fp8=True)
 
 
 def _bad_layouts():

@@ -75,7 +75,8 @@ def test_config_choice():
     assert mla.choose_config("cuda", 16, 1, 1, 576, 512, 64, False)["block_H"] == 64
     assert mla.choose_config("cpu", 128, 1, 1, 576, 512, 64, False)["block_H"] == 64
     assert mla.choose_config("cpu", 4, 1, 1, 576, 512, 48, False)["block_N"] == 16
-    assert mla.choose_config("cpu", 4, 1, 1, 576, 512, 64, False)["block_N"] == 32
+    assert mla.choose_config("cpu", 4, 1, 1, 576, 512, 64, False)["block_N"] == 64
+    assert mla.choose_config("cuda", 4, 1, 1, 576, 512, 64, False)["block_N"] == 32
 
 
 @pytest.mark.parametrize("mutate, error, match", [

@@ -1,0 +1,298 @@
+"""One script for a machine with an NVIDIA GPU: build, verify and time every library kernel.
+
+For every kernel of ``kernforge.kernels.registry``:
+
+1. build it with the "cuda" backend for each problem size (small, demo, bench),
+2. check the small and demo sizes against the kernel's torch reference on random
+   inputs whose outputs start poisoned (NaN / sentinels; the spec's own tolerance),
+3. time the bench size against its peer in the same run, as a ratio:
+   ``torch.topk`` for top-k; the same attention math in torch (gather, QK^T,
+   softmax, PV) for MLA decode; a per-expert ``torch.matmul`` loop and
+   ``torch._grouped_mm`` for the grouped GEMM (fp8: on operands dequantised
+   to bf16 before timing).
+
+Prints a table, writes JSON (``--out``; default ``$OUT/gpu_check.json`` when
+``$OUT`` is set) and exits nonzero on any mismatch or build failure.
+
+``--dry-run`` needs no GPU: it renders every kernel and compiles it with nvcc
+(no load, no launch) and reports registers, shared memory and spills.
+
+    python benchmarks/gpu_check.py                  # on the GPU machine, < 8 min on an H200
+    python benchmarks/gpu_check.py --dry-run --arch sm_90a --problems small
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+PROBLEMS = ("small", "demo", "bench")
+CHECKED = ("small", "demo")  # the bench size is timed; its float64 reference would take minutes on the host
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dry-run", action="store_true", help="render and compile only (no GPU needed)")
+    p.add_argument("--arch", default=None, help="sm_80 | sm_90a | sm_100a (default: the GPU's, or sm_90a)")
+    p.add_argument("--kernels", default="", help="comma-separated kernel names (default: all)")
+    p.add_argument("--problems", default=",".join(PROBLEMS), help="comma-separated problem labels")
+    p.add_argument("--repeat", type=int, default=20, help="timed launches per measurement")
+    p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="parallel nvcc builds")
+    p.add_argument("--out", default=None, help="JSON output path")
+    return p.parse_args(argv)
+
+
+def selected_specs(names: str) -> dict:
+    from kernforge.kernels import registry
+
+    specs = registry.all_specs()
+    if not names:
+        return specs
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in specs]
+    if unknown:
+        raise SystemExit(f"unknown kernel(s) {unknown}; known: {', '.join(sorted(specs))}")
+    return {n: specs[n] for n in wanted}
+
+
+def out_path(arg) -> str | None:
+    if arg:
+        return arg
+    return os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None
+
+
+# ---------------------------------------------------------------- dry run
+
+
+def dry_run(specs: dict, problems: list[str], arch: str, jobs: int) -> list[dict]:
+    from kernforge.codegen.render import cuda_backend
+
+    work = [(name, label) for name, spec in specs.items() for label in problems if label in spec.problems]
+
+    def one(item):
+        name, label = item
+        spec = specs[name]
+        t = time.perf_counter()
+        row = {"kernel": name, "problem": label, "arch": arch}
+        try:
+            kernel = spec.factory(**spec.problems[label].params).ir
+            row.update(cuda_backend.build_report(kernel, arch))
+            row["status"] = "compiled"
+        except Exception as e:  # reported per row; the exit code says a build failed
+            row["status"] = f"FAILED: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        row["build_s"] = round(time.perf_counter() - t, 2)
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, work))
+
+
+# ---------------------------------------------------------------- GPU run
+
+
+def _time_ms(fn, repeat: int) -> float:
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def topk_peers(spec, inputs, params):
+    import torch
+
+    x, k = inputs[0], params["k"]
+    return {"torch.topk": lambda: torch.topk(x, k, dim=-1)}
+
+
+def mla_peers(spec, inputs, params):
+    """The attention of the decode step in torch: gather the cache, scores, softmax, PV."""
+    import torch
+
+    q, kv = inputs[0], inputs[1]
+    dim_v = params.get("dim_v", 512)
+    b, s_q, h, d = q.shape
+    if "topk" in params:  # sparse: each query row attends to its own index list
+        idx = inputs[2].long().clamp(0, kv.shape[0] - 1)
+        keys = kv[idx.view(b, -1)].view(b, s_q, -1, d)
+
+        def sparse():
+            scores = torch.einsum("bshd,bskd->bshk", q.float(), keys.float()) * inputs[5]
+            return torch.einsum("bshk,bskd->bshd", torch.softmax(scores, dim=-1), keys[..., :dim_v].float())
+        return {"torch attention (gather+softmax)": sparse}
+    table, lens = inputs[2], inputs[3]
+    page = params.get("page_size", 64)
+    max_len = int(lens.max())
+    pos = torch.arange(max_len, device=q.device)
+    pages = kv.numel() // (page * d)
+    tokens = table[:, pos // page].long().clamp(0, pages - 1) * page + pos % page  # [b, L]
+    mask = pos[None, :] < lens[:, None]
+    cache = kv.view(-1, d)
+
+    def dense():
+        keys = cache[tokens]  # [b, L, d]
+        scores = torch.einsum("bshd,bld->bshl", q.float(), keys.float()) * inputs[5]
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+        return torch.einsum("bshl,bld->bshd", torch.softmax(scores, dim=-1), keys[..., :dim_v].float())
+    return {"torch attention (gather+softmax)": dense}
+
+
+def grouped_gemm_peers(spec, inputs, params):
+    import torch
+
+    if "fp8" in spec.tags:  # dequantise once, outside the timed region
+        from kernforge.kernels.grouped_gemm import dequantize
+
+        a = dequantize(inputs[0], inputs[1], (1, 128)).to(inputs[0].device).bfloat16()
+        b = dequantize(inputs[2], inputs[3], (128, 128)).to(inputs[0].device).bfloat16()
+        m_indices = inputs[4]
+    else:
+        a, b, m_indices = inputs[0], inputs[1], inputs[2]
+    idx = m_indices.cpu()
+    segments = []
+    for g in range(b.shape[0]):
+        rows = (idx == g).nonzero().flatten()
+        if rows.numel():
+            segments.append((g, int(rows[0]), int(rows[-1]) + 1))
+    out = torch.empty(a.shape[0], b.shape[1], dtype=torch.bfloat16, device=a.device)
+
+    def loop():
+        for g, s, e in segments:
+            torch.matmul(a[s:e], b[g].T, out=out[s:e])
+
+    peers = {"torch per-expert matmul loop": loop}
+    if hasattr(torch, "_grouped_mm"):
+        ends = torch.tensor([e for _, _, e in segments], dtype=torch.int32, device=a.device)
+        start = segments[0][1] if segments else 0
+        bt = b[[g for g, _, _ in segments]].transpose(1, 2)
+        peers["torch._grouped_mm"] = lambda: torch._grouped_mm(a[start:], bt, offs=ends - start)
+    return peers
+
+
+PEERS = {"topk": topk_peers, "mla_decode": mla_peers, "grouped_gemm": grouped_gemm_peers}
+
+
+def gpu_run(specs: dict, problems: list[str], arch: str | None, repeat: int, jobs: int) -> list[dict]:
+    import torch
+
+    import kernforge
+    from kernforge.codegen.render import cuda_backend
+
+    arch = arch or cuda_backend.device_arch()
+    # build everything first, in parallel: nvcc time dominates a cold run
+    dry_run(specs, problems, arch, jobs)
+    rows = []
+    for name, spec in specs.items():
+        for label in problems:
+            if label not in spec.problems:
+                continue
+            params = spec.problems[label].params
+            row = {"kernel": name, "problem": label, "arch": arch}
+            rows.append(row)
+            try:
+                kernel = kernforge.compile(spec.factory, backend="cuda", arch=arch, **params)
+                inputs = spec.make_inputs(params, 0, "cuda")
+                kernel(*inputs)
+                torch.cuda.synchronize()
+                if label in CHECKED:
+                    expected = spec.reference(inputs, params)
+                    spec.check([inputs[i] for i in spec.outputs], expected, inputs, params)
+                    row["status"] = "verified"
+                else:
+                    outs = [inputs[i] for i in spec.outputs]
+                    row["status"] = "ran (timed only)"
+                    if any(o.is_floating_point() and o.isnan().all() for o in outs):
+                        row["status"] = "FAILED: outputs never written"
+            except AssertionError as e:
+                row["status"] = f"MISMATCH: {str(e)[:300]}"
+                continue
+            except Exception as e:
+                row["status"] = f"FAILED: {type(e).__name__}: {str(e)[:300]}"
+                continue
+            if label != "bench":
+                continue
+            row["kernforge_ms"] = _time_ms(lambda: kernel(*inputs), repeat)
+            peers = {}
+            for peer, fn in PEERS.get(spec.family, lambda s, i, p: {})(spec, inputs, params).items():
+                try:
+                    ms = _time_ms(fn, repeat)
+                    peers[peer] = {"ms": ms, "speedup": ms / row["kernforge_ms"]}
+                except Exception as e:  # a peer the installed torch cannot run is reported, not hidden
+                    peers[peer] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            row["peers"] = peers
+            if spec.flops:
+                row["tflops"] = spec.flops(params) / row["kernforge_ms"] / 1e9
+            if spec.bytes:
+                row["gbps"] = spec.bytes(params) / row["kernforge_ms"] / 1e6
+    return rows
+
+
+# ---------------------------------------------------------------- report
+
+
+def table(rows: list[dict], dry: bool) -> str:
+    if dry:
+        header = ["kernel", "problem", "arch", "status", "regs", "smem", "spills", "build s"]
+        body = [[r["kernel"], r["problem"], r["arch"], r["status"], r.get("registers", "-"),
+                 r.get("shared_bytes", "-"), f"{r.get('spill_stores', '-')}/{r.get('spill_loads', '-')}",
+                 r["build_s"]] for r in rows]
+    else:
+        header = ["kernel", "problem", "status", "kernforge ms", "peer", "peer ms", "peer/kernforge"]
+        body = []
+        for r in rows:
+            peers = r.get("peers") or {"-": {}}
+            for peer, m in peers.items():
+                body.append([r["kernel"], r["problem"], r["status"],
+                             f"{r['kernforge_ms']:.3f}" if "kernforge_ms" in r else "-", peer,
+                             f"{m['ms']:.3f}" if "ms" in m else m.get("error", "-"),
+                             f"{m['speedup']:.2f}x" if "speedup" in m else "-"])
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
+    fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in body])
+
+
+def failed(rows: list[dict]) -> bool:
+    return any(r["status"].startswith(("FAILED", "MISMATCH")) for r in rows)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    specs = selected_specs(args.kernels)
+    problems = [p.strip() for p in args.problems.split(",") if p.strip()]
+    if args.dry_run:
+        rows = dry_run(specs, problems, args.arch or "sm_90a", args.jobs)
+    else:
+        rows = gpu_run(specs, problems, args.arch, args.repeat, args.jobs)
+    print(table(rows, args.dry_run))
+    result = {"mode": "dry-run" if args.dry_run else "gpu", "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+              "command": " ".join(sys.argv), "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
+    if not args.dry_run:
+        import torch
+
+        result["device"] = torch.cuda.get_device_name(0)
+        result["torch"] = torch.__version__
+    path = out_path(args.out)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+        print(f"wrote {path}")
+    return 1 if failed(rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

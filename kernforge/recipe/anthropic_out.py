@@ -47,8 +47,7 @@ class MessagesChunkGenerator:
         msg = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                "stop_reason": None, "stop_sequence": None,
                "usage": _usage(usage.prompt_tokens, usage.prompt_cache_hit_tokens, 0)}
-        return [MessagesStreamEvent({"type": "message_start", "message": msg}),
-                MessagesStreamEvent({"type": "ping"})]
+        return [MessagesStreamEvent({"type": "message_start", "message": msg})]
 
     def _close(self, out):
         if self.open_kind == "thinking":
@@ -59,11 +58,16 @@ class MessagesChunkGenerator:
         self.open_kind = None
 
     def _open(self, out, kind, block):
+        if self.index < 0 and self.thinking_mode and kind != "thinking":
+            # In thinking mode a message always starts with a thinking block, even an empty one.
+            self._open(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
         self._close(out)
         self.index += 1
         self.open_kind = kind
         out.append(MessagesStreamEvent({"type": "content_block_start", "index": self.index,
                                         "content_block": block}))
+        if self.index == 0:  # Anthropic sends its first keep-alive after the first block opens
+            out.append(MessagesStreamEvent({"type": "ping"}))
 
     def _delta(self, delta):
         return MessagesStreamEvent({"type": "content_block_delta", "index": self.index, "delta": delta})
@@ -89,6 +93,8 @@ class MessagesChunkGenerator:
 
     def end(self, reason, completion_tokens, stop_sequence):
         out = []
+        if self.index < 0 and self.thinking_mode:
+            self._open(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
         self._close(out)
         stop_reason = "stop_sequence" if stop_sequence is not None else STOP_REASONS[reason]
         u = self.usage

@@ -238,3 +238,44 @@ def test_stream_results_match_peer(reasoning, content, calls, step, v41):
         raw += "\n\n" + dsml_block(calls, V41_DSML if v41 else V4_DSML)
     peer, ours = _peer_and_ours(raw, step, model)
     assert ours == peer
+
+
+def _event_shape(lib, api, body, raw, step, finish):
+    """Event types in order (runs of equal delta kinds collapsed) and the final text/arguments."""
+    R = getattr(lib, api)
+    req = R(json.loads(json.dumps(body))).convert(lib.ConversionOptions())
+    sp = lib.StreamProcessor(R.chunk_generator(req, "id1", "m"), req.parsing_options)
+    out = sp.push(lib.InferenceChunk.ready())
+    for piece in chunked(raw, step):
+        out += sp.push(lib.InferenceChunk.text(piece, 1))
+    out += sp.push(lib.InferenceChunk.finish(finish))
+    out += sp.finish()
+    shape = []
+    for o in out:
+        d = json.loads(o.to_json())
+        key = (d["type"], d["delta"].get("type") if isinstance(d.get("delta"), dict) else None)
+        if key[0].endswith("delta") and shape and shape[-1] == key:
+            continue
+        shape.append(key)
+    return shape
+
+
+@settings(max_examples=60, deadline=None)
+@given(words, words, st.lists(st.sampled_from([[("city", "Oslo")], [], [("days", 3), ("city", "x")]]), max_size=2),
+       st.integers(1, 9), st.booleans(), st.sampled_from(["ResponsesRequest", "MessagesRequest"]),
+       st.sampled_from(["Stop", "Length"]))
+def test_responses_and_messages_event_sequences_match_peer(reasoning, content, calls, step, thinking, api, fin):
+    assume(not reasoning.rstrip("\n").endswith("<") and not content.rstrip("\n").endswith("<"))
+    raw = (reasoning + "</think>" if thinking else "") + content
+    if calls:
+        raw += "\n\n" + dsml_block([("get_weather", c) for c in calls])
+    if api == "ResponsesRequest":
+        body = {"model": "DeepSeek-V4-Pro", "input": "hi", "reasoning": {"effort": "high" if thinking else "none"},
+                "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]}
+    else:
+        body = {"model": "DeepSeek-V4-Pro", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}],
+                "thinking": {"type": "enabled" if thinking else "disabled"},
+                "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]}
+    ours = _event_shape(K, api, body, raw, step, getattr(K.InferenceFinishReason, fin))
+    peer = _event_shape(P, api, body, raw, step, getattr(P.InferenceFinishReason, fin))
+    assert ours == peer

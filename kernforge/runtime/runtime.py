@@ -74,7 +74,7 @@ class Runtime:
         self._compilers: dict[str, object] = {}
         self._requests: dict[tuple, Request] = {}
         self._memory: dict[tuple, tuple[Module, ClosureWatch]] = {}
-        self._flights: dict[str, threading.Lock] = {}
+        self._flights: dict[str, _Flight] = {}
         self._lock = threading.Lock()
         atexit.register(self.save_counters)
 
@@ -120,11 +120,11 @@ class Runtime:
         module = self._memory_hit(req)
         if module is not None:
             return module
-        with self._flight(req.prekey):
+        with self._flight(req.prekey) as flight:
             module = self._memory_hit(req)
             if module is not None:
                 return module
-            entry, reason = self._obtain(req)
+            entry, reason = flight.run(lambda: self._obtain(req))
             module = _load(entry, reason)
             self._memory[(req.prekey, req.include_dirs)] = (module, ClosureWatch(entry.manifest["closure"], req.anchors))
             return module
@@ -132,8 +132,8 @@ class Runtime:
     def compile_without_load(self, tag, source, *, backend="cpu", options=(), include_dirs=(),
                              dependency_signature="") -> CompileResult:
         req = self.request(tag, source, backend, options, include_dirs, dependency_signature)
-        with self._flight(req.prekey):
-            entry, reason = self._obtain(req)
+        with self._flight(req.prekey) as flight:
+            entry, reason = flight.run(lambda: self._obtain(req))
         return CompileResult(entry.path, entry.manifest, reason)
 
     # -- tiers ----------------------------------------------------------
@@ -144,9 +144,9 @@ class Runtime:
         self.counters.memory_hits += 1
         return found[0]
 
-    def _flight(self, prekey: str) -> threading.Lock:
+    def _flight(self, prekey: str) -> "_Flight":
         with self._lock:
-            return self._flights.setdefault(prekey, threading.Lock())
+            return self._flights.setdefault(prekey, _Flight())
 
     def _find(self, req: Request):
         return find(self.config.cache_dirs, req.tag, req.prekey, req.anchors, self.stats, self.manifests)
@@ -256,6 +256,40 @@ class Runtime:
         finally:
             os.close(fd)
         self.counters = Counters()
+
+
+class _Flight:
+    """Single flight per key: threads that waited on a failing build get its error.
+
+    A caller that arrives after the failure retries (the failure is not cached).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._error: BaseException | None = None
+        self._local = threading.local()
+
+    def __enter__(self) -> "_Flight":
+        self._local.seen = self._generation
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._lock.release()
+
+    def run(self, work):
+        if self._error is not None and self._generation != self._local.seen:
+            raise self._error  # the build we waited for failed
+        try:
+            result = work()
+        except Exception as exc:
+            self._error = exc
+            self._generation += 1
+            raise
+        self._error = None
+        self._generation += 1
+        return result
 
 
 def _validate(tag, source, backend, options, include_dirs, signature) -> None:

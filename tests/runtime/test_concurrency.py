@@ -133,3 +133,26 @@ def test_lock_timeout_names_the_holder(cache_root, monkeypatch):
             runtime.compile("held", THREADS)
         assert time.time() - started < 5
     assert runtime.compile("held", THREADS).miss_reason is not None  # free again once released
+
+
+def test_threads_waiting_on_a_failing_build_share_its_error(wrapper):
+    wrapper.write(sleep_s=0.5)
+    broken = 'extern "C" int kf_broken() { return missing_symbol; }\n'
+    errors = []
+
+    def work():
+        try:
+            runtime.compile("broken", broken)
+        except runtime.CompileError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 4 and wrapper.compiles == 1
+    assert all("missing_symbol" in str(e) for e in errors)
+    with pytest.raises(runtime.CompileError):  # a later call retries rather than reusing the failure
+        runtime.compile("broken", broken)
+    assert wrapper.compiles == 2

@@ -1,0 +1,107 @@
+// Host emulation of TMA tile loads: cp.async.bulk.tensor.<n>d.shared::cluster.global
+// .tile.mbarrier::complete_tx::bytes, and of the tensor map that describes them.
+//
+// Under emulation the 128 opaque bytes of a CUtensorMap hold a TensorMapDesc,
+// written by encode_tensor_map (the host side's stand-in for the driver's
+// cuTensorMapEncodeTiled, with the same argument meaning and checks).
+//
+// A load copies a box of the global tensor, elements outside the tensor read as
+// zero, into shared memory in box order (dimension 0 innermost).  With a
+// swizzle mode the 16-byte chunk index inside each 128/64/32-byte row segment
+// is XORed with bits 7.. of the shared address, exactly as the hardware does
+// (address bits [4:6] ^= [7:9] for 128B; [4:5] ^= [7:8] for 64B; [4] ^= [7]
+// for 32B), which is why the destination must be 1024-byte aligned then.
+// The copy completes on its mbarrier (kf/emu/mbarrier.h): it is performed when
+// a thread waits on that barrier, and its bytes count against expect_tx.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "kf/emu/mbarrier.h"
+#include "sys/cuda.h"
+
+namespace kf_emu {
+
+constexpr uint32_t kTensorMapMagic = 0x4b46544d;  // "KFTM"
+
+struct TensorMapDesc {
+  uint32_t magic, rank, elem_bytes, swizzle_bytes;
+  uint64_t global;
+  uint64_t dims[5];
+  uint64_t strides[5];  // bytes; strides[0] = elem_bytes
+  uint32_t box[5];
+};
+static_assert(sizeof(TensorMapDesc) <= sizeof(CUtensorMap), "tensor map descriptor must fit 128 bytes");
+
+// cuTensorMapEncodeTiled's meaning: dims[rank], global_strides_bytes[rank - 1] for
+// dimensions 1.., box[rank]; swizzle_bytes 0, 32, 64 or 128.  Returns 0 or an error text.
+inline const char* encode_tensor_map(CUtensorMap* out, uint32_t rank, uint32_t elem_bytes, const void* global,
+                                     const uint64_t* dims, const uint64_t* global_strides_bytes,
+                                     const uint32_t* box, uint32_t swizzle_bytes) {
+  if (rank < 1 || rank > 5) return "tensor map rank must be 1..5";
+  if (reinterpret_cast<uintptr_t>(global) % 16) return "tensor map global address must be 16-byte aligned";
+  if (swizzle_bytes != 0 && swizzle_bytes != 32 && swizzle_bytes != 64 && swizzle_bytes != 128)
+    return "swizzle must be 0, 32, 64 or 128 bytes";
+  TensorMapDesc d{};
+  d.magic = kTensorMapMagic;
+  d.rank = rank;
+  d.elem_bytes = elem_bytes;
+  d.swizzle_bytes = swizzle_bytes;
+  d.global = reinterpret_cast<uint64_t>(global);
+  d.strides[0] = elem_bytes;
+  for (uint32_t i = 0; i < rank; ++i) {
+    if (box[i] < 1 || box[i] > 256) return "box extents must be 1..256";
+    d.dims[i] = dims[i];
+    d.box[i] = box[i];
+    if (i > 0) {
+      if (global_strides_bytes[i - 1] % 16) return "global strides must be multiples of 16 bytes";
+      d.strides[i] = global_strides_bytes[i - 1];
+    }
+  }
+  if ((box[0] * elem_bytes) % 16) return "the inner box extent must be a multiple of 16 bytes";
+  if (swizzle_bytes && box[0] * elem_bytes > swizzle_bytes) return "the inner box extent exceeds the swizzle span";
+  std::memset(out, 0, sizeof(CUtensorMap));
+  std::memcpy(out, &d, sizeof d);
+  return nullptr;
+}
+
+inline uint32_t swizzle_addr(uint32_t a, uint32_t swizzle_bytes) {
+  switch (swizzle_bytes) {
+    case 128: return a ^ (((a >> 7) & 7u) << 4);
+    case 64: return a ^ (((a >> 7) & 3u) << 4);
+    case 32: return a ^ (((a >> 7) & 1u) << 4);
+    default: return a;
+  }
+}
+
+inline void tma_load(void* dst, const CUtensorMap* map, const int32_t* coords, const void* bar) {
+  TensorMapDesc d;
+  std::memcpy(&d, map, sizeof d);
+  if (d.magic != kTensorMapMagic) fail("cp.async.bulk.tensor: tensor map was not encoded by kf_emu::encode_tensor_map");
+  const uint32_t base = smem_addr(dst);
+  if (base % (d.swizzle_bytes ? 1024u : 128u))
+    fail("cp.async.bulk.tensor: shared destination must be 128-byte aligned (1024 with a swizzle)");
+  int64_t count = 1;
+  for (uint32_t i = 0; i < d.rank; ++i) count *= d.box[i];
+  const int64_t bytes = count * d.elem_bytes;
+  if (base + bytes > smem_size()) fail("cp.async.bulk.tensor: box does not fit in shared memory");
+  int32_t c[5] = {0, 0, 0, 0, 0};
+  for (uint32_t i = 0; i < d.rank; ++i) c[i] = coords[i];
+  mbarrier_attach_copy(bar, [d, c, base, count] {
+    for (int64_t e = 0; e < count; ++e) {
+      int64_t rem = e, offset = 0;
+      bool inside = true;
+      for (uint32_t i = 0; i < d.rank; ++i) {
+        const int64_t g = int64_t(c[i]) + rem % d.box[i];
+        rem /= d.box[i];
+        inside = inside && g >= 0 && g < int64_t(d.dims[i]);
+        offset += g * int64_t(d.strides[i]);
+      }
+      char* out = smem_base() + swizzle_addr(base + uint32_t(e * d.elem_bytes), d.swizzle_bytes);
+      if (inside) std::memcpy(out, reinterpret_cast<const char*>(d.global) + offset, d.elem_bytes);
+      else std::memset(out, 0, d.elem_bytes);
+    }
+  }, bytes);
+}
+
+}  // namespace kf_emu

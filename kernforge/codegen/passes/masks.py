@@ -82,6 +82,10 @@ class _Lower(ir.Mutator):
             self.table[v] = (0, e - 1)
         return vs
 
+    def visit(self, node):
+        # only statements change; expressions (shared DAGs) are returned untouched
+        return node if isinstance(node, ir.Expr) else super().visit(node)
+
     def visit_Parallel(self, s: ir.Parallel) -> ir.Stmt:
         self.inside_parallel = True
         try:

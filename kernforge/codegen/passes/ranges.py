@@ -24,7 +24,7 @@ def var_ranges(kernel: ir.Kernel) -> dict[ir.Var, Range]:
     for v, g in zip(kernel.block_vars, kernel.grid):
         hi = expr_range(g, table)[1]
         table[v] = (0, None if hi is None else hi - 1)
-    for node in ir.walk(kernel.body):
+    for node in statements(kernel.body):
         if isinstance(node, ir.Parallel):
             for v, e in zip(node.vars, node.extents):
                 table[v] = (0, e - 1)
@@ -33,6 +33,14 @@ def var_ranges(kernel: ir.Kernel) -> dict[ir.Var, Range]:
             end = expr_range(ir.binary(ir.Op.ADD, node.start, node.extent), table)[1]
             table[node.var] = (lo, None if end is None else end - 1)
     return table
+
+
+def statements(s: ir.Stmt):
+    """Every statement under ``s`` in program order (expressions are not entered)."""
+    yield s
+    for c in ir.children(s):
+        if isinstance(c, ir.Stmt):
+            yield from statements(c)
 
 
 def nonneg_vars(kernel: ir.Kernel) -> frozenset:

@@ -44,11 +44,17 @@ def _const(e: ir.Expr) -> Optional[int]:
     return e.value if isinstance(e, ir.Const) and _exact(e) else None
 
 
-def _size(e: ir.Expr) -> int:
-    return sum(1 for n in ir.walk(e) if isinstance(n, ir.Binary))
+def _size(e: ir.Expr, memo: dict) -> int:
+    """Binary nodes in ``e`` counted as a tree (what the printer emits), memoised by identity."""
+    found = memo.get(id(e))
+    if found is None:
+        found = (1 if isinstance(e, ir.Binary) else 0) + sum(
+            _size(c, memo) for c in ir.children(e) if isinstance(c, ir.Expr))
+        memo[id(e)] = found
+    return found
 
 
-def _canonical_sum(e: ir.Binary) -> ir.Expr:
+def _canonical_sum(e: ir.Binary, memo: dict) -> ir.Expr:
     """Rewrite a sum/difference as ``x*a + y*b + c`` (terms in first-use order) when
     that is smaller: ``(i + 3) + 4`` -> ``i + 7``, ``2 + (n - 2)`` -> ``n``.  Only
     when every term already has the sum's dtype, so no cast is dropped or added."""
@@ -71,7 +77,7 @@ def _canonical_sum(e: ir.Binary) -> ir.Expr:
         out = ir.const(c, e.dtype)
     elif c:
         out = ir.Binary(ir.Op.ADD if c > 0 else ir.Op.SUB, out, ir.const(abs(c), e.dtype), e.dtype)
-    return out if _size(out) < _size(e) else e
+    return out if _size(out, {}) < _size(e, memo) else e
 
 
 def _as(e: ir.Expr, dt: dtypes.DType) -> ir.Expr:
@@ -79,6 +85,22 @@ def _as(e: ir.Expr, dt: dtypes.DType) -> ir.Expr:
 
 
 class _Simplify(ir.Mutator):
+    """Expressions are DAGs (the tracer shares subexpressions), so results are
+    memoised by identity: each shared node is simplified once and stays shared."""
+
+    def __init__(self):
+        self.done: dict[int, tuple] = {}
+        self.sizes: dict[int, int] = {}
+
+    def visit(self, node):
+        if not isinstance(node, ir.Expr):
+            return super().visit(node)
+        hit = self.done.get(id(node))
+        if hit is None:
+            hit = (node, super().visit(node))  # holding `node` keeps its id unique
+            self.done[id(node)] = hit
+        return hit[1]
+
     def visit_Binary(self, e: ir.Binary):
         e = self.generic(e)
         a, b = e.a, e.b
@@ -114,7 +136,7 @@ class _Simplify(ir.Mutator):
         if e.op == ir.Op.MOD and cb == 1:
             return ir.const(0, e.dtype)
         if e.op in (ir.Op.ADD, ir.Op.SUB):
-            return _canonical_sum(e)
+            return _canonical_sum(e, self.sizes)
         return e
 
     def visit_Select(self, e: ir.Select):

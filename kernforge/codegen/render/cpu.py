@@ -29,6 +29,7 @@ from kernforge import dtypes
 from kernforge.codegen import ir
 from kernforge.codegen.passes import (buffer_bytes, lower_copies, nonneg_vars, plan_memory, run_pipeline,
                                       simplify, simplify_expr)
+from kernforge.codegen.passes.ranges import statements
 from kernforge.codegen.render.base import CRenderer
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -78,12 +79,15 @@ class CpuRenderer(CRenderer):
         return run_pipeline(kernel, self.pipeline, dump)
 
     def render_kernel(self, kernel: ir.Kernel, dump=None) -> str:
-        k = self.lower(kernel, dump)
+        return self.render_lowered(self.lower(kernel, dump))
+
+    def render_lowered(self, k: ir.Kernel) -> str:
+        """Source for a kernel that has already been through :attr:`pipeline`."""
         self.names = NameTable.for_kernel(k)
         self.nonneg_vars = nonneg_vars(k)
         self.plan = plan_memory(k, self.in_arena)
         self.scratch: list[str] = []
-        written = {n.buffer for n in ir.walk(k.body) if isinstance(n, (ir.Store, ir.Atomic))}
+        written = {n.buffer for n in statements(k.body) if isinstance(n, (ir.Store, ir.Atomic))}
         body: list[str] = []
         self.stmt(k.body, body, 0)
         rank = len(k.grid)
@@ -157,7 +161,7 @@ class CpuRenderer(CRenderer):
         out.append(pad + "}")
 
     def stmt_Parallel(self, s: ir.Parallel, out, pad, depth):
-        simd = all(isinstance(n, (ir.Seq, ir.If, ir.Store)) for n in ir.walk(s.body) if isinstance(n, ir.Stmt))
+        simd = all(isinstance(n, (ir.Seq, ir.If, ir.Store)) for n in statements(s.body))
         for level, (v, e) in enumerate(zip(s.vars, s.extents)):
             p = "  " * (depth + level)
             if simd and level == len(s.vars) - 1:
@@ -277,9 +281,18 @@ class NameTable:
     @classmethod
     def for_kernel(cls, kernel: ir.Kernel) -> "NameTable":
         table = cls()
-        for node in list(kernel.params) + list(kernel.symbols) + list(kernel.block_vars) + list(ir.walk(kernel.body)):
-            if isinstance(node, (ir.Var, ir.Buffer)):
-                table.add(node)
+        for node in list(kernel.params) + list(kernel.symbols) + list(kernel.block_vars):
+            table.add(node)
+        seen, stack = set(), [kernel.body]
+        while stack:  # each node once: expressions are shared DAGs
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if isinstance(n, (ir.Var, ir.Buffer)):
+                table.add(n)
+            if not isinstance(n, ir.Buffer):
+                stack.extend(reversed(list(ir.children(n))))
         return table
 
     def add(self, node) -> None:

@@ -106,6 +106,21 @@ def scan_and_total(W=48, block_M=4, threads=64):
     return kf_test_scan
 
 
+def block_scans(n=300, threads=96, dtype="int32"):
+    """1-D shared scans, forward and reverse, done by the whole block."""
+    @T.prim_func
+    def kf_test_block_scans(X: T.Tensor((n,), dtype), F: T.Tensor((n,), dtype), R: T.Tensor((n,), dtype)):
+        with T.Kernel(1, threads=threads) as bx:
+            a = T.alloc_shared((n,), dtype)
+            b = T.alloc_shared((n,), dtype)
+            T.copy(X[0], a)
+            T.cumsum(a, b, reverse=True)
+            T.cumsum(a)
+            T.copy(a, F[0])
+            T.copy(b, R[0])
+    return kf_test_block_scans
+
+
 def _bf16(*shape):
     return torch.randn(*shape).bfloat16()
 
@@ -168,3 +183,16 @@ def test_scan_edges_block_scalars_and_atomics(emu):
     # rows past M in the last block read as 0 and add nothing
     assert total.item() == int(x.sum())
     assert torch.equal(first, x[:, 0] * 2 - 1)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_block_scans_forward_and_reverse(emu, dtype):
+    torch.manual_seed(5)
+    n = 300
+    k = kernforge.compile(block_scans(n=n, dtype=dtype), backend="cuda-emu", arch="sm_80")
+    x = torch.randint(-9, 10, (n,)).to(getattr(torch, dtype))
+    f = torch.full((n,), -5).to(x.dtype)
+    r = torch.full((n,), -5).to(x.dtype)
+    k(x, f, r)
+    assert torch.equal(f, x.cumsum(0).to(x.dtype))
+    assert torch.equal(r, x.flip(0).cumsum(0).flip(0).to(x.dtype))

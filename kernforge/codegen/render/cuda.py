@@ -121,6 +121,7 @@ class CudaRenderer(CRenderer):
         self.smem_offsets: dict[ir.Buffer, int] = {}
         self.smem_bytes = 0
         self.scratch_offset = -1
+        self.scan_scratch_offset = -1
         self.counter = 0
         self.nonneg_vars = set(kernel.block_vars) | set(kernel.symbols)
 
@@ -224,6 +225,9 @@ class CudaRenderer(CRenderer):
         if scratch:
             self.scratch_offset = off
             off += -(-scratch * 4 // SMEM_ALIGN) * SMEM_ALIGN
+        if any(isinstance(c, ir.Cumsum) and cuda_ops.block_scan_ok(self, c) for c in nodes(self.k.body)):
+            self.scan_scratch_offset = off
+            off += 32 * 8
         self.smem_bytes = off
         if off > self.arch.max_smem:
             raise CudaRenderError(f"kernel {self.k.name} needs {off} bytes of shared memory; {self.arch.name} "
@@ -259,6 +263,8 @@ class CudaRenderer(CRenderer):
                       f"reinterpret_cast<{self.ctype(b.dtype)}*>(kf_smem + {off});")
         if self.scratch_offset >= 0:
             self.emit(f"float* const kf_scratch = reinterpret_cast<float*>(kf_smem + {self.scratch_offset});")
+        if self.scan_scratch_offset >= 0:
+            self.emit(f"unsigned char* const kf_scan_scratch = kf_smem + {self.scan_scratch_offset};")
 
     def render(self) -> CudaProgram:
         self.allocate_smem()

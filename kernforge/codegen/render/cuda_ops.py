@@ -647,8 +647,23 @@ def _serial_nest(R, vars_, shape, body: ir.Stmt) -> None:
     R.stmt(body)
 
 
+def block_scan_ok(R, c: ir.Cumsum) -> bool:
+    """A 1-D scan of a shared array in a 32/64-bit type: the whole block scans it (kf::block_inclusive_scan)."""
+    return (c.src.ndim == 1 and R.is_smem(c.src) and R.is_smem(c.dst) and c.src.dtype == c.dst.dtype
+            and not c.src.dtype.is_low_precision and not c.src.dtype.is_bool and c.src.dtype.itemsize >= 4
+            and R.k.threads % 32 == 0)
+
+
 def render_cumsum(R, c: ir.Cumsum) -> None:
-    """Inclusive scan: one thread per line, sequentially (lines are short: histograms, ranks)."""
+    """Inclusive scan: the whole block for a 1-D shared array, else one thread per line."""
+    if not R.in_parallel and block_scan_ok(R, c):
+        R.before(True, True)
+        ct = R.ctype(c.src.dtype)
+        R.emit(f"kf::block_inclusive_scan<{R.k.threads}>({R.buffer_name(c.src)}, {R.buffer_name(c.dst)}, "
+               f"{c.src.static_shape()[0]}, {'true' if c.reverse else 'false'}, "
+               f"reinterpret_cast<{ct}*>(kf_scan_scratch));")
+        R.pend_w = R.pend_r = False
+        return
     shape = c.src.static_shape()
     ext = shape[c.dim]
     lines = [e for d, e in enumerate(shape) if d != c.dim] or [1]

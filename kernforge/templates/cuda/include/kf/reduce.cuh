@@ -45,4 +45,36 @@ template <typename T> KF_DEVICE T warp_inclusive_scan(T v) {
   return v;
 }
 
+// Inclusive scan (prefix sums; suffix sums with `reverse`) of n elements of shared `src` into
+// shared `dst` (which may be `src`), by all THREADS threads of the block: each thread scans a
+// contiguous chunk, the chunk totals are scanned across lanes and then across warps through
+// `scratch` (32 elements of shared memory), and each chunk is rewritten with its offset.
+// Every thread of the block must call it (it contains __syncthreads()); it ends with one.
+template <int THREADS, typename T>
+KF_DEVICE void block_inclusive_scan(const T* src, T* dst, int n, bool reverse, T* scratch) {
+  constexpr int WARPS = THREADS / 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int per = (n + THREADS - 1) / THREADS;
+  const int lo = tid * per < n ? tid * per : n;
+  const int hi = lo + per < n ? lo + per : n;
+  T run = T(0);
+  for (int i = lo; i < hi; ++i) run = run + src[reverse ? n - 1 - i : i];
+  const T incl = warp_inclusive_scan(run);
+  if (lane == 31) scratch[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    T w = lane < WARPS ? scratch[lane] : T(0);
+    w = warp_inclusive_scan(w);
+    if (lane < WARPS) scratch[lane] = w;
+  }
+  __syncthreads();
+  T prefix = incl - run + (warp > 0 ? scratch[warp - 1] : T(0));
+  for (int i = lo; i < hi; ++i) {
+    const int j = reverse ? n - 1 - i : i;
+    prefix = prefix + src[j];
+    dst[j] = prefix;
+  }
+  __syncthreads();
+}
+
 }  // namespace kf

@@ -1,0 +1,57 @@
+"""The CUDA launch glue without a GPU: what reaches cuLaunchKernelEx, in which order and kinds."""
+from __future__ import annotations
+
+import torch
+
+import kernforge.dsl as T
+from kernforge.codegen.render import cuda_backend
+from kernforge.codegen.render.cuda import render_cuda
+
+
+class _RecordingFunction:
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, values, **config):
+        self.calls.append((list(values), config))
+
+
+def _kernel():
+    M = T.symbolic("M")
+
+    @T.prim_func
+    def k(X: T.Tensor((M, 8), "bfloat16"), n: T.int32, flag: T.bool_, s: T.float32, Y: T.Tensor((M, 8), "float32")):
+        with T.Kernel(T.ceildiv(M, 4), threads=64) as bx:
+            S = T.alloc_shared((64 * 1024 // 4,), "float32")
+            for i, j in T.Parallel(4, 8):
+                if (bx * 4 + i < M) & flag:
+                    S[i * 8 + j] = X[bx * 4 + i, j] * s + n
+                    Y[bx * 4 + i, j] = S[i * 8 + j]
+    return k.ir
+
+
+def test_launcher_passes_pointers_scalars_then_symbols_with_the_ir_sized_smem():
+    kernel = _kernel()
+    program = render_cuda(kernel, "sm_90a")
+    fn = _RecordingFunction()
+    launch = cuda_backend.CudaLauncher(kernel, program, fn)
+    x, y = torch.randn(10, 8).bfloat16(), torch.empty(10, 8)
+    launch([x, 3, True, 0.5, y], [10], [3])
+    (values, config), = fn.calls
+    assert values == [x.data_ptr(), 3, 1, 0.5, y.data_ptr(), 10]
+    assert config == {"grid": (3,), "block": (64,), "smem_bytes": program.dynamic_smem}
+    assert program.dynamic_smem > 48 * 1024  # the runtime raises the limit with cuFuncSetAttribute
+
+
+def test_argument_kinds_follow_the_abi_types():
+    program = render_cuda(_kernel(), "sm_90a")
+    kinds = [("ptr" if t.endswith("*") else cuda_backend._ARG_KIND[t]) for _, t in program.params]
+    assert kinds == ["ptr", "i32", "i32", "f32", "ptr", "i64"]
+
+
+def test_an_empty_grid_launches_nothing():
+    kernel = _kernel()
+    fn = _RecordingFunction()
+    cuda_backend.CudaLauncher(kernel, render_cuda(kernel, "sm_80"), fn)(
+        [torch.empty(0, 8).bfloat16(), 1, False, 1.0, torch.empty(0, 8)], [0], [0])
+    assert fn.calls == []

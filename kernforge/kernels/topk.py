@@ -44,7 +44,7 @@ _KEY_DTYPE = {"float32": "uint32", "bfloat16": "uint16"}
 #: radix digits (shift, width) of the ordered key, most significant first.  The
 #: first digit covers sign, exponent and two mantissa bits, so it already splits
 #: a row's largest values finely (an 8-bit top digit would see only the exponent).
-_DIGITS = {"float32": ((21, 11), (10, 11), (0, 10)), "bfloat16": ((5, 11), (0, 5))}
+_DIGITS = {"float32": ((21, 11), (13, 8), (5, 8), (0, 5)), "bfloat16": ((5, 11), (0, 5))}
 
 
 def _ordered_key(v, kdt, bits: int):
@@ -73,7 +73,7 @@ def _next_pow2(n: int) -> int:
     return p
 
 
-@T.tunable(tile=[1024, 2048, 4096], group=[16, 32, 64], slack=[1024, 2048, 4096],
+@T.tunable(tile=[512, 1024, 2048], group=[8, 16, 32], slack=[1024, 2048, 4096],
            compaction=["group_serial", "tile_scan"])
 def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                 sorted_values: bool = False, return_value: bool = True, tile: int = 2048,
@@ -138,6 +138,8 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
             ntiles = T.alloc_var("int32", (length + (tile - 1)) // tile)
             if serial:
                 sub_key = T.alloc_shared((cap,), kdt)
+                hot = T.alloc_shared((ngroups,), "int32")
+                nhot = T.alloc_var("int32", 0)
                 nsub = T.alloc_var("int32", 0)
                 kept = T.alloc_var("int32", 0)
                 equal = T.alloc_var("int32", 0)
@@ -237,13 +239,17 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                                  _ordered_key(xt[g * group + j], kdt, bits), T.cast(0, kdt))
                     T.reduce_max(keys, gmax, dim=1)
                     if serial:
-                        # branch-free append: always write, advance only past survivors
+                        # list the groups holding survivors, then append from those only;
+                        # both loops are branch-free (always write, advance on a hit)
+                        nhot = 0
                         for g in T.serial(ngroups):
-                            if gmax[g] > thr:
-                                for j in T.serial(group):
-                                    cand_key[cnt] = keys[g, j]
-                                    cand_idx[cnt] = t * tile + g * group + j
-                                    cnt = cnt + T.cast(keys[g, j] > thr, "int32")
+                            hot[nhot] = g
+                            nhot = nhot + T.cast(gmax[g] > thr, "int32")
+                        for h in T.serial(nhot):
+                            for j in T.serial(group):
+                                cand_key[cnt] = keys[hot[h], j]
+                                cand_idx[cnt] = t * tile + hot[h] * group + j
+                                cnt = cnt + T.cast(keys[hot[h], j] > thr, "int32")
                     else:
                         for g, j in T.Parallel(ngroups, group):
                             flags[g, j] = T.where(keys[g, j] > thr, 1, 0)

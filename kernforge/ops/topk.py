@@ -123,12 +123,19 @@ _COMPACTION = {"interp": "tile_scan", "cpu": "group_serial", "cuda": "tile_scan"
 
 def kernel_params(backend: str, k: int, dtype: str, index_dtype: str, sorted_values: bool,
                   return_value: bool) -> dict:
-    """The kernel parameters this op uses for one call (shared with the benchmarks)."""
-    small = backend == "interp"
-    return dict(k=k, dtype=dtype, index_dtype=index_dtype, sorted_values=sorted_values,
-                return_value=return_value, tile=256 if small else 2048,
-                group=32, slack=256 if small else 2048,
-                compaction=_COMPACTION.get(backend, "tile_scan"))
+    """The kernel parameters this op uses for one call (shared with the benchmarks).
+
+    CPU: 1024-element tiles in groups of 8 (a survivor-free group costs one vector
+    compare) and a buffer slack of ``max(1024, 2k)``, measured best on
+    ``benchmarks/bench_topk.py``; the interpreter gets small tiles (its cost is per
+    statement); GPUs scan whole 2048-element tiles."""
+    common = dict(k=k, dtype=dtype, index_dtype=index_dtype, sorted_values=sorted_values,
+                  return_value=return_value, compaction=_COMPACTION.get(backend, "tile_scan"))
+    if backend == "interp":
+        return dict(common, tile=256, group=32, slack=256)
+    if backend == "cpu":
+        return dict(common, tile=1024, group=8, slack=max(1024, 2 * k))
+    return dict(common, tile=2048, group=32, slack=max(2048, k))
 
 
 @functools.lru_cache(maxsize=None)

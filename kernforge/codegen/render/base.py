@@ -144,7 +144,9 @@ class CRenderer:
         if isinstance(e, ir.Cast):
             return self.cast(e.a, e.dtype)
         if isinstance(e, ir.Bitcast):
-            return f"kf_bitcast<{self.ctype(e.dtype)}>({self.expr(e.a)})"
+            # the operand is cast to its own type first: C promotes narrow integer
+            # arithmetic (uint16 ^ uint16) to int, which has the wrong width
+            return f"kf_bitcast<{self.ctype(e.dtype)}>(static_cast<{self.ctype(e.a.dtype)}>({self.expr(e.a)}))"
         if isinstance(e, ir.Select):
             return f"({self.expr(e.cond)} ? {self.cast_to(e.a, e.dtype)} : {self.cast_to(e.b, e.dtype)})"
         if isinstance(e, ir.Unary):

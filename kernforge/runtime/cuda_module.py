@@ -68,14 +68,15 @@ class CudaModule(Module):
 
     def __init__(self, entry_dir, manifest, miss_reason):
         super().__init__(entry_dir, manifest, miss_reason)
+        # Read now: the driver loads lazily, and the entry may be evicted meanwhile.
+        with open(self.binary_path, "rb") as f:
+            self._image = f.read()
         self._handle = None
 
     def _module_handle(self):
         if self._handle is None:
             _ensure_context()
-            with open(self.binary_path, "rb") as f:
-                image = f.read()
-            self._handle = _check(_driver().cuModuleLoadData(image), f"cuModuleLoadData({self.binary_path})")
+            self._handle = _check(_driver().cuModuleLoadData(self._image), f"cuModuleLoadData({self.binary_path})")
         return self._handle
 
     def _function(self, name, signature):

@@ -125,7 +125,14 @@ class Runtime:
             if module is not None:
                 return module
             entry, reason = flight.run(lambda: self._obtain(req))
-            module = _load(entry, reason)
+            try:
+                module = _load(entry, reason)
+            except (LoadError, FileNotFoundError):
+                if os.path.exists(entry.path):
+                    raise
+                # `cache gc` removed the entry between lookup and load: look again.
+                entry, reason = flight.run(lambda: self._obtain(req))
+                module = _load(entry, reason)
             self._memory[(req.prekey, req.include_dirs)] = (module, ClosureWatch(entry.manifest["closure"], req.anchors))
             return module
 

@@ -95,3 +95,25 @@ def test_register_adds_cache_subcommand():
     assert args.handler is cli.handle and args.max_size == "1G"
     with pytest.raises(SystemExit):
         parser.parse_args(["cache", "explode"])
+
+
+def test_entry_evicted_between_lookup_and_load_is_looked_up_again(cache_root, monkeypatch):
+    from kernforge.runtime import runtime as runtime_impl
+    from kernforge.runtime.publish import quarantine
+
+    source = 'extern "C" int kf_evicted() { return 5; }\n'
+    built = runtime.compile_without_load("evicted", source)
+    runtime.reset()
+    real_load = runtime_impl._load
+    calls = []
+
+    def load_after_gc(entry, reason):
+        if not calls:
+            quarantine(entry.path, str(cache_root))  # what `cache gc` does to an old entry
+        calls.append(entry.path)
+        return real_load(entry, reason)
+
+    monkeypatch.setattr(runtime_impl, "_load", load_after_gc)
+    module = runtime.compile("evicted", source)
+    assert module.key == built.key and len(calls) == 2
+    assert module.get_function("kf_evicted", argtypes=(), restype="i32")() == 5

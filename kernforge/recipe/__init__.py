@@ -17,7 +17,7 @@ from .errors import (ConversionError, ImageError, RecipeError, StreamStateError,
 from .options import (ConversationRequest, ConversionOptions, InferenceOptions, ModelVersion,
                       OutputConstraint, ParsingOptions, ReasoningContentBehavior,
                       ThinkingInitialStage, WebSearchBehavior)
-from .parser import OutputParser, ParseIssue
+from .parser import OutputParser, ParsedOutput, ParsedToolCall, ParseIssue, parse_output
 from .rendering import RenderedPrompt
 from .requests import ChatCompletionRequest, MessagesRequest, ResponsesRequest
 from .responses_out import ResponsesChunkGenerator, ResponsesResponse, ResponsesStreamEvent
@@ -31,10 +31,10 @@ __all__ = [
     "DeepseekV4Encoding", "DeveloperMessage", "ImageError", "ImageSource", "InferenceChunk",
     "InferenceFinishReason", "InferenceOptions", "LatestReminderMessage", "Message",
     "MessagesChunkGenerator", "MessagesRequest", "MessagesResponse", "MessagesStreamEvent",
-    "ModelVersion", "OutputConstraint", "OutputParser", "ParseIssue", "ParsingOptions", "PromptUsage",
+    "ModelVersion", "OutputConstraint", "OutputParser", "ParsedOutput", "ParsedToolCall", "ParseIssue", "ParsingOptions", "PromptUsage",
     "ReasoningContentBehavior", "RecipeError", "RenderedPrompt", "ResponsesChunkGenerator",
     "ResponsesRequest", "ResponsesResponse", "ResponsesStreamEvent", "SpecialToken", "SpecialTokens",
     "StreamProcessor", "StreamStateError", "SystemMessage", "ThinkingInitialStage", "ToolCall",
     "ToolDefinition", "ToolMessage", "UnsupportedFeatureError", "UrlImageSource", "UserMessage",
-    "WebSearchBehavior",
+    "WebSearchBehavior", "parse_output",
 ]

@@ -18,7 +18,8 @@ from .errors import ImageError
 PATCH = 14
 POOL = 3
 MIN_PATCHES = 39 * 39
-MAX_PATCHES = {"high": 93 * 93, "original": 93 * 93, "auto": 93 * 93, "low": 39 * 39}
+MAX_PATCHES = {"high": 96 * 96, "original": 96 * 96, "auto": 96 * 96, "low": 39 * 39}
+MAX_TOKENS = 1024  # deepseek-recipe keeps grids up to this many tokens and refits larger ones
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,11 @@ def target_size(width: int, height: int, detail: str) -> tuple[int, int]:
         scale = math.sqrt(max_patches / patches)
     pw = max(1, round(width * scale / PATCH))
     ph = max(1, round(height * scale / PATCH))
-    while pw * ph > max(max_patches, MIN_PATCHES) * 1.05 and (pw > 1 or ph > 1):
+    def tokens(a, b):
+        return math.ceil(b / POOL) * (math.ceil(a / POOL) + 1) + 2
+
+    while (pw * ph > max(max_patches, MIN_PATCHES) * 1.05 or tokens(pw, ph) > MAX_TOKENS) \
+            and (pw > 1 or ph > 1):
         if pw >= ph:
             pw -= 1
         else:

@@ -395,3 +395,40 @@ class OutputParser:
                 self._args(out, text)
         self.state = INVOKE
         return True
+
+
+@dataclass
+class ParsedToolCall:
+    id: str
+    name: str
+    arguments: str
+    valid: bool
+
+
+@dataclass
+class ParsedOutput:
+    """The whole-text parse of one completion."""
+
+    reasoning: str | None
+    content: str
+    tool_calls: list[ParsedToolCall]
+    issues: list[ParseIssue]
+    stop_sequence: str | None
+
+    @property
+    def finish_reason(self) -> str:
+        """`tool_calls` when a well-formed call was made, else `stop` (length comes from the backend)."""
+        return "tool_calls" if any(c.valid for c in self.tool_calls) else "stop"
+
+
+def parse_output(text: str, options: ParsingOptions) -> ParsedOutput:
+    """Parse a complete model output; the same machine as streaming, fed once."""
+    parser = OutputParser(options)
+    events = parser.feed(text) + parser.finish()
+    reasoning = [e.text for e in events if type(e) is ReasoningDelta]
+    content = "".join(e.text for e in events if type(e) is ContentDelta)
+    calls = [ParsedToolCall(c.id, c.name, "".join(c.parts), c.valid) for c in parser.calls]
+    in_thinking = options.thinking_initial_stage is not None and \
+        options.thinking_initial_stage.starts_in_reasoning() and not options.starts_in_tool_calls
+    return ParsedOutput("".join(reasoning) if in_thinking else None, content, calls, list(parser.issues),
+                        parser.stop_sequence)

@@ -72,3 +72,17 @@ def masked_copy(BM=16, BN=32):
             T.copy(F, B[by * BM, bx * BN])
 
     return main
+
+
+def scaled_shift(n=200, block=64):
+    """y = bf16(x * alpha) + shift, with scalar parameters narrower than 32 bits
+    (the CUDA ABI widens them; the host entry must pass them the same way)."""
+
+    @T.prim_func
+    def main(x: T.Tensor((n,), "bfloat16"), y: T.Tensor((n,), "float32"), alpha: T.bfloat16, shift: T.int16):
+        with T.Kernel(T.ceildiv(n, block), threads=64) as bx:
+            for i in T.Parallel(block):
+                if bx * block + i < n:
+                    y[bx * block + i] = T.cast(T.cast(x[bx * block + i] * alpha, "bfloat16"), "float32") + T.cast(shift, "float32")
+
+    return main

@@ -11,7 +11,7 @@ import pytest
 
 import kernforge
 
-from .dsl_kernels import gemm, masked_copy, row_stats
+from .dsl_kernels import gemm, masked_copy, row_stats, scaled_shift
 
 BF16 = ml_dtypes.bfloat16
 
@@ -72,3 +72,16 @@ def test_masked_copy_symbolic_shapes(rng):
         ref_k(A, want)
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(got, A + 1)
+
+
+def test_narrow_scalar_parameters(rng):
+    x = rng.standard_normal(200).astype(BF16)
+    alpha, shift = 1.7, -3
+    k = kernforge.compile(scaled_shift(), backend="cuda-emu", arch="sm_80")
+    got = np.full(200, np.nan, np.float32)
+    k(x, got, alpha, shift)
+    want = np.full(200, np.nan, np.float32)
+    kernforge.compile(scaled_shift(), backend="interp")(x, want, alpha, shift)
+    np.testing.assert_array_equal(got, want)
+    exact = (x.astype(np.float32) * np.float32(BF16(alpha))).astype(BF16).astype(np.float32) + shift
+    np.testing.assert_array_equal(got, exact)

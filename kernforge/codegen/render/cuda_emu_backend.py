@@ -31,6 +31,7 @@ import numpy as np
 
 from kernforge import dtypes
 from kernforge.codegen import ir
+from kernforge.codegen.render.base import CRenderer
 from kernforge.jit import backend as backends
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "cuda"
@@ -164,20 +165,33 @@ def host_params(kernel: ir.Kernel, program) -> list[HostParam]:
     return out
 
 
+# numpy storage of a scalar parameter by the C type the renderer gave it (narrow
+# scalars travel widened, e.g. bf16 as float, int16 as int32: the kernel converts).
+_SCALAR_NP = {"int32_t": np.int32, "uint32_t": np.uint32, "int64_t": np.int64, "uint64_t": np.uint64,
+              "float": np.float32, "double": np.float64, "int8_t": np.int8, "uint8_t": np.uint8,
+              "int16_t": np.int16, "uint16_t": np.uint16, "bool": np.bool_}
+
+
 class EmuLauncher:
     """The Launcher contract (kernforge.jit.backend) over an :class:`EmulatedKernel`."""
 
-    def __init__(self, kernel: ir.Kernel, emulated: EmulatedKernel):
+    def __init__(self, kernel: ir.Kernel, emulated: EmulatedKernel, params: Sequence[HostParam]):
         self.kernel = kernel
         self.emulated = emulated
+        self.scalar_np = {}
+        for p, hp in zip(kernel.params, params):
+            if not isinstance(p, ir.Buffer):
+                np_type = _SCALAR_NP.get(hp.ctype)
+                if np_type is None and hp.ctype == CRenderer.type_map.get(p.dtype):
+                    np_type = p.dtype.np_dtype  # passed in its own type (kf_bf16, kf_half, ...)
+                if np_type is None:
+                    raise ValueError(f"cuda-emu: no host storage for scalar {p.name} of C type {hp.ctype}")
+                self.scalar_np[p.name] = np_type
 
     def __call__(self, args: Sequence, dims: Sequence[int], grid: Sequence[int]) -> None:
         packed = []
         for p, a in zip(self.kernel.params, args):
-            if isinstance(p, ir.Buffer):
-                packed.append(a)
-            else:
-                packed.append(np.array(a, dtype=p.dtype.np_dtype))
+            packed.append(a if isinstance(p, ir.Buffer) else np.array(a, dtype=self.scalar_np[p.name]))
         self.emulated(packed, dims, grid)
 
 
@@ -201,7 +215,7 @@ class CudaEmuBackend:
     def build(self, kernel: ir.Kernel, arch: Optional[str] = None) -> EmuLauncher:
         program, source, arch = self._render(kernel, arch)
         module = EmulatedModule(f"emu_{kernel.name}_{arch}", source, dynamic_smem=program.dynamic_smem, arch=arch)
-        return EmuLauncher(kernel, module.kernel(kernel.name))
+        return EmuLauncher(kernel, module.kernel(kernel.name), host_params(kernel, program))
 
 
 backends.register("cuda-emu", CudaEmuBackend)

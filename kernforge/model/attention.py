@@ -25,25 +25,43 @@ from kernforge.model.primitives import Linear, RMSNorm, RopeTable, rms_normalize
 from kernforge.model.quant import fake_quant_fp8
 
 
-def sparse_attention(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor,
+def sparse_attention(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]], sink: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """o = sum_j p_j v_j with p_j = e^{l_j} / (sum e^{l} + e^{sink_h}), l_j = q.v_j * scale.
 
-    q [b, s, h, d]; kv [b, s, c, d] (key = value); valid [b, s, c]; sink [h].
-    The sink logit is not scaled; it only enlarges the denominator.
+    q [b, s, h, d]; sink [h]. The candidates come in parts (kv, valid): kv is
+    [b, s, c, d] (per query) or [b, c, d] (shared by every query), key = value;
+    valid broadcasts to [b, s, c]. The sink logit is not scaled; it only
+    enlarges the denominator. Invalid candidates get probability 0.
     """
-    if nx.is_deterministic():
-        logits = nx.tree_sum(q[:, :, :, None, :] * kv[:, :, None], dim=-1) * scale
-    else:
-        logits = torch.einsum("bshd,bscd->bshc", q, kv) * scale
-    logits = logits.masked_fill(~valid[:, :, None], float("-inf"))
+    logits = torch.cat([_scores(q, kv).masked_fill(~valid[:, :, None], float("-inf")) for kv, valid in parts],
+                       dim=-1) * scale
     sink = sink.to(q.dtype)[None, None, :, None]
     top = torch.maximum(logits.amax(-1, keepdim=True), sink)
     e = nx.exp(logits - top)
     p = e / (nx.tree_sum(e, -1, keepdim=True) + nx.exp(sink - top))
+    outs, start = [], 0
+    for kv, _ in parts:
+        count = kv.shape[-2]
+        outs.append(_weighted(p[..., start:start + count], kv))
+        start += count
+    return nx.sum_terms(outs)
+
+
+def _scores(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """q.kv for each head and candidate -> [b, s, h, c]."""
     if nx.is_deterministic():
-        return nx.tree_sum(p[..., None] * kv[:, :, None], dim=3)
-    return torch.einsum("bshc,bscd->bshd", p, kv)
+        kv = kv[:, :, None] if kv.dim() == 4 else kv[:, None, None]
+        return nx.tree_sum(q[:, :, :, None, :] * kv, dim=-1)
+    return torch.einsum("bshd,bscd->bshc" if kv.dim() == 4 else "bshd,bcd->bshc", q, kv)
+
+
+def _weighted(p: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+    """sum_c p[b, s, h, c] kv[..., c, :] -> [b, s, h, d]."""
+    if nx.is_deterministic():
+        kv = kv[:, :, None] if kv.dim() == 4 else kv[:, None, None]
+        return nx.tree_sum(p[..., None] * kv, dim=3)
+    return torch.einsum("bshc,bscd->bshd" if kv.dim() == 4 else "bshc,bcd->bshd", p, kv)
 
 
 class Attention(nn.Module):
@@ -93,20 +111,18 @@ class Attention(nn.Module):
         kv = self.rope.rotate(self.kv_norm(self.wkv(x)), positions)
         if self.fake_quant:  # QAT: the nope dims are stored as FP8, the rope dims stay exact
             kv = torch.cat([fake_quant_fp8(kv[..., :-self.rope_dim]), kv[..., -self.rope_dim:]], dim=-1)
-        cand_kv, valid = self._window_candidates(kv, start_pos)
+        parts = [self._window_candidates(kv, start_pos)]
         if self.compressor is not None:
             picks = self.indexer(x, qr, start_pos) if self.indexer is not None else None
             self.compressor(x, start_pos)
-            comp_kv, comp_valid = self._compressed_candidates(picks, positions, b)
-            cand_kv = torch.cat([cand_kv, comp_kv.to(x.dtype)], dim=2)
-            valid = torch.cat([valid, comp_valid], dim=2)
+            parts.append(self._compressed_candidates(picks, positions, b))
         self._write_ring(kv, start_pos)
-        o = sparse_attention(q, cand_kv, valid, self.attn_sink, self.head_dim ** -0.5)
+        o = sparse_attention(q, parts, self.attn_sink, self.head_dim ** -0.5)
         o = self.rope.rotate(o, positions, inverse=True)
         return self.wo_b(self._grouped_wo_a(o))
 
     def _window_candidates(self, kv: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """[b, s, W, d] window KV for each new query, oldest first, and its validity."""
+        """[b, s, W, d] window KV for each new query, oldest first, and its validity [1, s, W]."""
         b, s, _ = kv.shape
         w = self.window
         back = min(start_pos, w - 1)  # earlier positions that still fall in some window
@@ -117,20 +133,19 @@ class Attention(nn.Module):
         seq_ok = torch.cat([old_ok, torch.ones(s, dtype=torch.bool, device=kv.device)])
         idx = back + torch.arange(s, device=kv.device)[:, None] - (w - 1) + torch.arange(w, device=kv.device)
         ok = (idx >= 0) & seq_ok[idx.clamp(min=0)]
-        return seq_kv[:, idx.clamp(min=0)], ok[None].expand(b, s, w)
+        return seq_kv[:, idx.clamp(min=0)], ok[None]
 
     def _compressed_candidates(self, picks: torch.Tensor | None, positions: torch.Tensor,
                                b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        cache = self.compressor.kv_cache[:b]  # [b, n_max, d]
-        if picks is None:  # every entry slot; entry k is visible once token k*r+r-1 is in
-            n_max = cache.shape[1]
-            k = torch.arange(n_max, device=cache.device)
-            ok = (k[None, :] < ((positions + 1) // self.compress_ratio)[:, None])[None].expand(b, -1, -1)
-            return cache[:, None].expand(-1, positions.shape[0], -1, -1), ok
-        ok = picks >= 0
+        """Ratio 4: the indexer's picks per query. Other ratios: every entry slot, shared by all
+        queries; entry k is visible once token k*r+r-1 is in."""
+        cache = self.compressor.kv_cache[:b].to(self.attn_sink.dtype)  # [b, n_max, d]
+        if picks is None:
+            k = torch.arange(cache.shape[1], device=cache.device)
+            return cache, (k[None, :] < ((positions + 1) // self.compress_ratio)[:, None])[None]
         gathered = torch.gather(cache[:, None].expand(-1, picks.shape[1], -1, -1), 2,
                                 picks.clamp(min=0)[..., None].expand(-1, -1, -1, cache.shape[-1]))
-        return gathered, ok
+        return gathered, picks >= 0
 
     def _write_ring(self, kv: torch.Tensor, start_pos: int) -> None:
         b, s, _ = kv.shape

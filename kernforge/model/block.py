@@ -51,14 +51,14 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.T
 def weighted_streams(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """sum_j w[b,s,j] X[b,s,j,:]."""
     if nx.is_deterministic():
-        return nx.tree_sum(w[..., None] * x, dim=2)
-    return torch.einsum("bsj,bsjd->bsd", w, x)
+        return nx.sum_terms([w[:, :, j, None] * x[:, :, j] for j in range(x.shape[2])])
+    return torch.matmul(w[:, :, None, :], x).squeeze(2)
 
 
 def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """X'_k = post_k y + sum_j comb[j, k] X_j."""
+    """X'_k = post_k y + sum_j comb[j, k] X_j (comb rows are sources, columns destinations)."""
     if nx.is_deterministic():
-        mixed = nx.tree_sum(comb[..., None] * x[:, :, :, None, :], dim=2)  # sum over sources j
+        mixed = nx.sum_terms([comb[:, :, j, :, None] * x[:, :, j, None, :] for j in range(x.shape[2])])
     else:
         mixed = torch.einsum("bsjk,bsjd->bskd", comb, x)
     return post[..., None] * y[:, :, None, :] + mixed

@@ -68,6 +68,14 @@ def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Ten
     return out if keepdim else out.squeeze(dim)
 
 
+def sum_terms(terms: list[torch.Tensor]) -> torch.Tensor:
+    """Pairwise sum of a short list of same-shape tensors, in a fixed order."""
+    while len(terms) > 1:
+        pairs = [terms[i] + terms[i + 1] for i in range(0, len(terms) - 1, 2)]
+        terms = pairs + ([terms[-1]] if len(terms) % 2 else [])
+    return terms[0]
+
+
 def mean(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
     return tree_sum(x, dim, keepdim) / x.shape[dim]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernforge.model import random_model, tiny
+from kernforge.model import deterministic, random_model, tiny
 from kernforge.model.attention import sparse_attention
 from kernforge.model.block import hc_post, hc_pre, sinkhorn
 from kernforge.model.primitives import hadamard
@@ -100,17 +100,21 @@ def test_indexer_picks_the_top_scores(model):
             assert set(got[got >= 0].tolist()) == want and int((got >= 0).sum()) == len(want)
 
 
-def test_sparse_attention_with_sink_matches_loop():
+@pytest.mark.parametrize("det", [False, True])
+def test_sparse_attention_with_sink_matches_loop(det):
     g = torch.Generator().manual_seed(7)
     q = torch.randn(2, 3, 4, 8, dtype=torch.float64, generator=g)
-    kv = torch.randn(2, 3, 6, 8, dtype=torch.float64, generator=g)
-    valid = torch.rand(2, 3, 6, generator=g) > 0.4
-    valid[..., 0] = True
+    per_query = torch.randn(2, 3, 6, 8, dtype=torch.float64, generator=g)  # [b, s, c, d]
+    shared = torch.randn(2, 5, 8, dtype=torch.float64, generator=g)  # [b, c, d], same for every query
+    valid_q = torch.rand(2, 3, 6, generator=g) > 0.4
+    valid_q[..., 0] = True
+    valid_s = torch.rand(1, 3, 5, generator=g) > 0.5
     sink = torch.randn(4, dtype=torch.float64, generator=g)
-    got = sparse_attention(q, kv, valid, sink, 0.3)
+    with deterministic(det):
+        got = sparse_attention(q, [(per_query, valid_q), (shared, valid_s)], sink, 0.3)
     for b in range(2):
         for s in range(3):
-            v = kv[b, s, valid[b, s]]
+            v = torch.cat([per_query[b, s, valid_q[b, s]], shared[b, valid_s[0, s]]])
             for h in range(4):
                 e = torch.exp(v @ q[b, s, h] * 0.3)
                 p = e / (e.sum() + torch.exp(sink[h]))

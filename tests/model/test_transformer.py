@@ -81,6 +81,7 @@ def test_deterministic_logits_do_not_depend_on_batch_composition():
     assert torch.equal(flagged(target), alone)
 
 
+@pytest.mark.slow
 def test_capacity_batch_8_by_1024_tokens():
     model = random_model(tiny(), seed=7)
     ids = tokens(8, 1024, 11)

@@ -28,7 +28,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     gc.add_argument("--max-size", help="cap, e.g. 5G (default KERNFORGE_JIT_CACHE_SIZE_LIMIT or 10G)")
     gc.add_argument("--tmp-age", type=float, default=86400.0,
                     help="remove other hosts' build dirs older than this many seconds (default 1 day)")
-    parser.set_defaults(handler=handle)
+    parser.set_defaults(func=handle)
     return parser
 
 
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kernforge")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.handler(args)
+    return args.func(args)
 
 
 if __name__ == "__main__":

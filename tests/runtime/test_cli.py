@@ -92,7 +92,7 @@ def test_register_adds_cache_subcommand():
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["cache", "gc", "--max-size", "1G"])
-    assert args.handler is cli.handle and args.max_size == "1G"
+    assert args.func is cli.handle and args.max_size == "1G"
     with pytest.raises(SystemExit):
         parser.parse_args(["cache", "explode"])
 

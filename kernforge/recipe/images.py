@@ -59,18 +59,14 @@ def target_size(width: int, height: int, detail: str) -> tuple[int, int]:
         scale = math.sqrt(MIN_PATCHES / patches)
     elif patches > max_patches:
         scale = math.sqrt(max_patches / patches)
-    pw = max(1, round(width * scale / PATCH))
-    ph = max(1, round(height * scale / PATCH))
-    def tokens(a, b):
-        return math.ceil(b / POOL) * (math.ceil(a / POOL) + 1) + 2
-
-    while (pw * ph > max(max_patches, MIN_PATCHES) * 1.05 or tokens(pw, ph) > MAX_TOKENS) \
-            and (pw > 1 or ph > 1):
-        if pw >= ph:
-            pw -= 1
-        else:
-            ph -= 1
-    return pw * PATCH, ph * PATCH
+    limit = max(max_patches, MIN_PATCHES) * 1.05
+    while True:  # shrink both sides together until the grid fits the patch and token budgets
+        pw = max(1, round(width * scale / PATCH))
+        ph = max(1, round(height * scale / PATCH))
+        tokens = math.ceil(ph / POOL) * (math.ceil(pw / POOL) + 1) + 2
+        if (pw * ph <= limit and tokens <= MAX_TOKENS) or pw == ph == 1:
+            return pw * PATCH, ph * PATCH
+        scale *= 0.98
 
 
 def decode_data_url(url: str) -> bytes:

@@ -34,7 +34,7 @@ def test_target_size_is_patch_aligned_bounded_and_keeps_aspect(w, h, detail):
     assert patches <= max(I.MAX_PATCHES[detail], I.MIN_PATCHES) * 1.05
     if min(w, h) * 40 >= max(w, h):  # not a sliver: aspect kept up to patch rounding
         assert abs((th / tw) / (h / w) - 1) <= I.PATCH / min(tw, th) + 0.02
-        assert patches >= I.MIN_PATCHES * 0.9
+        assert patches >= I.MIN_PATCHES * 0.85  # rounding to whole patches may undershoot a little
     assert I.image_token_count(tw, th) <= I.MAX_TOKENS
 
 

@@ -47,15 +47,17 @@ def quantize_fp4(w: np.ndarray):
 
 
 def write_official_checkpoint(dense: dict[str, torch.Tensor], folder: Path, prefix: str = "",
-                              scale_suffix: str = "scale", shards: int = 2) -> dict[str, torch.Tensor]:
+                              scale_suffix: str = "scale", shards: int = 2,
+                              fp4_experts: bool = True) -> dict[str, torch.Tensor]:
     """Quantize `dense` (model-named float tensors) into shards; return what loading must give."""
     stored, expected = {}, {}
     for name, t in dense.items():
         arr = t.detach().float().numpy()
-        if FP8.search(name) or FP4.search(name):
-            q, scale, deq = (quantize_fp8 if FP8.search(name) else quantize_fp4)(arr)
+        fp8 = bool(FP8.search(name)) or (not fp4_experts and bool(FP4.search(name)))
+        if fp8 or FP4.search(name):
+            q, scale, deq = (quantize_fp8 if fp8 else quantize_fp4)(arr)
             base = name[: -len(".weight")]
-            stored[name] = torch.from_numpy(q.view(np.uint8)).view(torch.float8_e4m3fn) if FP8.search(name) \
+            stored[name] = torch.from_numpy(q.view(np.uint8)).view(torch.float8_e4m3fn) if fp8 \
                 else torch.from_numpy(q)
             stored[f"{base}.{scale_suffix}"] = torch.from_numpy(scale).view(torch.float8_e8m0fnu)
             expected[name] = torch.from_numpy(deq)

@@ -72,6 +72,17 @@ def test_v3_era_spellings_load_the_same(tmp_path):
         assert torch.equal(model.state_dict()[name].to(value.dtype), value)
 
 
+def test_fp8_experts_when_expert_dtype_is_none(tmp_path):
+    cfg = tiny(expert_dtype=None)
+    expected = write_official_checkpoint(random_model(cfg, seed=25).state_dict(), tmp_path, fp4_experts=False)
+    model = load_checkpoint(Transformer(cfg), tmp_path, keep_quantized=True)
+    w1 = model.layers[2].ffn.experts[3].w1
+    assert w1.format == "fp8" and w1.scale.shape == (1, 2)
+    assert torch.equal(w1.dense_weight(), expected["layers.2.ffn.experts.3.w1.weight"])
+    with pytest.raises(TypeError, match="int8"):  # an FP8 expert checkpoint is not an FP4 one
+        load_checkpoint(Transformer(tiny()), tmp_path)
+
+
 def _single_file(checkpoint, tmp_path, edit):
     folder, _ = checkpoint
     tensors = {}

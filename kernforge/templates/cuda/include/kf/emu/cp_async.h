@@ -10,8 +10,6 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-#include <deque>
-#include <vector>
 
 #include "kf/emu/shared.h"
 
@@ -22,11 +20,12 @@ struct PendingCopy {
   const void* src;
   int src_bytes;
   int total_bytes;
+  uint64_t group;  // commit-group number (the open group is `committed`)
 };
 
 struct CpAsyncState {
-  std::vector<PendingCopy> open;               // the current, uncommitted group
-  std::deque<std::vector<PendingCopy>> groups;  // committed, oldest first
+  Vec<PendingCopy> copies;  // issue order
+  uint64_t committed = 0;   // groups committed so far
 };
 static thread_local CpAsyncState g_cp_async;
 
@@ -38,30 +37,32 @@ inline void perform(const PendingCopy& c) {
 inline void cp_async(void* dst, const void* src, int cp_size, int src_bytes) {
   if (!is_shared(dst)) fail("cp.async: destination is not in shared memory");
   if (smem_addr(dst) % unsigned(cp_size)) fail("cp.async: destination is not aligned to the copy size");
-  if (src_bytes < 0 || src_bytes > cp_size) fail("cp.async: src-size " + std::to_string(src_bytes) + " outside 0.." + std::to_string(cp_size));
+  if (src_bytes < 0 || src_bytes > cp_size) fail("cp.async: src-size %d outside 0..%d", src_bytes, cp_size);
   if (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % unsigned(cp_size)) fail("cp.async: source is not aligned to the copy size");
   if (src_bytes > 0 && is_shared(src)) fail("cp.async: source is in shared memory, expected global");
-  g_cp_async.open.push_back(PendingCopy{dst, src, src_bytes, cp_size});
+  g_cp_async.copies.push(PendingCopy{dst, src, src_bytes, cp_size, g_cp_async.committed});
 }
 
-inline void cp_async_commit() {
-  g_cp_async.groups.push_back(std::move(g_cp_async.open));
-  g_cp_async.open.clear();
-}
+inline void cp_async_commit() { g_cp_async.committed += 1; }
 
+// Performs every copy of the committed groups but the newest n, oldest first.
 inline void cp_async_wait(int n) {
-  auto& groups = g_cp_async.groups;
-  while (int(groups.size()) > n) {
-    for (const PendingCopy& c : groups.front()) perform(c);
-    groups.pop_front();
-  }
+  CpAsyncState& s = g_cp_async;
+  if (s.committed < uint64_t(n)) return;
+  const uint64_t limit = s.committed - uint64_t(n);  // groups [0, limit) complete
+  for (size_t i = 0; i < s.copies.size(); ++i)
+    if (s.copies[i].group < limit) perform(s.copies[i]);
+  s.copies.retain([limit](const PendingCopy& c) { return c.group >= limit; });
 }
 
 inline void cp_async_finish_thread() {
   cp_async_commit();
   cp_async_wait(0);
 }
-inline void cp_async_reset() { g_cp_async = CpAsyncState{}; }
+inline void cp_async_reset() {
+  g_cp_async.copies.clear();
+  g_cp_async.committed = 0;
+}
 static RegisterHook cp_async_finish_hook(hooks().thread_finish, cp_async_finish_thread);
 static RegisterHook cp_async_reset_hook(hooks().thread_start, cp_async_reset);
 

@@ -5,12 +5,13 @@
 // concurrent threads of a block -- and blocks, when more than one runs -- race
 // exactly as they would on the GPU; float atomics are CAS loops, as on sm_80.
 #pragma once
-#include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <thread>
+#include <type_traits>
+
+#include "runtime.h"
+#include "types.h"
 
 // ---- math ---------------------------------------------------------------------------
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
@@ -108,13 +109,14 @@ template <class T> inline void __stcg(T* p, T v) { *p = v; }
 template <class T> inline void __stcs(T* p, T v) { *p = v; }
 template <class T> inline void __stwb(T* p, T v) { *p = v; }
 template <class T> inline void __stwt(T* p, T v) { *p = v; }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline long long clock64() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline long long clock64() { return kf_emu::now_ns(); }
+inline void __nanosleep(unsigned ns) {
+  timespec ts{0, long(ns)};
+  nanosleep(&ts, nullptr);
 }
-inline void __nanosleep(unsigned ns) { std::this_thread::sleep_for(std::chrono::nanoseconds(ns)); }
 inline void __trap() { kf_emu::fail("__trap() called by the kernel"); }
 inline void __brkpt() { kf_emu::fail("__brkpt() called by the kernel"); }
 #define __builtin_assume(x) ((void)0)

@@ -21,17 +21,17 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <mutex>
-#include <vector>
 
 #include "kf/emu/shared.h"
 
 namespace kf_emu {
 
+// An asynchronous copy waiting on its barrier: `perform(payload)` moves the bytes
+// (and zero-fills / swizzles, for TMA).
 struct BulkCopy {
-  std::function<void()> perform;  // moves the bytes (and zero-fills / swizzles, for TMA)
+  void (*perform)(const unsigned char* payload);
   int64_t bytes;
+  unsigned char payload[192];
 };
 
 struct Mbarrier {
@@ -39,20 +39,22 @@ struct Mbarrier {
   uint32_t expected = 0, pending = 0;
   int64_t tx = 0;
   uint32_t phase = 0;  // completed phases
-  std::vector<BulkCopy> copies;
+  Vec<BulkCopy>* copies = nullptr;
 };
 
+constexpr int kMaxMbarriers = 64;
 struct MbarrierTable {
-  std::mutex mu;
-  std::vector<Mbarrier> bars;
+  Mutex mu;
+  Mbarrier bars[kMaxMbarriers];
+  int n = 0;
   std::atomic<uint32_t> epoch{0};  // bumped on every phase completion; waiters sleep on it
 };
 static MbarrierTable g_mbarriers;
 
 inline Mbarrier& find_locked(uint32_t addr, const char* op) {
-  for (Mbarrier& b : g_mbarriers.bars)
-    if (b.addr == addr) return b;
-  fail(std::string(op) + ": mbarrier at shared address " + std::to_string(addr) + " was never initialised");
+  for (int i = 0; i < g_mbarriers.n; ++i)
+    if (g_mbarriers.bars[i].addr == addr) return g_mbarriers.bars[i];
+  fail("%s: mbarrier at shared address %u was never initialised", op, addr);
 }
 
 inline void complete_if_done_locked(Mbarrier& b) {
@@ -68,32 +70,34 @@ inline void mbarrier_init(const void* bar, uint32_t count) {
   if (count == 0 || count > (1u << 20)) fail("mbarrier.init: count must be in 1..2^20");
   const uint32_t addr = smem_addr(bar);
   if (addr % 8) fail("mbarrier.init: barrier object is not 8-byte aligned");
-  std::lock_guard<std::mutex> g(g_mbarriers.mu);
-  for (Mbarrier& b : g_mbarriers.bars)
-    if (b.addr == addr) {
-      b = Mbarrier{};
-      b.addr = addr;
-      b.expected = b.pending = count;
-      return;
-    }
-  Mbarrier b;
-  b.addr = addr;
-  b.expected = b.pending = count;
-  g_mbarriers.bars.push_back(std::move(b));
+  Lock g(g_mbarriers.mu);
+  Mbarrier* b = nullptr;
+  for (int i = 0; i < g_mbarriers.n && !b; ++i)
+    if (g_mbarriers.bars[i].addr == addr) b = &g_mbarriers.bars[i];
+  if (!b) {
+    if (g_mbarriers.n == kMaxMbarriers) fail("mbarrier.init: more than %d mbarriers in one block", kMaxMbarriers);
+    b = &g_mbarriers.bars[g_mbarriers.n++];
+    if (!b->copies) b->copies = new Vec<BulkCopy>;  // slots and their queues are reused by later blocks
+  }
+  b->addr = addr;
+  b->expected = b->pending = count;
+  b->tx = 0;
+  b->phase = 0;
+  b->copies->clear();
 }
 
 inline void mbarrier_expect_tx(const void* bar, uint32_t bytes) {
-  std::lock_guard<std::mutex> g(g_mbarriers.mu);
+  Lock g(g_mbarriers.mu);
   find_locked(smem_addr(bar), "mbarrier.expect_tx").tx += bytes;
 }
 
 // Returns the state token (the phase the arrival belongs to).
 inline uint64_t mbarrier_arrive(const void* bar, uint32_t count = 1, uint32_t tx_bytes = 0) {
-  std::lock_guard<std::mutex> g(g_mbarriers.mu);
+  Lock g(g_mbarriers.mu);
   Mbarrier& b = find_locked(smem_addr(bar), "mbarrier.arrive");
   if (count > b.pending)
-    fail("mbarrier.arrive: " + std::to_string(count) + " arrivals on a phase with only " + std::to_string(b.pending) +
-         " pending (more arrivals than the count it was initialised with)");
+    fail("mbarrier.arrive: %u arrivals on a phase with only %u pending (more arrivals than the count it was "
+         "initialised with)", count, b.pending);
   const uint64_t token = b.phase;
   b.tx += tx_bytes;
   b.pending -= count;
@@ -102,26 +106,33 @@ inline uint64_t mbarrier_arrive(const void* bar, uint32_t count = 1, uint32_t tx
 }
 
 inline void mbarrier_complete_tx(const void* bar, uint32_t bytes) {
-  std::lock_guard<std::mutex> g(g_mbarriers.mu);
+  Lock g(g_mbarriers.mu);
   Mbarrier& b = find_locked(smem_addr(bar), "mbarrier.complete_tx");
   b.tx -= bytes;
   complete_if_done_locked(b);
 }
 
 // Attaches an asynchronous copy of `bytes` to the barrier (performed on a wait).
-inline void mbarrier_attach_copy(const void* bar, std::function<void()> perform, int64_t bytes) {
-  std::lock_guard<std::mutex> g(g_mbarriers.mu);
-  find_locked(smem_addr(bar), "cp.async.bulk").copies.push_back(BulkCopy{std::move(perform), bytes});
+template <class Payload>
+inline void mbarrier_attach_copy(const void* bar, void (*perform)(const unsigned char*), const Payload& p,
+                                 int64_t bytes) {
+  static_assert(sizeof(Payload) <= sizeof(BulkCopy::payload), "bulk-copy payload too large");
+  BulkCopy c;
+  c.perform = perform;
+  c.bytes = bytes;
+  std::memcpy(c.payload, &p, sizeof p);
+  Lock g(g_mbarriers.mu);
+  find_locked(smem_addr(bar), "cp.async.bulk").copies->push(c);
 }
 
 inline bool try_wait_locked(Mbarrier& b, uint32_t parity) {
-  if (!b.copies.empty()) {
-    std::vector<BulkCopy> copies;
-    copies.swap(b.copies);
-    for (BulkCopy& c : copies) {
-      c.perform();
+  if (b.copies->size()) {
+    for (size_t i = 0; i < b.copies->size(); ++i) {
+      BulkCopy& c = (*b.copies)[i];
+      c.perform(c.payload);
       b.tx -= c.bytes;
     }
+    b.copies->clear();
     complete_if_done_locked(b);
   }
   return (b.phase & 1u) != (parity & 1u);
@@ -129,33 +140,44 @@ inline bool try_wait_locked(Mbarrier& b, uint32_t parity) {
 
 // mbarrier.test_wait / try_wait .parity without suspending: has the phase of this parity completed?
 inline bool mbarrier_test_wait_parity(const void* bar, uint32_t parity) {
-  std::lock_guard<std::mutex> g(g_mbarriers.mu);
+  Lock g(g_mbarriers.mu);
   return try_wait_locked(find_locked(smem_addr(bar), "mbarrier.test_wait"), parity);
 }
 
 // Blocks until the phase of this parity completed; fails the launch after the timeout.
 inline void mbarrier_wait_parity(const void* bar, uint32_t parity) {
-  using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::milliseconds(launch_error().timeout_ms.load());
+  const int64_t timeout_ms = launch_error().timeout_ms.load();
+  const int64_t deadline = now_ns() + timeout_ms * 1000000;
   for (;;) {
     const uint32_t seen = g_mbarriers.epoch.load(std::memory_order_acquire);
-    std::string state;
+    uint32_t pending, expected;
+    long long tx;
     {
-      std::lock_guard<std::mutex> g(g_mbarriers.mu);
+      Lock g(g_mbarriers.mu);
       Mbarrier& b = find_locked(smem_addr(bar), "mbarrier.try_wait");
       if (try_wait_locked(b, parity)) return;
-      state = std::to_string(b.pending) + " of " + std::to_string(b.expected) + " arrivals and " +
-              std::to_string(b.tx) + " tx bytes outstanding";
+      pending = b.pending;
+      expected = b.expected;
+      tx = b.tx;
     }
     check_abort();
-    auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - clock::now()).count();
+    const int64_t left = deadline - now_ns();
     if (left <= 0)
-      fail("deadlock: mbarrier wait (parity " + std::to_string(parity & 1u) + ") timed out after " +
-           std::to_string(launch_error().timeout_ms.load()) + " ms with " + state);
-    if (left > 50000000) left = 50000000;
-    timespec ts{0, long(left)};
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g_mbarriers.epoch), FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
+      fail("deadlock: mbarrier wait (parity %u) timed out after %lld ms with %u of %u arrivals and %lld tx bytes "
+           "outstanding", parity & 1u, (long long)timeout_ms, pending, expected, tx);
+    futex_wait(&g_mbarriers.epoch, seen, left < 50000000 ? left : 50000000);
   }
+}
+
+struct PlainCopy {
+  void* dst;
+  const void* src;
+  uint32_t bytes;
+};
+inline void perform_plain_copy(const unsigned char* payload) {
+  PlainCopy c;
+  std::memcpy(&c, payload, sizeof c);
+  std::memcpy(c.dst, c.src, c.bytes);
 }
 
 // cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], size, [bar]
@@ -163,12 +185,13 @@ inline void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, const void
   if (!is_shared(dst)) fail("cp.async.bulk: destination is not in shared memory");
   if (smem_addr(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16 || bytes % 16)
     fail("cp.async.bulk: addresses and size must be multiples of 16 bytes");
-  mbarrier_attach_copy(bar, [dst, src, bytes] { std::memcpy(dst, src, bytes); }, bytes);
+  mbarrier_attach_copy(bar, perform_plain_copy, PlainCopy{dst, src, bytes}, bytes);
 }
 
 inline void mbarrier_reset() {
-  std::lock_guard<std::mutex> g(g_mbarriers.mu);
-  g_mbarriers.bars.clear();
+  Lock g(g_mbarriers.mu);
+  for (int i = 0; i < g_mbarriers.n; ++i) g_mbarriers.bars[i].copies->clear();
+  g_mbarriers.n = 0;
 }
 inline void mbarrier_wake() {
   g_mbarriers.epoch.fetch_add(1, std::memory_order_acq_rel);

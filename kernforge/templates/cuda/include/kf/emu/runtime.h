@@ -5,65 +5,139 @@
 // Model (docs/backends/cuda-emu.md):
 //  * blocks run in sequence; the threads of a block are `blockDim.x` real host
 //    threads, created once per launch and reused for every block;
-//  * `__syncthreads` is a reusable barrier over the block's live threads; every
-//    warp (32 consecutive threads) has its own barrier plus a double-buffered
+//  * `__syncthreads` is a reusable barrier over the block's threads; every warp
+//    (32 consecutive threads) has its own barrier plus a double-buffered
 //    exchange area for shuffles, votes, mma.sync and ldmatrix;
 //  * every wait is bounded by a timeout; a barrier that some threads can never
 //    reach (because they returned) is reported at once, not after the timeout;
 //  * the first error aborts the launch: waiting threads unwind with
 //    kf_emu::Abort, and the host entry returns a nonzero code whose message
 //    kf_emu_last_error() returns.
+// Only light headers (C library, <atomic>, <type_traits>): every emulated
+// kernel parses this, and the heavy C++ library headers would double the
+// compile time of a typical kernel.
 #pragma once
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
 #include <climits>
+#include <cstdarg>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <ctime>
-#include <functional>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <vector>
+#include <new>
+#include <type_traits>
 
 #include "sys/vector_types.h"
 
 namespace kf_emu {
 
 constexpr int kWarpSize = 32;
+constexpr int kMaxThreads = 1024;
 constexpr int kExchangeWords = 8;  // 64-bit words each lane may post to its warp per collective
 
 struct Abort {};  // unwinds a thread of an aborted launch
 
+// ---- small utilities ---------------------------------------------------------------
+class Mutex {
+ public:
+  void lock() { pthread_mutex_lock(&m_); }
+  void unlock() { pthread_mutex_unlock(&m_); }
+
+ private:
+  pthread_mutex_t m_ = PTHREAD_MUTEX_INITIALIZER;
+};
+class Lock {
+ public:
+  explicit Lock(Mutex& m) : m_(m) { m_.lock(); }
+  ~Lock() { m_.unlock(); }
+  Lock(const Lock&) = delete;
+
+ private:
+  Mutex& m_;
+};
+
+// A growable array of trivially copyable items (the async-copy and wgmma queues).
+template <class T>
+class Vec {
+  static_assert(std::is_trivially_copyable<T>::value, "Vec holds trivially copyable items");
+
+ public:
+  Vec() = default;
+  Vec(const Vec&) = delete;
+  ~Vec() { std::free(data_); }
+  void push(const T& v) {
+    if (n_ == cap_) {
+      cap_ = cap_ ? 2 * cap_ : 16;
+      data_ = static_cast<T*>(std::realloc(static_cast<void*>(data_), cap_ * sizeof(T)));
+      if (!data_) throw std::bad_alloc();
+    }
+    data_[n_++] = v;
+  }
+  void clear() { n_ = 0; }
+  size_t size() const { return n_; }
+  T& operator[](size_t i) { return data_[i]; }
+  // Keeps the items for which keep(item) is true, in order.
+  template <class F>
+  void retain(F&& keep) {
+    size_t out = 0;
+    for (size_t i = 0; i < n_; ++i)
+      if (keep(data_[i])) data_[out++] = data_[i];
+    n_ = out;
+  }
+
+ private:
+  T* data_ = nullptr;
+  size_t n_ = 0, cap_ = 0;
+};
+
+inline int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
 // ---- launch-wide error state --------------------------------------------------
 struct LaunchError {
   std::atomic<bool> aborted{false};
-  std::mutex mu;
-  std::string message;
+  Mutex mu;
+  char message[2048] = {0};
   std::atomic<int64_t> timeout_ms{20000};
 };
-// Namespace-scope statics, not function-local ones: with -fno-weak an inline
-// function's static would be duplicated (the emulation is one translation unit).
+// Namespace-scope statics: the emulation is one translation unit per module.
 static LaunchError g_launch_error;
 inline LaunchError& launch_error() { return g_launch_error; }
 
 void wake_all_waiters();  // defined below, after Block
 
-// Records the first failure of the launch and wakes every waiting thread.
-inline void record_failure(const std::string& msg) {
+// Records the first failure of the launch (printf-style) and wakes every waiting thread.
+__attribute__((format(printf, 1, 0))) inline void record_failure_v(const char* fmt, va_list ap) {
   LaunchError& e = launch_error();
   {
-    std::lock_guard<std::mutex> g(e.mu);
-    if (e.message.empty()) e.message = msg;
+    Lock g(e.mu);
+    if (!e.message[0]) vsnprintf(e.message, sizeof e.message, fmt, ap);
   }
   e.aborted.store(true, std::memory_order_release);
   wake_all_waiters();
 }
-[[noreturn]] inline void fail(const std::string& msg) { record_failure(msg); throw Abort{}; }
+__attribute__((format(printf, 1, 2))) inline void record_failure(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  record_failure_v(fmt, ap);
+  va_end(ap);
+}
+[[noreturn]] __attribute__((format(printf, 1, 2))) inline void fail(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  record_failure_v(fmt, ap);
+  va_end(ap);
+  throw Abort{};
+}
 inline void check_abort() {
   if (launch_error().aborted.load(std::memory_order_acquire)) throw Abort{};
 }
@@ -72,20 +146,23 @@ inline void check_abort() {
 inline void futex_wake(std::atomic<uint32_t>* w) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
 }
+inline void futex_wait(std::atomic<uint32_t>* w, uint32_t old, int64_t timeout_ns) {
+  timespec ts{time_t(timeout_ns / 1000000000), long(timeout_ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAIT_PRIVATE, old, timeout_ns >= 0 ? &ts : nullptr,
+          nullptr, 0);
+}
 
 // Waits until *w != old; fails the launch after the timeout, naming `what`.
 inline void wait_changed(std::atomic<uint32_t>& w, uint32_t old, const char* what) {
-  using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::milliseconds(launch_error().timeout_ms.load());
+  const int64_t timeout_ms = launch_error().timeout_ms.load();
+  const int64_t deadline = now_ns() + timeout_ms * 1000000;
   while (w.load(std::memory_order_acquire) == old) {
     check_abort();
-    auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - clock::now()).count();
+    int64_t left = deadline - now_ns();
     if (left <= 0)
-      fail(std::string("deadlock: timed out after ") + std::to_string(launch_error().timeout_ms.load()) +
-           " ms waiting at " + what + " (not every thread reached it?)");
-    if (left > 50000000) left = 50000000;  // re-check the abort flag every 50 ms
-    timespec ts{0, long(left)};
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w), FUTEX_WAIT_PRIVATE, old, &ts, nullptr, 0);
+      fail("deadlock: timed out after %lld ms waiting at %s (not every thread reached it?)", (long long)timeout_ms,
+           what);
+    futex_wait(&w, old, left < 50000000 ? left : 50000000);  // re-check the abort flag every 50 ms
   }
 }
 
@@ -111,21 +188,22 @@ class Barrier {
       futex_wake(&gen_);
       return;
     }
-    if (exited && arrived + exited == n_) fail(stranded(arrived, exited));
+    if (exited && arrived + exited == n_) fail(kStranded, what_, arrived, n_, exited);
     wait_changed(gen_, g, what_);
   }
   void on_exit() {
     const uint64_t v = state_.fetch_add(uint64_t(1) << 32, std::memory_order_acq_rel) + (uint64_t(1) << 32);
     const uint32_t arrived = uint32_t(v), exited = uint32_t(v >> 32);
-    if (arrived && arrived + exited == n_) record_failure(stranded(arrived, exited));
+    if (arrived && arrived + exited == n_) record_failure(kStranded, what_, arrived, n_, exited);
   }
-  void wake() { gen_.fetch_add(1, std::memory_order_acq_rel); futex_wake(&gen_); }
+  void wake() {
+    gen_.fetch_add(1, std::memory_order_acq_rel);
+    futex_wake(&gen_);
+  }
 
  private:
-  std::string stranded(uint32_t arrived, uint32_t exited) const {
-    return std::string("deadlock: ") + what_ + " reached by " + std::to_string(arrived) + " of " +
-           std::to_string(n_) + " threads; the other " + std::to_string(exited) + " returned without reaching it";
-  }
+  static constexpr const char* kStranded =
+      "deadlock: %s reached by %u of %u threads; the other %u returned without reaching it";
   std::atomic<uint64_t> state_{0};
   std::atomic<uint32_t> gen_{0};
   uint32_t n_ = 0;
@@ -153,36 +231,42 @@ struct ThreadCtx {
 static thread_local ThreadCtx g_ctx;
 inline ThreadCtx& ctx() { return g_ctx; }
 
-// Hooks other headers register to reset per-block state and to finish a
-// thread's outstanding asynchronous copies when it returns.
+// Hooks other headers register to reset per-block state, to set up and finish
+// a thread's asynchronous-copy queues, and to wake their waiters on abort.
+struct HookList {
+  void (*fns[16])() = {};
+  int n = 0;
+  void run() const {
+    for (int i = 0; i < n; ++i) fns[i]();
+  }
+};
 struct Hooks {
-  std::vector<void (*)()> block_start;    // called by the launching thread before each block
-  std::vector<void (*)()> thread_start;   // called by each thread before the kernel body
-  std::vector<void (*)()> thread_finish;  // called by each thread after the kernel body returns
-  std::vector<void (*)()> wake;           // called on abort, to wake waiters of other kinds
+  HookList block_start;   // by the launching thread before each block
+  HookList thread_start;  // by each thread before the kernel body
+  HookList thread_finish; // by each thread after the kernel body returns
+  HookList wake;          // on abort
 };
 static Hooks g_hooks;
 inline Hooks& hooks() { return g_hooks; }
 struct RegisterHook {
-  RegisterHook(std::vector<void (*)()>& list, void (*fn)()) { list.push_back(fn); }
+  RegisterHook(HookList& list, void (*fn)()) { list.fns[list.n++] = fn; }
 };
 
 struct Block {
   uint32_t nthreads = 0;
   Barrier bar;
-  std::vector<Warp> warps;
+  Warp warps[kMaxThreads / kWarpSize];
   std::atomic<uint32_t> counts[2];  // __syncthreads_count / _and / _or accumulators, double-buffered
   void reset(uint32_t n) {
     nthreads = n;
     bar.reset(n, "__syncthreads()");
-    const uint32_t nw = (n + kWarpSize - 1) / kWarpSize;
-    if (warps.size() != nw) warps = std::vector<Warp>(nw);
-    for (uint32_t w = 0; w < nw; ++w) {
-      warps[w].lanes = std::min<uint32_t>(kWarpSize, n - w * kWarpSize);
+    for (uint32_t w = 0; w * kWarpSize < n; ++w) {
+      warps[w].lanes = n - w * kWarpSize < uint32_t(kWarpSize) ? n - w * kWarpSize : uint32_t(kWarpSize);
       warps[w].bar.reset(warps[w].lanes, "a warp-synchronous operation (__syncwarp/__shfl_sync/vote/mma.sync/ldmatrix)");
     }
     counts[0] = counts[1] = 0;
   }
+  uint32_t nwarps() const { return (nthreads + kWarpSize - 1) / kWarpSize; }
 };
 static Block* g_current_block = nullptr;
 inline Block*& current_block() { return g_current_block; }
@@ -190,65 +274,83 @@ inline Block*& current_block() { return g_current_block; }
 inline void wake_all_waiters() {
   if (Block* b = current_block()) {
     b->bar.wake();
-    for (Warp& w : b->warps) w.bar.wake();
+    for (uint32_t w = 0; w < b->nwarps(); ++w) b->warps[w].bar.wake();
   }
-  for (auto fn : hooks().wake) fn();
+  hooks().wake.run();
 }
 
 inline Warp& my_warp() { return ctx().block->warps[ctx().warp]; }
 
-struct LaunchDims { dim3 grid, block; };
+struct LaunchDims {
+  dim3 grid, block;
+};
 static LaunchDims g_launch_dims;
 inline LaunchDims& launch_dims() { return g_launch_dims; }
 
 // ---- the launch ------------------------------------------------------------------------
-// Runs `body` for every block of `grid` with `threads` host threads per block.
+// Runs `body(arg)` for every block of `grid` with `threads` host threads per block.
 // Returns 0, or 1 with the message in launch_error().message.
 class Launch {
  public:
-  Launch(uint3 grid, uint32_t threads, std::function<void()> body)
-      : grid_(grid), threads_(threads), body_(std::move(body)) {}
+  Launch(uint3 grid, uint32_t threads, void (*body)(void*), void* arg)
+      : grid_(grid), threads_(threads), body_(body), arg_(arg) {}
 
   int run() {
     LaunchError& e = launch_error();
     e.aborted = false;
-    e.message.clear();
-    if (threads_ == 0 || threads_ > 1024) {
-      e.message = "block size " + std::to_string(threads_) + " outside 1..1024";
+    e.message[0] = 0;
+    if (threads_ == 0 || threads_ > uint32_t(kMaxThreads)) {
+      snprintf(e.message, sizeof e.message, "block size %u outside 1..%d", threads_, kMaxThreads);
       return 1;
     }
     launch_dims() = LaunchDims{dim3(grid_), dim3(threads_, 1, 1)};
-    current_block() = &block_;
-    for (uint32_t t = 0; t < threads_; ++t) pool_.emplace_back([this, t] { worker(t); });
-    for (uint32_t z = 0; z < grid_.z && !e.aborted; ++z)
-      for (uint32_t y = 0; y < grid_.y && !e.aborted; ++y)
-        for (uint32_t x = 0; x < grid_.x && !e.aborted; ++x) run_block(uint3{x, y, z});
+    current_block() = block_;
+    uint32_t started = 0;
+    for (; started < threads_; ++started) {
+      args_[started] = WorkerArg{this, started};
+      if (pthread_create(&pool_[started], nullptr, &Launch::worker_main, &args_[started]) != 0) {
+        record_failure("could not start emulated thread %u of %u", started, threads_);
+        break;
+      }
+    }
+    if (started == threads_)
+      for (uint32_t z = 0; z < grid_.z && !e.aborted; ++z)
+        for (uint32_t y = 0; y < grid_.y && !e.aborted; ++y)
+          for (uint32_t x = 0; x < grid_.x && !e.aborted; ++x) run_block(uint3{x, y, z});
     stop_ = true;
     start_.fetch_add(1);
     futex_wake(&start_);
-    for (auto& t : pool_) t.join();
+    for (uint32_t t = 0; t < started; ++t) pthread_join(pool_[t], nullptr);
     current_block() = nullptr;
     return e.aborted ? 1 : 0;
   }
 
  private:
+  struct WorkerArg {
+    Launch* self;
+    uint32_t tid;
+  };
+  static void* worker_main(void* p) {
+    auto* a = static_cast<WorkerArg*>(p);
+    a->self->worker(a->tid);
+    return nullptr;
+  }
+
   void run_block(uint3 b) {
-    block_.reset(threads_);
-    for (auto fn : hooks().block_start) fn();
+    block_->reset(threads_);
+    hooks().block_start.run();
     block_idx_ = b;
     done_.store(0);
     start_.fetch_add(1, std::memory_order_acq_rel);
     futex_wake(&start_);
-    for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != threads_;)
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&done_), FUTEX_WAIT_PRIVATE, d, nullptr, nullptr, 0);
+    for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != threads_;) futex_wait(&done_, d, -1);
   }
 
   void worker(uint32_t t) {
     uint32_t seen = 0;
     ThreadCtx& c = ctx();
     for (;;) {
-      for (uint32_t s; (s = start_.load(std::memory_order_acquire)) == seen;)
-        syscall(SYS_futex, reinterpret_cast<uint32_t*>(&start_), FUTEX_WAIT_PRIVATE, s, nullptr, nullptr, 0);
+      for (uint32_t s; (s = start_.load(std::memory_order_acquire)) == seen;) futex_wait(&start_, s, -1);
       seen = start_.load(std::memory_order_acquire);
       if (stop_) return;
       c = ThreadCtx{};
@@ -257,50 +359,63 @@ class Launch {
       c.tid = t;
       c.lane = t % kWarpSize;
       c.warp = t / kWarpSize;
-      c.block = &block_;
-      for (auto fn : hooks().thread_start) fn();
+      c.block = block_;
+      hooks().thread_start.run();
       try {
-        body_();
-        for (auto fn : hooks().thread_finish) fn();
+        body_(arg_);
+        hooks().thread_finish.run();
       } catch (Abort&) {
-      } catch (std::exception& ex) {
-        record_failure(std::string("exception in emulated thread: ") + ex.what());
+      } catch (...) {
+        record_failure("a C++ exception escaped emulated thread %u", t);
       }
-      block_.bar.on_exit();
-      block_.warps[c.warp].bar.on_exit();
+      block_->bar.on_exit();
+      block_->warps[c.warp].bar.on_exit();
       if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_) futex_wake(&done_);
     }
   }
 
   uint3 grid_;
   uint32_t threads_;
-  std::function<void()> body_;
-  Block block_;
+  void (*body_)(void*);
+  void* arg_;
+  Block* block_ = new Block;  // large (the warps' exchange areas): on the heap
   uint3 block_idx_{0, 0, 0};
-  std::vector<std::thread> pool_;
+  pthread_t pool_[kMaxThreads];
+  WorkerArg args_[kMaxThreads];
   std::atomic<uint32_t> start_{0};
   std::atomic<uint32_t> done_{0};
   std::atomic<bool> stop_{false};
+
+ public:
+  ~Launch() { delete block_; }
+  Launch(const Launch&) = delete;
 };
 
-static std::mutex g_one_launch_at_a_time;
+static Mutex g_one_launch_at_a_time;
 
-// The host entry's launch: one launch at a time per process (the emulated GPU
-// is global state), grid given as up to three extents.
-inline int launch_grid(const int64_t* grid, int rank, uint32_t threads, std::function<void()> body) {
-  std::lock_guard<std::mutex> g(g_one_launch_at_a_time);
+// The host entry's launch: one launch at a time per module (the emulated GPU is
+// global state), grid given as up to three extents.
+template <class F>
+inline int launch_grid(const int64_t* grid, int rank, uint32_t threads, F&& body) {
+  Lock g(g_one_launch_at_a_time);
   uint32_t ext[3] = {1, 1, 1};
   for (int i = 0; i < rank; ++i) {
     if (grid[i] < 0 || grid[i] > INT32_MAX) {
-      launch_error().message = "grid extent " + std::to_string(grid[i]) + " out of range";
+      snprintf(launch_error().message, sizeof launch_error().message, "grid extent %lld out of range",
+               (long long)grid[i]);
       return 1;
     }
     ext[i] = uint32_t(grid[i]);
   }
   if (ext[0] == 0 || ext[1] == 0 || ext[2] == 0) return 0;  // an empty grid launches nothing
-  return Launch(uint3{ext[0], ext[1], ext[2]}, threads, std::move(body)).run();
+  using Body = typename std::remove_reference<F>::type;
+  auto trampoline = [](void* p) { (*static_cast<Body*>(p))(); };
+  Launch* launch = new Launch(uint3{ext[0], ext[1], ext[2]}, threads, trampoline, &body);
+  const int status = launch->run();
+  delete launch;
+  return status;
 }
-inline const char* last_error() { return launch_error().message.c_str(); }
+inline const char* last_error() { return launch_error().message; }
 
 }  // namespace kf_emu
 

@@ -83,7 +83,7 @@ inline uint32_t smem_addr(const void* p) {
   return uint32_t(c - smem_base());
 }
 inline void* smem_ptr(uint32_t addr) {
-  if (addr >= smem_size()) fail("shared-memory address " + std::to_string(addr) + " outside the block's shared memory");
+  if (addr >= smem_size()) fail("shared-memory address %u outside the block's shared memory", addr);
   return smem_base() + addr;
 }
 inline bool is_shared(const void* p) {

@@ -74,34 +74,46 @@ inline uint32_t swizzle_addr(uint32_t a, uint32_t swizzle_bytes) {
   }
 }
 
-inline void tma_load(void* dst, const CUtensorMap* map, const int32_t* coords, const void* bar) {
+struct TmaCopy {
   TensorMapDesc d;
-  std::memcpy(&d, map, sizeof d);
-  if (d.magic != kTensorMapMagic) fail("cp.async.bulk.tensor: tensor map was not encoded by kf_emu::encode_tensor_map");
-  const uint32_t base = smem_addr(dst);
-  if (base % (d.swizzle_bytes ? 1024u : 128u))
-    fail("cp.async.bulk.tensor: shared destination must be 128-byte aligned (1024 with a swizzle)");
-  int64_t count = 1;
-  for (uint32_t i = 0; i < d.rank; ++i) count *= d.box[i];
-  const int64_t bytes = count * d.elem_bytes;
-  if (base + bytes > smem_size()) fail("cp.async.bulk.tensor: box does not fit in shared memory");
-  int32_t c[5] = {0, 0, 0, 0, 0};
-  for (uint32_t i = 0; i < d.rank; ++i) c[i] = coords[i];
-  mbarrier_attach_copy(bar, [d, c, base, count] {
-    for (int64_t e = 0; e < count; ++e) {
-      int64_t rem = e, offset = 0;
-      bool inside = true;
-      for (uint32_t i = 0; i < d.rank; ++i) {
-        const int64_t g = int64_t(c[i]) + rem % d.box[i];
-        rem /= d.box[i];
-        inside = inside && g >= 0 && g < int64_t(d.dims[i]);
-        offset += g * int64_t(d.strides[i]);
-      }
-      char* out = smem_base() + swizzle_addr(base + uint32_t(e * d.elem_bytes), d.swizzle_bytes);
-      if (inside) std::memcpy(out, reinterpret_cast<const char*>(d.global) + offset, d.elem_bytes);
-      else std::memset(out, 0, d.elem_bytes);
+  int32_t c[5];
+  uint32_t base;
+  int64_t count;
+};
+
+inline void perform_tma_copy(const unsigned char* payload) {
+  TmaCopy t;
+  std::memcpy(&t, payload, sizeof t);
+  const TensorMapDesc& d = t.d;
+  for (int64_t e = 0; e < t.count; ++e) {
+    int64_t rem = e, offset = 0;
+    bool inside = true;
+    for (uint32_t i = 0; i < d.rank; ++i) {
+      const int64_t g = int64_t(t.c[i]) + rem % d.box[i];
+      rem /= d.box[i];
+      inside = inside && g >= 0 && g < int64_t(d.dims[i]);
+      offset += g * int64_t(d.strides[i]);
     }
-  }, bytes);
+    char* out = smem_base() + swizzle_addr(t.base + uint32_t(e * d.elem_bytes), d.swizzle_bytes);
+    if (inside) std::memcpy(out, reinterpret_cast<const char*>(d.global) + offset, d.elem_bytes);
+    else std::memset(out, 0, d.elem_bytes);
+  }
+}
+
+inline void tma_load(void* dst, const CUtensorMap* map, const int32_t* coords, const void* bar) {
+  TmaCopy t;
+  std::memcpy(&t.d, map, sizeof t.d);
+  const TensorMapDesc& d = t.d;
+  if (d.magic != kTensorMapMagic) fail("cp.async.bulk.tensor: tensor map was not encoded by kf_emu::encode_tensor_map");
+  t.base = smem_addr(dst);
+  if (t.base % (d.swizzle_bytes ? 1024u : 128u))
+    fail("cp.async.bulk.tensor: shared destination must be 128-byte aligned (1024 with a swizzle)");
+  t.count = 1;
+  for (uint32_t i = 0; i < d.rank; ++i) t.count *= d.box[i];
+  const int64_t bytes = t.count * d.elem_bytes;
+  if (t.base + bytes > int64_t(smem_size())) fail("cp.async.bulk.tensor: box does not fit in shared memory");
+  for (uint32_t i = 0; i < 5; ++i) t.c[i] = i < d.rank ? coords[i] : 0;
+  mbarrier_attach_copy(bar, perform_tma_copy, t, bytes);
 }
 
 }  // namespace kf_emu

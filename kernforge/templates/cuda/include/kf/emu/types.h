@@ -9,7 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <stdexcept>
+
+#include "runtime.h"
 
 namespace kf_emu {
 
@@ -61,9 +62,7 @@ inline float e4m3_bits_to_float(uint8_t b) {
 
 }  // namespace kf_emu
 
-[[noreturn]] inline void kf_emu_unsupported_fp8_kind() {
-  throw std::logic_error("cuda-emu: only the E4M3 fp8 format is emulated");
-}
+[[noreturn]] inline void kf_emu_unsupported_fp8_kind() { kf_emu::fail("only the E4M3 fp8 format is emulated"); }
 
 struct __half_raw { unsigned short x; };
 struct __nv_bfloat16_raw { unsigned short x; };

@@ -12,7 +12,6 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "runtime.h"
 
@@ -24,9 +23,8 @@ inline void check_mask(unsigned mask, const char* what) {
   const Warp& w = my_warp();
   const uint32_t need = full_mask(w);
   if ((mask & need) != need)
-    fail(std::string(what) + ": member mask 0x" + [&] { char b[16]; snprintf(b, sizeof b, "%08x", mask); return std::string(b); }() +
-         " leaves out live lanes; only whole-warp collectives are emulated");
-  if (!((mask >> ctx().lane) & 1u)) fail(std::string(what) + ": calling lane is not in the member mask");
+    fail("%s: member mask 0x%08x leaves out live lanes; only whole-warp collectives are emulated", what, mask);
+  if (!((mask >> ctx().lane) & 1u)) fail("%s: calling lane is not in the member mask", what);
 }
 
 // Posts `words` 64-bit words for this lane, synchronises the warp, and returns
@@ -78,7 +76,7 @@ inline uint32_t shfl_source(ShflMode mode, uint32_t lane, uint32_t b, int width)
 template <class T>
 inline T shfl(ShflMode mode, unsigned mask, T v, uint32_t b, int width, const char* what) {
   check_mask(mask, what);
-  if (width <= 0 || width > 32 || (width & (width - 1))) fail(std::string(what) + ": width must be a power of two <= 32");
+  if (width <= 0 || width > 32 || (width & (width - 1))) fail("%s: width must be a power of two <= 32", what);
   const uint64_t mine = to_bits(v);
   auto rows = exchange(&mine, 1);
   uint32_t src = shfl_source(mode, ctx().lane, b & 0x1f, width);

@@ -20,8 +20,6 @@
 // thread returns (their registers are gone).
 #pragma once
 #include <cstdint>
-#include <deque>
-#include <vector>
 
 #include "kf/emu/shared.h"
 #include "kf/emu/types.h"
@@ -34,15 +32,15 @@ struct SmemDesc {
 
 inline SmemDesc decode_desc(uint64_t desc, const char* which) {
   const unsigned swizzle = unsigned(desc >> 62) & 3u, base = unsigned(desc >> 49) & 7u;
-  if (swizzle) fail(std::string("wgmma: swizzled descriptor for ") + which + " (mode " + std::to_string(swizzle) + ") is not emulated");
-  if (base) fail(std::string("wgmma: nonzero matrix base offset in the descriptor for ") + which + " is not emulated");
+  if (swizzle) fail("wgmma: swizzled descriptor for %s (mode %u) is not emulated", which, swizzle);
+  if (base) fail("wgmma: nonzero matrix base offset in the descriptor for %s is not emulated", which);
   return SmemDesc{uint32_t(desc & 0x3fff) << 4, uint32_t((desc >> 16) & 0x3fff) << 4, uint32_t((desc >> 32) & 0x3fff) << 4};
 }
 
 inline float desc_elem(const SmemDesc& s, int mn, int k, bool mn_major, bool bf16) {
   const uint32_t addr = s.start + uint32_t(mn / 8) * s.sbo + uint32_t(k / 8) * s.lbo +
                         (mn_major ? uint32_t(k % 8) * 16 + uint32_t(mn % 8) * 2 : uint32_t(mn % 8) * 16 + uint32_t(k % 8) * 2);
-  if (addr + 2 > smem_size()) fail("wgmma: operand element at shared address " + std::to_string(addr) + " is outside shared memory");
+  if (addr + 2 > smem_size()) fail("wgmma: operand element at shared address %u is outside shared memory", addr);
   uint16_t bits;
   std::memcpy(&bits, smem_base() + addr, 2);
   return bf16 ? bf16_bits_to_float(bits) : f16_bits_to_float(bits);
@@ -53,11 +51,12 @@ struct WgmmaOp {
   int n;
   uint64_t desc_a, desc_b;
   bool accumulate, bf16, trans_a, trans_b;
+  uint64_t group;  // commit-group number (the open group is `committed`)
 };
 
 struct WgmmaState {
-  std::vector<WgmmaOp> open;
-  std::deque<std::vector<WgmmaOp>> groups;
+  Vec<WgmmaOp> ops;  // issue order
+  uint64_t committed = 0;
 };
 static thread_local WgmmaState g_wgmma;
 
@@ -76,20 +75,22 @@ inline void execute(const WgmmaOp& op) {
 }
 
 inline void wgmma_issue(float* d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, bool bf16, int ta, int tb) {
-  g_wgmma.open.push_back(WgmmaOp{d, n, desc_a, desc_b, scale_d != 0, bf16, ta != 0, tb != 0});
+  g_wgmma.ops.push(WgmmaOp{d, n, desc_a, desc_b, scale_d != 0, bf16, ta != 0, tb != 0, g_wgmma.committed});
 }
-inline void wgmma_commit() {
-  g_wgmma.groups.push_back(std::move(g_wgmma.open));
-  g_wgmma.open.clear();
-}
+inline void wgmma_commit() { g_wgmma.committed += 1; }
+// Executes every op of the committed groups but the newest n, in issue order.
 inline void wgmma_wait(int n) {
-  auto& groups = g_wgmma.groups;
-  while (int(groups.size()) > n) {
-    for (const WgmmaOp& op : groups.front()) execute(op);
-    groups.pop_front();
-  }
+  WgmmaState& s = g_wgmma;
+  if (s.committed < uint64_t(n)) return;
+  const uint64_t limit = s.committed - uint64_t(n);
+  for (size_t i = 0; i < s.ops.size(); ++i)
+    if (s.ops[i].group < limit) execute(s.ops[i]);
+  s.ops.retain([limit](const WgmmaOp& op) { return op.group >= limit; });
 }
-inline void wgmma_reset() { g_wgmma = WgmmaState{}; }
+inline void wgmma_reset() {
+  g_wgmma.ops.clear();
+  g_wgmma.committed = 0;
+}
 static RegisterHook wgmma_reset_hook(hooks().thread_start, wgmma_reset);
 
 }  // namespace kf_emu
@@ -99,8 +100,8 @@ namespace kf {
 KF_DEVICE uint64_t make_smem_desc(const void* ptr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
   if (addr >= (1u << 18))
-    kf_emu::fail("make_smem_desc: emulated shared address " + std::to_string(addr) +
-                 " does not fit the descriptor's 14-bit start field (shared window over 256 KB)");
+    kf_emu::fail("make_smem_desc: emulated shared address %u does not fit the descriptor's 14-bit start field "
+                 "(shared window over 256 KB)", addr);
   uint64_t desc = 0;
   desc |= static_cast<uint64_t>((addr >> 4) & 0x3FFF);
   desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;

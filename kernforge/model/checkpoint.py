@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -81,18 +82,26 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def load_checkpoint(model: Transformer, path: str | Path, keep_quantized: bool = False) -> Transformer:
-    """Fill `model` from an official-layout checkpoint; every tensor must be used exactly once."""
+    """Fill `model` from an official-layout checkpoint; every tensor must be used exactly once.
+
+    Every tensor is checked (name, storage dtype, shapes, scale shapes, expert
+    ids) before the first one is written, so a bad checkpoint raises and leaves
+    the model untouched.
+    """
     tensors = read_tensors(path)
     used: set[str] = set()
+    writes: list[Callable[[], None]] = []
     linears = {name: mod for name, mod in model.named_modules() if isinstance(mod, Linear)}
     for name, mod in linears.items():
-        _load_linear(name, mod, tensors, used, model.config.expert_dtype, keep_quantized)
+        writes.append(_plan_linear(name, mod, tensors, used, model.config.expert_dtype, keep_quantized))
     for name, target in model.state_dict(keep_vars=True).items():  # persistent tensors only
         if name.rsplit(".", 1)[0] not in linears:
-            _copy(name, target, tensors, used, model.config)
+            writes.append(_plan_copy(name, target, tensors, used, model.config))
     unused = sorted(set(tensors) - used)
     if unused:
         raise ValueError(f"{len(unused)} checkpoint tensors match nothing in the model, e.g. {unused[:5]}")
+    for write in writes:
+        write()
     return model
 
 
@@ -103,33 +112,36 @@ def _take(name: str, tensors: dict[str, torch.Tensor], used: set[str]) -> torch.
     return tensors[name]
 
 
-def _load_linear(name: str, mod: Linear, tensors, used, expert_dtype, keep_quantized: bool) -> None:
+def _plan_linear(name: str, mod: Linear, tensors, used, expert_dtype, keep_quantized: bool):
     fmt = official_format(name, expert_dtype)
     weight = _take(f"{name}.weight", tensors, used)
     if fmt is None:
-        _assign(f"{name}.weight", mod.weight, weight)
-        return
+        return _plan_assign(f"{name}.weight", mod.weight, weight)
     if weight.dtype != STORAGE_DTYPES[fmt]:
         raise TypeError(f"{name}.weight: official {fmt} storage is {STORAGE_DTYPES[fmt]}, got {weight.dtype}")
     scale = _take(f"{name}.scale", tensors, used)
+    dense = dequantize_fp8(weight, scale) if fmt == "fp8" else dequantize_fp4(weight, scale)  # checks scales
     if keep_quantized:
-        mod.quantize_as(fmt, weight.clone(), scale.clone())
-        return
-    dense = dequantize_fp8(weight, scale) if fmt == "fp8" else dequantize_fp4(weight, scale)
-    _assign(f"{name}.weight", mod.weight, dense)
+        _check_shape(f"{name}.weight (dequantized)", mod.weight, dense)
+        return lambda: mod.quantize_as(fmt, weight.clone(), scale.clone())
+    return _plan_assign(f"{name}.weight", mod.weight, dense)
 
 
-def _copy(name: str, target: torch.Tensor, tensors, used, config) -> None:
+def _plan_copy(name: str, target: torch.Tensor, tensors, used, config):
     value = _take(name, tensors, used)
     if name.endswith("tid2eid"):
         if value.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name}: expected an integer table, got {value.dtype}")
         if int(value.min()) < 0 or int(value.max()) >= config.n_routed_experts:
             raise ValueError(f"{name}: expert ids outside [0, {config.n_routed_experts})")
-    _assign(name, target, value)
+    return _plan_assign(name, target, value)
 
 
-def _assign(name: str, target: torch.Tensor, value: torch.Tensor) -> None:
+def _check_shape(name: str, target: torch.Tensor, value: torch.Tensor) -> None:
     if tuple(value.shape) != tuple(target.shape):
         raise ValueError(f"{name}: checkpoint shape {tuple(value.shape)} != model shape {tuple(target.shape)}")
-    target.copy_(value.to(target.dtype))
+
+
+def _plan_assign(name: str, target: torch.Tensor, value: torch.Tensor):
+    _check_shape(name, target, value)
+    return lambda: target.copy_(value.to(target.dtype))

@@ -104,10 +104,15 @@ def _single_file(checkpoint, tmp_path, edit):
     (lambda t: t.update({"layers.0.attn.wkv.scale": t["layers.0.attn.wkv.scale"][:, :1]}), ValueError,
      "scale shape"),
 ])
-def test_bad_checkpoints_raise_clear_errors(checkpoint, tmp_path, edit, error, match):
+def test_bad_checkpoints_raise_clear_errors_and_leave_the_model_untouched(checkpoint, tmp_path, edit, error,
+                                                                          match):
     path = _single_file(checkpoint, tmp_path, edit)
+    model = random_model(tiny(), seed=26)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(error, match=match):
-        load_checkpoint(_fresh(), path)
+        load_checkpoint(model, path, keep_quantized=True)
+    after = model.state_dict()
+    assert set(after) == set(before) and all(torch.equal(after[k], before[k]) for k in before)
 
 
 def test_index_json_names_the_shards(checkpoint):

@@ -21,7 +21,7 @@ from tests.backends.test_cuda_semantics import gemm, scores_softmax
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")]
 
-# tiles under 64 rows take mma.sync (HMMA) on Hopper too; fp8 operands take the scalar path (see docs)
+# tiles under 64 rows take mma.sync (HMMA) on Hopper too; fp8 operands run on bf16 shadow tiles
 TENSOR_CORE = {"sm_90a": ("HGMMA", "HMMA"), "sm_80": ("HMMA",), "sm_100a": ("HMMA",)}
 
 
@@ -34,7 +34,7 @@ def _compile_set():
         for label, archs in (("small", ("sm_90a", "sm_80", "sm_100a")), ("demo", ("sm_90a",))):
             if label in spec.problems:
                 pf = spec.factory(**spec.problems[label].params)
-                hot = "topk" not in name and "fp8" not in name  # bf16 matrix kernels: tensor cores expected
+                hot = "topk" not in name  # matrix kernels: tensor cores expected
                 items += [(f"{name}[{label}]", arch, pf.ir, hot) for arch in archs]
     return items
 
@@ -90,7 +90,8 @@ def test_hopper_gemm_and_attention_issue_hgmma(built):
     """The Hopper GEMM and the attention (MLA decode, demo size) run on warpgroup MMA."""
     found = {label for (label, arch, kernel, hot), report, error in built
              if arch == "sm_90a" and error is None and "HGMMA" in _sass_or_skip(report["path"])}
-    assert {"gemm", "gemm_nt", "scores_softmax", "mla_decode[demo]", "m_grouped_gemm_nt_contiguous[demo]"} <= found
+    assert {"gemm", "gemm_nt", "scores_softmax", "mla_decode[demo]", "m_grouped_gemm_nt_contiguous[demo]",
+            "m_grouped_fp8_gemm_nt_contiguous[demo]"} <= found
 
 
 def test_pipelined_copies_are_async(built):

@@ -37,6 +37,8 @@ import jinja2
 from kernforge import dtypes
 from kernforge.codegen import ir
 from kernforge.codegen.layouts import AccumLayout
+from kernforge.codegen.passes import run_pipeline, simplify
+from kernforge.codegen.passes.cuda_fp8_operands import cuda_fp8_operands
 from kernforge.codegen.passes.cuda_layout import LayoutPlan, nodes, plan_layouts
 from kernforge.codegen.passes.cuda_pipeline import PipelinePlan, plan_pipelines
 from kernforge.codegen.render import cuda_ops
@@ -62,6 +64,8 @@ class Arch:
 ARCHS = {a.name: a for a in (Arch("sm_80", 80, False, 163 * 1024), Arch("sm_90a", 90, True, 227 * 1024),
                              Arch("sm_100a", 100, False, 227 * 1024))}
 DEFAULT_ARCH = "sm_90a"
+# IR -> IR passes before rendering (the analyses cuda_layout/cuda_pipeline then read the result)
+PIPELINE = (simplify, cuda_fp8_operands)
 
 
 class CudaRenderError(ir.KernelError):
@@ -296,4 +300,5 @@ def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None) -> CudaProgram:
     from kernforge.codegen.verify import verify
 
     verify(kernel)
-    return CudaRenderer(kernel, arch_info(arch)).render()
+    target = arch_info(arch)
+    return CudaRenderer(run_pipeline(kernel, PIPELINE), target).render()

@@ -9,6 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 import kernforge
 
 from .dsl_kernels import gemm, masked_copy, row_stats, scaled_shift
@@ -61,9 +64,29 @@ def test_accumulator_row_reduction(rng):
     np.testing.assert_allclose(emu[1], prod.sum(1), rtol=1e-4, atol=1e-3)
 
 
+_COPY = {}
+
+
+def _copy_kernels():
+    if not _COPY:
+        _COPY["emu"] = kernforge.compile(masked_copy(), backend="cuda-emu", arch="sm_90a")
+        _COPY["ref"] = kernforge.compile(masked_copy(), backend="interp")
+    return _COPY["emu"], _COPY["ref"]
+
+
+@given(st.integers(1, 70), st.integers(1, 90), st.integers(0, 2 ** 31 - 1))
+def test_masked_copy_random_shapes(M, N, seed):
+    emu_k, ref_k = _copy_kernels()
+    A = np.random.default_rng(seed).integers(-1000, 1000, size=(M, N)).astype(np.int32)
+    got = np.full((M, N), -77, np.int32)
+    want = np.full((M, N), -77, np.int32)
+    emu_k(A, got)
+    ref_k(A, want)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_masked_copy_symbolic_shapes(rng):
-    emu_k = kernforge.compile(masked_copy(), backend="cuda-emu", arch="sm_90a")
-    ref_k = kernforge.compile(masked_copy(), backend="interp")
+    emu_k, ref_k = _copy_kernels()
     for M, N in [(1, 1), (16, 32), (17, 33), (5, 70), (33, 4)]:
         A = rng.integers(-1000, 1000, size=(M, N)).astype(np.int32)
         got = np.full((M, N), -77, np.int32)

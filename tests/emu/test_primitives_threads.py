@@ -246,6 +246,62 @@ def test_shared_memory_is_poisoned_between_blocks(kernels):
     np.testing.assert_array_equal(out, [0xFFFFFFFF] * 3)  # never the previous block's 12345
 
 
+CONVERT = r'''
+// Bit patterns of float -> bf16 / f16 (RNE) and -> e4m3 (RNE; NOSAT and SATFINITE) for each input.
+extern "C" __global__ void convert(const float* x, unsigned short* bf, unsigned short* hf, unsigned char* e4,
+                                   unsigned char* e4sat, float* back, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    bf[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+    hf[i] = __half_as_ushort(__float2half_rn(x[i]));
+    e4[i] = __nv_cvt_float_to_fp8(x[i], __NV_NOSAT, __NV_E4M3);
+    e4sat[i] = __nv_fp8_e4m3(x[i]).__x;
+    back[i] = float(__nv_fp8_e4m3(x[i]));
+  }
+}
+'''
+
+
+def _conversion_inputs(rng):
+    specials = np.array([0.0, -0.0, 1.0, -1.0, 448.0, 464.0, 464.1, 480.0, -500.0, 65504.0, 65520.0, 1e-8, 6e-5,
+                         2.0 ** -9, 2.0 ** -10, 1.5 * 2.0 ** -10, np.inf, -np.inf, 3.0e38, 1e-40], np.float32)
+    ties = (rng.integers(0, 2 ** 16, 300, dtype=np.uint32) << 16 | 0x8000).view(np.float32)  # bf16 halfway points
+    wide = (rng.standard_normal(2000) * np.exp(rng.uniform(-25, 25, 2000))).astype(np.float32)
+    x = np.concatenate([specials, ties, wide])
+    return x[np.isfinite(x) | np.isinf(x)]
+
+
+def test_low_precision_conversions_match_ml_dtypes(kernels, rng):
+    import ml_dtypes
+
+    x = _conversion_inputs(rng)
+    x = x[~np.isnan(x)]
+    n = x.size
+    bf, hf = np.zeros(n, np.uint16), np.zeros(n, np.uint16)
+    e4, e4sat, back = np.zeros(n, np.uint8), np.zeros(n, np.uint8), np.zeros(n, np.float32)
+    kernels["convert"]([x, bf, hf, e4, e4sat, back, np.array(n, np.int32)], [], [1])
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_bf = x.astype(ml_dtypes.bfloat16).view(np.uint16)
+        want_hf = x.astype(np.float16).view(np.uint16)
+        want_e4 = x.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    np.testing.assert_array_equal(bf, want_bf)
+    np.testing.assert_array_equal(hf, want_hf)
+    np.testing.assert_array_equal(e4 & 0x7F, want_e4 & 0x7F)  # ml_dtypes drops the sign of NaN
+    sat = np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(e4sat, sat.view(np.uint8))
+    np.testing.assert_array_equal(back, sat.astype(np.float32))
+
+
+def test_nan_converts_to_canonical_nan(kernels):
+    x = np.array([np.nan, -np.nan, np.float32(np.nan) * -1], np.float32)
+    bf, hf = np.zeros(3, np.uint16), np.zeros(3, np.uint16)
+    e4, e4sat, back = np.zeros(3, np.uint8), np.zeros(3, np.uint8), np.zeros(3, np.float32)
+    kernels["convert"]([x, bf, hf, e4, e4sat, back, np.array(3, np.int32)], [], [1])
+    np.testing.assert_array_equal(bf, [0x7FFF] * 3)  # cvt.rn.bf16.f32 on NaN
+    np.testing.assert_array_equal(hf, [0x7FFF] * 3)
+    np.testing.assert_array_equal(e4, [0x7F] * 3)
+    assert np.isnan(back).all()
+
+
 INT = ("int*", "buffer")
 
 
@@ -264,4 +320,7 @@ def kernels():
         CudaTestKernel("cp_async_groups", CP_ASYNC, [u8, ("unsigned char*", "buffer")], 32),
         CudaTestKernel("cp_async_misaligned", CP_ASYNC_MISALIGNED, [u8], 32),
         CudaTestKernel("poison", POISON, [("unsigned*", "buffer")], 32),
+        CudaTestKernel("convert", CONVERT, [("const float*", "buffer"), ("unsigned short*", "buffer"),
+                                            ("unsigned short*", "buffer"), ("unsigned char*", "buffer"),
+                                            ("unsigned char*", "buffer"), ("float*", "buffer"), ("int", "scalar")], 64),
     ], dynamic_smem=256)

@@ -107,26 +107,119 @@ inline void gemm_block(const T* __restrict__ ap, const T* __restrict__ bp, CS* _
   }
 }
 
+// Packs X (element (r, k) at X[r * RS + k * CS], ROWS x COLS) into panels of P rows,
+// out[panel][k][p], converted to T; rows past ROWS are zero.  The full-panel loops
+// have constant trip counts and no per-element bounds test.
+template <class T, int ROWS, int COLS, int P, int RS, int CS, class S>
+inline void pack_panels(const S* __restrict__ X, T* __restrict__ out) {
+  constexpr int PANELS = (ROWS + P - 1) / P;
+  for (int pb = 0; pb < PANELS; ++pb) {
+    T* o = out + size_t(pb) * COLS * P;
+    const S* x = X + int64_t(pb) * P * RS;
+    if ((pb + 1) * P <= ROWS) {
+      for (int k = 0; k < COLS; ++k)
+#pragma GCC unroll 8
+        for (int p = 0; p < P; ++p) o[k * P + p] = load_as<T>(x[int64_t(p) * RS + int64_t(k) * CS]);
+    } else {
+      const int rows = ROWS - pb * P;
+      std::memset(o, 0, sizeof(T) * COLS * P);
+      for (int k = 0; k < COLS; ++k)
+        for (int p = 0; p < rows; ++p) o[k * P + p] = load_as<T>(x[int64_t(p) * RS + int64_t(k) * CS]);
+    }
+  }
+}
+
+// As pack_panels for bf16, with (k, k+1) pairs in one 32-bit word (k even in the low
+// half) for VDPBF16PS; an odd COLS is padded with a zero k.
+template <int ROWS, int COLS, int P, int RS, int CS>
+inline void pack_bf16_pairs(const kf_bf16* __restrict__ X, uint32_t* __restrict__ out) {
+  constexpr int PANELS = (ROWS + P - 1) / P, K2 = (COLS + 1) / 2;
+  for (int pb = 0; pb < PANELS; ++pb) {
+    uint32_t* o = out + size_t(pb) * K2 * P;
+    const kf_bf16* x = X + int64_t(pb) * P * RS;
+    const int rows = (pb + 1) * P <= ROWS ? P : ROWS - pb * P;
+    if (rows < P || COLS % 2) std::memset(o, 0, sizeof(uint32_t) * K2 * P);
+    for (int kk = 0; kk < COLS / 2; ++kk)
+      for (int p = 0; p < rows; ++p)
+        o[kk * P + p] = uint32_t(kf_bits(x[int64_t(p) * RS + int64_t(2 * kk) * CS])) |
+                        (uint32_t(kf_bits(x[int64_t(p) * RS + int64_t(2 * kk + 1) * CS])) << 16);
+    if (COLS % 2)
+      for (int p = 0; p < rows; ++p) o[(K2 - 1) * P + p] = kf_bits(x[int64_t(p) * RS + int64_t(COLS - 1) * CS]);
+  }
+}
+
+// Stores an MR x NR block of float accumulators into C (plus C's old value unless CLEAR).
+template <int M, int N, int NR, int C_RS, int C_CS, bool CLEAR, class CS>
+inline void store_block(const float* out, CS* __restrict__ C, int i, int j0) {
+  const int w = N - j0 < NR ? N - j0 : NR;
+  CS* c = C + int64_t(i) * C_RS + int64_t(j0) * C_CS;
+  for (int j = 0; j < w; ++j) {
+    const float old = CLEAR ? 0.0f : load_as<float>(c[j * C_CS]);
+    c[j * C_CS] = store_as<CS>(CLEAR ? out[j] : old + out[j]);
+  }
+}
+
+#if defined(__AVX512BF16__)
+// bf16 x bf16 -> fp32 with AVX512-BF16: VDPBF16PS multiplies pairs of bf16 along K
+// exactly and adds both products into each fp32 lane (round to nearest even; the
+// instruction treats denormal inputs as zero and flushes denormal results).
+// Panels hold (k, k+1) pairs as 32-bit words, K padded to even with zeros.
+template <int M, int N, int K, int A_RS, int A_CS, int B_RS, int B_CS, int C_RS, int C_CS, bool CLEAR, class CS>
+inline void gemm_bf16(const kf_bf16* __restrict__ A, const kf_bf16* __restrict__ B, CS* __restrict__ C,
+                      char* scratch) {
+  constexpr int MR = 6, L = 16, NR = N <= L ? L : 2 * L, NV = NR / L;
+  constexpr int MP = (M + MR - 1) / MR * MR, NP = (N + NR - 1) / NR * NR, K2 = (K + 1) / 2;
+  uint32_t* ap = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
+  uint32_t* bp = ap + size_t(MP) * K2;
+  pack_bf16_pairs<M, K, MR, A_RS, A_CS>(A, ap);
+  pack_bf16_pairs<N, K, NR, B_CS, B_RS>(B, bp);
+  for (int ib = 0; ib < MP / MR; ++ib)
+    for (int jb = 0; jb < NP / NR; ++jb) {
+      const uint32_t* a = ap + size_t(ib) * K2 * MR;
+      const uint32_t* b = bp + size_t(jb) * K2 * NR;
+      __m512 acc[MR][NV];
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+      for (int kk = 0; kk < K2; ++kk) {
+        __m512bh bv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + size_t(kk) * NR + v * L);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+          const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[size_t(kk) * MR + r]));
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+        }
+      }
+      for (int r = 0; r < MR; ++r) {
+        const int i = ib * MR + r;
+        if (i >= M) break;
+        float out[NR];
+        for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + v * L, acc[r][v]);
+        store_block<M, N, NR, C_RS, C_CS, CLEAR>(out, C, i, jb * NR);
+      }
+    }
+}
+#endif
+
 // C (+)= A @ B with A: M x K, B: K x N, C: M x N, accumulating in T.
 template <class T, int M, int N, int K, int A_RS, int A_CS, int B_RS, int B_CS, int C_RS, int C_CS,
           bool CLEAR, class AS, class BS, class CS>
 inline void gemm(const AS* __restrict__ A, const BS* __restrict__ B, CS* __restrict__ C, char* scratch) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<AS, kf_bf16> && std::is_same_v<BS, kf_bf16> && std::is_same_v<T, float>) {
+    gemm_bf16<M, N, K, A_RS, A_CS, B_RS, B_CS, C_RS, C_CS, CLEAR>(A, B, C, scratch);
+    return;
+  }
+#endif
   using S = GemmShape<T>;
   using G = GemmTile<T, M, N>;
   T* ap = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
   T* bp = ap + size_t(G::MP) * K;
-  for (int ib = 0; ib < G::MP / S::MR; ++ib)
-    for (int k = 0; k < K; ++k)
-      for (int r = 0; r < S::MR; ++r) {
-        const int i = ib * S::MR + r;
-        ap[(size_t(ib) * K + k) * S::MR + r] = i < M ? load_as<T>(A[int64_t(i) * A_RS + int64_t(k) * A_CS]) : T(0);
-      }
-  for (int jb = 0; jb < G::NP / G::NR; ++jb)
-    for (int k = 0; k < K; ++k)
-      for (int c = 0; c < G::NR; ++c) {
-        const int j = jb * G::NR + c;
-        bp[(size_t(jb) * K + k) * G::NR + c] = j < N ? load_as<T>(B[int64_t(k) * B_RS + int64_t(j) * B_CS]) : T(0);
-      }
+  pack_panels<T, M, K, S::MR, A_RS, A_CS>(A, ap);
+  pack_panels<T, N, K, G::NR, B_CS, B_RS>(B, bp);
   for (int ib = 0; ib < G::MP / S::MR; ++ib)
     for (int jb = 0; jb < G::NP / G::NR; ++jb)
       gemm_block<T, M, N, K, C_RS, C_CS, CLEAR>(ap + size_t(ib) * K * S::MR, bp + size_t(jb) * K * G::NR, C,

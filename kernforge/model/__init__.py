@@ -10,10 +10,10 @@ from kernforge.model.config import ModelConfig, QuantizationConfig, RopeScaling,
 from kernforge.model.init import init_random_, random_model
 from kernforge.model.numerics import deterministic, is_deterministic
 from kernforge.model.tokenizer import ByteTokenizer
-from kernforge.model.transformer import MTPBlock, Transformer
+from kernforge.model.transformer import MTPBlock, Transformer, exact_rebuild_tail
 
 __all__ = [
     "ByteTokenizer", "ModelConfig", "MTPBlock", "QuantizationConfig", "RopeScaling", "Transformer",
-    "deterministic", "init_random_", "is_deterministic", "load_checkpoint", "official_format",
+    "deterministic", "exact_rebuild_tail", "init_random_", "is_deterministic", "load_checkpoint", "official_format",
     "random_model", "tiny", "v4_flash",
 ]

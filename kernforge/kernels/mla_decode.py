@@ -296,17 +296,19 @@ def reference(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor
     b, s_q, h_q, d = q.shape
     page, h_kv = kv_cache.shape[1], kv_cache.shape[2]
     group = h_q // h_kv
-    out = torch.zeros(b, s_q, h_q, dim_v, dtype=torch.float64)
-    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float64)
+    dev = q.device                      # float64 on the inputs' device (GPU-sized problems)
+    out = torch.zeros(b, s_q, h_q, dim_v, dtype=torch.float64, device=dev)
+    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float64, device=dev)
     for i in range(b):
         n = int(cache_seqlens[i])
         if n == 0:
             continue
-        pages = block_table[i, :-(-n // page)].long().cpu()
-        k = kv_cache.cpu()[pages].reshape(-1, h_kv, d)[:n].double().repeat_interleave(group, dim=1)
-        scores = torch.einsum("shd,lhd->hsl", q[i].cpu().double(), k) * sm_scale
+        pages = block_table[i, :-(-n // page)].long()
+        k = kv_cache[pages].reshape(-1, h_kv, d)[:n].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("shd,lhd->hsl", q[i].double(), k) * sm_scale
         if causal:
-            visible = torch.arange(n)[None, :] < (n - s_q + torch.arange(s_q) + 1)[:, None]
+            pos = torch.arange(max(n, s_q), device=dev)
+            visible = pos[None, :n] < (n - s_q + pos[:s_q] + 1)[:, None]
             scores = scores.masked_fill(~visible[None], -math.inf)
         out[i], lse[i] = _softmax_rows(scores, k[..., :dim_v], attn_sink, h_q)
     return out, lse
@@ -320,16 +322,16 @@ def reference_sparse(q: torch.Tensor, kv_flat: torch.Tensor, indices: torch.Tens
     q ``[b, s_q, h_q, d]``, kv_flat ``[num_tokens, d]``, indices ``[b, s_q, topk]`` (``-1``
     = empty; only the first ``topk_length[b]`` slots count)."""
     b, s_q, h_q, d = q.shape
-    out = torch.zeros(b, s_q, h_q, dim_v, dtype=torch.float64)
-    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float64)
+    out = torch.zeros(b, s_q, h_q, dim_v, dtype=torch.float64, device=q.device)
+    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float64, device=q.device)
     for i in range(b):
         n = indices.shape[-1] if topk_length is None else min(int(topk_length[i]), indices.shape[-1])
         for t in range(s_q):
-            idx = indices[i, t, :n].long().cpu()
-            k = kv_flat.cpu()[idx[idx != -1]].double()[:, None, :]             # [L, 1, d]
+            idx = indices[i, t, :n].long()
+            k = kv_flat[idx[idx != -1]].double()[:, None, :]                   # [L, 1, d]
             if k.shape[0] == 0:
                 continue
-            scores = torch.einsum("hd,lhd->hl", q[i, t].cpu().double(), k.expand(-1, h_q, -1))
+            scores = torch.einsum("hd,lhd->hl", q[i, t].double(), k.expand(-1, h_q, -1))
             o, row_lse = _softmax_rows(scores[:, None, :] * sm_scale,
                                        k[..., :dim_v].expand(-1, h_q, -1), attn_sink, h_q)
             out[i, t], lse[i, :, t] = o[0], row_lse[:, 0]
@@ -343,7 +345,7 @@ def _softmax_rows(scores, v, attn_sink, h_q):
     p = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)
     o = torch.einsum("hsl,lhd->shd", p, v)
     if attn_sink is not None:
-        o = o / (1 + torch.exp(attn_sink.cpu().double()[:, None] - row_lse)).T[..., None]
+        o = o / (1 + torch.exp(attn_sink.double()[:, None] - row_lse)).T[..., None]
     o = o.masked_fill(empty.T[..., None], 0.0)
     return o, row_lse.masked_fill(empty, math.inf)
 
@@ -434,7 +436,7 @@ def tolerances(q: torch.Tensor, kv: torch.Tensor, sm_scale: float, max_len: int,
 
 def assert_close(out, lse, exp_out, exp_lse, tol_out: float, tol_lse: float) -> None:
     """Outputs within ``tol_out``; lse within ``tol_lse`` and +inf exactly where expected."""
-    got = out.cpu().double()
+    got, exp_out, exp_lse = out.cpu().double(), exp_out.cpu(), exp_lse.cpu()
     assert not torch.isnan(got).any(), "output has NaN (unwritten or poisoned elements)"
     err = (got - exp_out).abs().max().item()
     assert err <= tol_out, f"output differs by {err:.3g} > {tol_out:.3g}"

@@ -120,3 +120,23 @@ def test_index_json_names_the_shards(checkpoint):
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     assert index["weight_map"]["layers.1.attn.indexer.wq_b.scale"].startswith("model-0000")
     assert index["weight_map"]["layers.0.ffn.experts.7.w3.weight"].endswith("-of-00002.safetensors")
+
+
+def test_v4_flash_key_counts_match_the_official_index():
+    # Spec §4: non-expert keys per block are 29 (ratio 0), 33 (ratio 128), 40 (ratio 4) and
+    # 39 for mtp.0, plus 6 per routed expert (weight + scale for w1, w2, w3).
+    from kernforge.model import official_format, v4_flash
+    from kernforge.model.block import Block
+    from kernforge.model.transformer import MTPBlock, rope_tables
+
+    c = v4_flash(max_seq_len=128)
+    plain, yarn = rope_tables(c)
+    counts = {}
+    with torch.device("meta"):
+        for layer, cls in ((1, Block), (2, Block), (3, Block), (43, MTPBlock)):
+            block = cls(layer, c, yarn if c.compress_ratios[layer] else plain)
+            names = list(block.state_dict())
+            scales = [n for n, m in block.named_modules() if isinstance(m, Linear) and official_format(n, "fp4")]
+            expert = [n for n in names + scales if n.startswith("ffn.experts.")]
+            counts[layer] = (len(names) + len(scales) - len(expert), len(expert))
+    assert counts == {1: (29, 1536), 2: (40, 1536), 3: (33, 1536), 43: (39, 1536)}

@@ -19,13 +19,14 @@ def _as_float(t):
     return t.float().numpy() if t.dtype.is_floating_point else t.numpy()
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])  # wgmma + its pipeline; mma.sync + ldmatrix + cp.async
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_library_kernel_matches_interp(name):
+def test_library_kernel_matches_interp(name, arch):
     spec = SPECS[name]
     params = spec.problems["small"].params
     emu_inputs = spec.make_inputs(params, 0, "cpu")
     ref_inputs = [t.clone() if isinstance(t, torch.Tensor) else t for t in emu_inputs]
-    kernforge.compile(spec.factory, backend="cuda-emu", **params)(*emu_inputs)
+    kernforge.compile(spec.factory, backend="cuda-emu", arch=arch, **params)(*emu_inputs)
     kernforge.compile(spec.factory, backend="interp", **params)(*ref_inputs)
     for i in spec.outputs:
         got, want = emu_inputs[i], ref_inputs[i]

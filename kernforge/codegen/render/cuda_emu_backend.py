@@ -198,6 +198,8 @@ class EmuLauncher:
 class CudaEmuBackend:
     name = "cuda-emu"
     device = "cpu"
+    # How tools must label a passing check on this backend: never "GPU verified".
+    verified_label = "CUDA semantics verified on host emulation"
 
     def _render(self, kernel: ir.Kernel, arch: Optional[str]):
         from kernforge.codegen.render.cuda import render_cuda

@@ -39,8 +39,16 @@ class ChatCompletionChunkGenerator:
             data["usage"] = usage
         return ChatCompletionChunk(data)
 
+    def _delta_chunk(self, delta):
+        """`_chunk` for the per-token path: copies a prebuilt head instead of rebuilding it."""
+        data = self._head.copy()
+        data["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+        return ChatCompletionChunk(data)
+
     def start(self, usage, fingerprint):
         self.usage, self.fingerprint = usage, fingerprint
+        self._head = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                      "model": self.model, "system_fingerprint": fingerprint}
         delta = {"role": "assistant", "content": None if self.thinking else ""}
         if self.thinking:
             delta["reasoning_content"] = ""
@@ -48,15 +56,15 @@ class ChatCompletionChunkGenerator:
 
     def event(self, ev):
         kind = type(ev)
-        if kind is ReasoningDelta:
-            return [self._chunk({"content": None, "reasoning_content": ev.text})]
-        if kind is ContentDelta:
-            return [self._chunk({"content": ev.text, "reasoning_content": None})]
         if kind is ToolCallDelta:
-            return [self._chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]})]
+            return [self._delta_chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]})]
+        if kind is ReasoningDelta:
+            return [self._delta_chunk({"content": None, "reasoning_content": ev.text})]
+        if kind is ContentDelta:
+            return [self._delta_chunk({"content": ev.text, "reasoning_content": None})]
         if kind is ToolCallStart:
-            return [self._chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
-                                                 "function": {"name": ev.name, "arguments": ""}}]})]
+            return [self._delta_chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
+                                                       "function": {"name": ev.name, "arguments": ""}}]})]
         return []  # ToolCallEnd and ParseIssue carry nothing new for Chat clients
 
     def end(self, reason, completion_tokens, stop_sequence):

@@ -137,6 +137,18 @@ class OutputParser:
     def feed(self, text: str) -> list:
         if self.state == STOPPED or not text:
             return []
+        if not self.buf and "<" not in text:
+            # Fast paths for the common chunk: no marker can start inside it.
+            st = self.state
+            if st == VALUE and self.value_is_string and self.value_target is not None:
+                delta = encode_basestring(text)[1:-1]
+                self.value_target.parts.append(delta)
+                return [ToolCallDelta(self.value_target.index, delta)]
+            if not self.stops and text[-1] != "\n":
+                if st == REASONING and not self.strip_leading and not self.pending_reasoning_newlines:
+                    return [ReasoningDelta(text)]
+                if st == CONTENT and not self.strip_content and not self.pending_newlines:
+                    return [ContentDelta(text)]
         self.buf += text
         out: list = []
         self._run(out, final=False)

@@ -26,6 +26,9 @@ class PromptUsage:
         self.prompt_tokens, self.prompt_cache_hit_tokens = prompt_tokens, prompt_cache_hit_tokens
 
 
+_new_chunk = object.__new__
+
+
 class InferenceChunk:
     """One backend update: `ready`, `text` or `finish` (token-id chunks need a tokenizer)."""
 
@@ -43,9 +46,12 @@ class InferenceChunk:
 
     @staticmethod
     def text(content: str, token_count: int = 0):
-        if not isinstance(content, str):
+        if type(content) is not str:
             raise TypeError("text chunk content must be str")
-        return InferenceChunk("text", content=content, token_count=token_count)
+        chunk = _new_chunk(InferenceChunk)  # per-token path: skip the keyword-argument __init__
+        chunk.kind, chunk.content, chunk.token_count = "text", content, token_count
+        chunk.finish_reason = chunk.prompt_usage = chunk.system_fingerprint = None
+        return chunk
 
     @staticmethod
     def finish(finish_reason: InferenceFinishReason):
@@ -86,18 +92,18 @@ class StreamProcessor:
             raise StreamStateError("stream processor is finished or closed")
         out: list = []
         kind = chunk.kind
-        if kind == "ready":
-            if chunk.prompt_usage is not None:
-                self._usage = chunk.prompt_usage
-            self._fingerprint = chunk.system_fingerprint
-            self._start(out)
-        elif kind == "text":
+        if kind == "text":
             if not self._started:
                 self._start(out)
             self._completion_tokens += chunk.token_count or 0
             event = self._gen.event
             for ev in self._parser.feed(chunk.content):
                 out += event(ev)
+        elif kind == "ready":
+            if chunk.prompt_usage is not None:
+                self._usage = chunk.prompt_usage
+            self._fingerprint = chunk.system_fingerprint
+            self._start(out)
         elif kind == "finish":
             self._start(out)
             self._finish_reason = chunk.finish_reason

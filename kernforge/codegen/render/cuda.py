@@ -41,7 +41,7 @@ from kernforge.codegen.passes import run_pipeline, simplify
 from kernforge.codegen.passes.cuda_fp8_operands import cuda_fp8_operands
 from kernforge.codegen.passes.cuda_layout import LayoutPlan, nodes, plan_layouts
 from kernforge.codegen.passes.cuda_pipeline import PipelinePlan, plan_pipelines
-from kernforge.codegen.render import cuda_ops
+from kernforge.codegen.render import cuda_gemm, cuda_ops, cuda_reduce
 from kernforge.codegen.render.base import CRenderer
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "templates", "cuda")
@@ -224,12 +224,12 @@ class CudaRenderer(CRenderer):
                 self.smem_offsets[b] = off
                 off += -(-prod(b.static_shape()) * b.dtype.itemsize * self.pipes.stages.get(b, 1)
                          // SMEM_ALIGN) * SMEM_ALIGN
-        scratch = max((cuda_ops.reduce_scratch_floats(self, r) for r in nodes(self.k.body)
+        scratch = max((cuda_reduce.reduce_scratch_floats(self, r) for r in nodes(self.k.body)
                        if isinstance(r, ir.Reduce)), default=0)
         if scratch:
             self.scratch_offset = off
             off += -(-scratch * 4 // SMEM_ALIGN) * SMEM_ALIGN
-        if any(isinstance(c, ir.Cumsum) and cuda_ops.block_scan_ok(self, c) for c in nodes(self.k.body)):
+        if any(isinstance(c, ir.Cumsum) and cuda_reduce.block_scan_ok(self, c) for c in nodes(self.k.body)):
             self.scan_scratch_offset = off
             off += 32 * 8
         self.smem_bytes = off
@@ -291,8 +291,15 @@ class CudaRenderer(CRenderer):
 
     # -- statements -----------------------------------------------------------------
     def stmt(self, s: ir.Stmt) -> None:
-        handler: Callable = getattr(cuda_ops, "render_" + type(s).__name__.lower())
-        handler(self, s)
+        HANDLERS[type(s)](self, s)
+
+
+HANDLERS: dict[type, Callable] = {
+    ir.Seq: cuda_ops.render_seq, ir.Allocate: cuda_ops.render_allocate, ir.Store: cuda_ops.render_store,
+    ir.Atomic: cuda_ops.render_atomic, ir.If: cuda_ops.render_if, ir.For: cuda_ops.render_for,
+    ir.Parallel: cuda_ops.render_parallel, ir.Copy: cuda_ops.render_copy, ir.Fill: cuda_ops.render_fill,
+    ir.Gemm: cuda_gemm.render_gemm, ir.Reduce: cuda_reduce.render_reduce, ir.Cumsum: cuda_reduce.render_cumsum,
+}
 
 
 def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None) -> CudaProgram:

@@ -1,0 +1,121 @@
+"""CUDA lowering of ``T.gemm``: wgmma (sm_90a), mma.sync m16n8k16 with ldmatrix, or a scalar loop.
+
+Operand tiles are in core-matrix order (``kf/wgmma.cuh`` documents it), the
+accumulator in :class:`~kernforge.codegen.layouts.AccumLayout`; the layout
+planner decided which gemm takes which path (``LayoutPlan.gemm_kind``).
+"""
+from __future__ import annotations
+
+from kernforge import dtypes
+from kernforge.codegen import ir
+from kernforge.codegen.layouts import AccumLayout
+from kernforge.codegen.render.cuda_ops import I32, _add, _vars, _zero
+
+def render_gemm(R, g: ir.Gemm) -> None:
+    kind = R.plan.gemm_kind[g]
+    if kind == "scalar":
+        render_scalar_gemm(R, g)
+        return
+    R.before(True, False)
+    lay: AccumLayout = R.plan.registers[g.c.buffer]
+    a, b, c = g.a.buffer, g.b.buffer, g.c.buffer
+    K = a.static_shape()[0] if g.trans_a else a.static_shape()[1]
+    ab = "bf16" if a.dtype == dtypes.bfloat16 else "f16"
+    cn = R.buffer_name(c)
+    R.open("" if lay.used_warps == lay.warps else f"if (({R.tid} >> 5) < {lay.used_warps})")
+    R.emit(f"const int kf_warp = {R.tid} >> 5;")
+    if kind == "mma":
+        R.emit(f"const int kf_lane = {R.tid} & 31;")
+    R.emit(f"const int kf_wr = kf_warp % {lay.wm}, kf_wc = kf_warp / {lay.wm};")
+    if g.clear_accum:
+        R.emit("#pragma unroll")
+        R.emit(f"for (int kf_z = 0; kf_z < {lay.regs}; ++kf_z) {cn}[kf_z] = 0.0f;")
+    an, bn = R.buffer_name(a), R.buffer_name(b)
+    a_cols, b_cols = a.static_shape()[1], b.static_shape()[1]
+
+    def core(name, cols, r, col):
+        return f"{name} + (((({r}) >> 3) * {cols // 8} + (({col}) >> 3)) * 64 + (({r}) & 7) * 8 + (({col}) & 7))"
+
+    if kind == "wgmma":
+        R.emit("kf::wgmma_fence();")
+        R.emit("#pragma unroll")
+        R.open(f"for (int kf_kk = 0; kf_kk < {K // 16}; ++kf_kk)")
+        R.emit("#pragma unroll")
+        R.open(f"for (int kf_mi = 0; kf_mi < {lay.mt}; ++kf_mi)")
+        R.emit(f"const int kf_row0 = kf_mi * {16 * lay.wm} + (kf_wr & ~3) * 16;")
+        R.emit(f"const int kf_col0 = kf_wc * {lay.n // lay.wn};")
+        if g.trans_a:  # A stored K x M: MN-major
+            R.emit(f"const uint64_t kf_da = kf::make_smem_desc({core(an, a_cols, 'kf_kk * 16', 'kf_row0')}, "
+                   f"{a_cols // 8 * 128}, 128);")
+        else:
+            R.emit(f"const uint64_t kf_da = kf::make_smem_desc({core(an, a_cols, 'kf_row0', 'kf_kk * 16')}, "
+                   f"128, {a_cols // 8 * 128});")
+        if g.trans_b:  # B stored N x K: K-major
+            R.emit(f"const uint64_t kf_db = kf::make_smem_desc({core(bn, b_cols, 'kf_col0', 'kf_kk * 16')}, "
+                   f"128, {b_cols // 8 * 128});")
+        else:
+            R.emit(f"const uint64_t kf_db = kf::make_smem_desc({core(bn, b_cols, 'kf_kk * 16', 'kf_col0')}, "
+                   f"{b_cols // 8 * 128}, 128);")
+        n = lay.nt * 8
+        R.emit(f"kf::wgmma_m64nNk16_f32_{ab}<{n}, {int(g.trans_a)}, {int(not g.trans_b)}>("
+               f"*reinterpret_cast<float(*)[{n // 2}]>(&{cn}[kf_mi * {lay.nt * 4}]), kf_da, kf_db, 1);")
+        R.close()
+        R.close()
+        R.emit("kf::wgmma_commit();")
+        R.emit("kf::wgmma_wait<0>();")
+        R.close()
+        return
+    # mma.sync m16n8k16 with ldmatrix from core-matrix tiles
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_kk = 0; kf_kk < {K // 16}; ++kf_kk)")
+    R.emit(f"uint32_t kf_a[{lay.mt}][4];")
+    R.emit(f"uint32_t kf_b[{lay.nt}][2];")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_mi = 0; kf_mi < {lay.mt}; ++kf_mi)")
+    R.emit(f"const int kf_row0 = kf_mi * {16 * lay.wm} + kf_wr * 16;")
+    if g.trans_a:
+        R.emit(f"kf::ldmatrix_x4_trans(kf_a[kf_mi], {core(an, a_cols, 'kf_kk * 16 + (kf_lane & 7) + (kf_lane >> 4) * 8', 'kf_row0 + ((kf_lane >> 3) & 1) * 8')});")
+    else:
+        R.emit(f"kf::ldmatrix_x4(kf_a[kf_mi], {core(an, a_cols, 'kf_row0 + (kf_lane & 7) + ((kf_lane >> 3) & 1) * 8', 'kf_kk * 16 + (kf_lane >> 4) * 8')});")
+    R.close()
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_ni = 0; kf_ni < {lay.nt}; ++kf_ni)")
+    R.emit(f"const int kf_col0 = kf_wc * {lay.n // lay.wn} + kf_ni * 8;")
+    if g.trans_b:
+        R.emit(f"kf::ldmatrix_x2(kf_b[kf_ni], {core(bn, b_cols, 'kf_col0 + (kf_lane & 7)', 'kf_kk * 16 + ((kf_lane >> 3) & 1) * 8')});")
+    else:
+        R.emit(f"kf::ldmatrix_x2_trans(kf_b[kf_ni], {core(bn, b_cols, 'kf_kk * 16 + (kf_lane & 7) + ((kf_lane >> 3) & 1) * 8', 'kf_col0')});")
+    R.close()
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_mi = 0; kf_mi < {lay.mt}; ++kf_mi)")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_ni = 0; kf_ni < {lay.nt}; ++kf_ni)")
+    R.emit(f"float (&kf_d)[4] = *reinterpret_cast<float(*)[4]>(&{cn}[(kf_mi * {lay.nt} + kf_ni) * 4]);")
+    R.emit(f"kf::mma_m16n8k16_f32_{ab}(kf_d, kf_a[kf_mi], kf_b[kf_ni], kf_d);")
+    R.close()
+    R.close()
+    R.close()
+    R.close()
+
+
+def render_scalar_gemm(R, g: ir.Gemm) -> None:
+    """``C (+)= A @ B`` element by element (dtypes/shapes the tensor cores do not take)."""
+    c = g.c
+    shape = c.extents
+    vars_ = _vars(R, 2)
+    kv = ir.Var(R.fresh("k"), I32)
+    K = g.a.extents[0] if g.trans_a else g.a.extents[1]
+    i, j = vars_
+    aidx = (kv, i) if g.trans_a else (i, kv)
+    bidx = (j, kv) if g.trans_b else (kv, j)
+
+    def at(r: ir.Region, idx):
+        return tuple(_add(s, x) for s, x in zip(r.starts, idx))
+
+    cidx = at(c, vars_)
+    prod_ = ir.binary(ir.Op.MUL, ir.Load(g.a.buffer, at(g.a, aidx)), ir.Load(g.b.buffer, at(g.b, bidx)))
+    acc = ir.Store(c.buffer, cidx, ir.cast(ir.binary(ir.Op.ADD, ir.Load(c.buffer, cidx), prod_), c.buffer.dtype))
+    body = [ir.For(kv, ir.const(K), acc)]
+    if g.clear_accum:
+        body.insert(0, ir.Store(c.buffer, cidx, _zero(c.buffer.dtype)))
+    R.stmt(ir.Parallel(vars_, tuple(shape), ir.Seq(tuple(body))))

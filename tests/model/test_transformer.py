@@ -11,6 +11,7 @@ bit-exact.
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kernforge.model import deterministic, random_model, tiny
 
@@ -116,3 +117,27 @@ def test_cache_state_names_every_cache(tiny_f32):
     assert state["layers.2.attn.compressor.score_state"].shape == (8, 256, 96)
     assert state["layers.1.attn.compressor.kv_state"].shape == (8, 8, 192)
     assert tiny_f32.layers[0].attn.ring_pos.tolist() == list(range(16, 20)) + list(range(4, 16))
+
+
+def test_new_sequence_never_inherits_state_even_below_one_block():
+    # Spec §5: upstream keeps stale ratio-4 state when a new prompt is shorter than a block.
+    used = random_model(tiny(), seed=12, dtype=torch.float64)
+    used(tokens(2, 150, 13))
+    fresh = random_model(tiny(), seed=12, dtype=torch.float64)
+    short = tokens(2, 9, 14)
+    assert torch.equal(prefill_then_decode(used, short, 2), prefill_then_decode(fresh, short, 2))
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cuts=st.lists(st.integers(1, 39), max_size=6, unique=True), batch=st.integers(1, 3))
+def test_any_chunking_matches_one_call(chunk_model, cuts, batch):
+    ids = tokens(batch, 40, 15)
+    edges = [0] + sorted(cuts) + [40]
+    full = chunk_model(ids)
+    parts = torch.cat([chunk_model(ids[:, lo:hi], lo) for lo, hi in zip(edges[:-1], edges[1:])], dim=1)
+    torch.testing.assert_close(parts, full, rtol=0, atol=1e-9)
+
+
+@pytest.fixture(scope="module")
+def chunk_model(_one_torch_thread):
+    return random_model(tiny(compress_ratios=(0, 4, 8, 4, 0)), seed=16, dtype=torch.float64)

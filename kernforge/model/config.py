@@ -118,6 +118,7 @@ class ModelConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         self._check(self.variant in VARIANTS,
                     f"variant {self.variant!r} is not built; supported: {VARIANTS} (see docs/model.md for v4.1)")
+        self._check(isinstance(self.rope_scaling, RopeScaling), "rope_scaling must be a RopeScaling (YaRN) entry")
         self._check(self.num_key_value_heads == 1, "V4 attention has one shared KV head")
         self._check(self.n_shared_experts == 1, "V4 MoE has exactly one shared expert")
         self._check(not self.tie_word_embeddings, "V4 does not tie embed and head")

@@ -69,6 +69,7 @@ def test_unknown_keys_raise_unless_not_strict():
     ({"variant": "v4.1"}, "not built"),
     ({"max_seq_len": 1000}, "multiple of every compress ratio"),
     ({"hidden_size": 0}, "positive"),
+    ({"rope_scaling": None}, "rope_scaling"),
 ])
 def test_validation_rejects_inconsistent_configs(change, message):
     with pytest.raises(ValueError, match=message):

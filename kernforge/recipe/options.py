@@ -3,7 +3,6 @@ import enum
 from collections.abc import Sequence
 
 from .conversation import Conversation
-from .dsml import V4_DSML
 from .encoding_v4 import DeepseekV4Encoding
 from .encoding_v41 import DeepseekV41Encoding
 from .errors import ConversionError
@@ -172,20 +171,19 @@ class ParsingOptions:
     """How to parse model output for one request."""
 
     __slots__ = ("parse_tool_calls", "starts_in_tool_calls", "parse_json_output",
-                 "thinking_initial_stage", "_stop", "special_tokens", "dsml")
+                 "thinking_initial_stage", "_stop", "special_tokens")
 
     def __init__(self, *, parse_tool_calls: bool = True, starts_in_tool_calls: bool = False,
                  parse_json_output: bool = False,
                  thinking_initial_stage: ThinkingInitialStage | None = None,
                  stop_sequences: Sequence[str] | None = None,
-                 special_tokens: SpecialTokens | None = None, dsml=None):
+                 special_tokens: SpecialTokens | None = None):
         self.parse_tool_calls = bool(parse_tool_calls)
         self.starts_in_tool_calls = bool(starts_in_tool_calls)
         self.parse_json_output = bool(parse_json_output)
         self.thinking_initial_stage = thinking_initial_stage
         self.stop_sequences = stop_sequences or []
         self.special_tokens = special_tokens or DEFAULT_SPECIAL_TOKENS
-        self.dsml = dsml or V4_DSML
 
     @property
     def stop_sequences(self) -> list[str]:

@@ -14,6 +14,7 @@ import secrets
 import string
 from dataclasses import dataclass, field
 
+from .dsml import V4_DSML, V41_DSML, DsmlNames
 from .errors import UnsupportedFeatureError
 from .options import ParsingOptions, ThinkingInitialStage
 
@@ -84,6 +85,17 @@ def _held_suffix(buf: str, markers) -> int:
     return best
 
 
+class _DialectTags:
+    """The complete tag spellings of one DSML dialect."""
+
+    __slots__ = ("block_open", "block_close", "invoke_open", "invoke_close", "param_open", "param_close")
+
+    def __init__(self, token: str, d: DsmlNames):
+        self.block_open, self.block_close = f"<{token}{d.block}>", f"</{token}{d.block}>"
+        self.invoke_open, self.invoke_close = f"<{token}{d.invoke}", f"</{token}{d.invoke}>"
+        self.param_open, self.param_close = f"<{token}{d.parameter}", f"</{token}{d.parameter}>"
+
+
 @dataclass
 class ToolCallState:
     index: int
@@ -100,15 +112,14 @@ class OutputParser:
     def __init__(self, options: ParsingOptions):
         if options.parse_json_output:
             raise UnsupportedFeatureError("parse_json_output", "JSON extraction is not implemented")
-        t, d = options.special_tokens, options.dsml
+        t = options.special_tokens
         self.think_end = t.thinking_end
         self.eos = t.eos
-        self.block_open = f"<{t.dsml}{d.block}>"
-        self.block_close = f"</{t.dsml}{d.block}>"
-        self.invoke_open = f"<{t.dsml}{d.invoke}"
-        self.invoke_close = f"</{t.dsml}{d.invoke}>"
-        self.param_open = f"<{t.dsml}{d.parameter}"
-        self.param_close = f"</{t.dsml}{d.parameter}>"
+        # Both DSML dialects are recognised (as deepseek-recipe does); the first tag
+        # of a block fixes the dialect for the rest of it.
+        self.dialects = [_DialectTags(t.dsml, d) for d in (V4_DSML, V41_DSML)]
+        self.block_opens = [dt.block_open for dt in self.dialects]
+        self.tags = None
         self.parse_tools = options.parse_tool_calls
         self.stops = options.stop_sequences
         stage = options.thinking_initial_stage
@@ -255,7 +266,7 @@ class OutputParser:
         if self.state == REASONING:
             markers.append(self.think_end)
         elif self.parse_tools:
-            markers.append(self.block_open)
+            markers += self.block_opens
         # Earliest complete marker.
         hit, which = -1, None
         for m in markers:
@@ -272,7 +283,8 @@ class OutputParser:
         if which == self.think_end and self.state == REASONING:
             self.pending_reasoning_newlines = ""
             self.state = CONTENT
-        elif which == self.block_open and self.state == CONTENT:
+        elif which in self.block_opens and self.state == CONTENT:
+            self.tags = self.dialects[self.block_opens.index(which)]
             self.pending_newlines = ""
             self.state = BLOCK
         elif which == self.eos:
@@ -296,10 +308,14 @@ class OutputParser:
             self.buf = ""
             return False
         rest = buf[i:]
+        tags = self.tags
         if self.state == BLOCK:
-            expected = (self.invoke_open, self.block_close)
+            if tags is None:  # the prompt opened the block: either dialect may follow
+                expected = [x for dt in self.dialects for x in (dt.invoke_open, dt.block_close)]
+            else:
+                expected = (tags.invoke_open, tags.block_close)
         else:
-            expected = (self.param_open, self.invoke_close)
+            expected = (tags.param_open, tags.invoke_close)
         for tag in expected:
             if rest.startswith(tag):
                 end = rest.find(">")
@@ -325,9 +341,12 @@ class OutputParser:
 
     def _on_tag(self, out, tag, attr_text):
         attrs = dict(_ATTR.findall(attr_text))
-        if tag == self.block_close:
+        if self.tags is None:
+            self.tags = next(dt for dt in self.dialects if tag in (dt.invoke_open, dt.block_close))
+        tags = self.tags
+        if tag == tags.block_close:
             self.state = AFTER
-        elif tag == self.invoke_open:
+        elif tag == tags.invoke_open:
             name = attrs.get("name")
             if not name:
                 self._issue(out, "malformed_tool_call", "invoke tag without a name")
@@ -337,7 +356,7 @@ class OutputParser:
             self.calls.append(self.call)
             out.append(ToolCallStart(index, self.call.id, name))
             self.state = INVOKE
-        elif tag == self.invoke_close:
+        elif tag == tags.invoke_close:
             self._end_call(out)
             self.state = BLOCK
         else:  # parameter
@@ -375,10 +394,11 @@ class OutputParser:
 
     def _scan_value(self, out, final) -> bool:
         buf = self.buf
-        i = buf.find(self.param_close)
+        close = self.tags.param_close
+        i = buf.find(close)
         target = self.value_target
         if i < 0:
-            keep = 0 if final else _held_suffix(buf, (self.param_close,))
+            keep = 0 if final else _held_suffix(buf, (close,))
             chunk = buf[:len(buf) - keep]
             self.buf = buf[len(buf) - keep:]
             if chunk and target is not None:
@@ -390,7 +410,7 @@ class OutputParser:
                     self.value_parts.append(chunk)
             return False
         chunk = buf[:i]
-        self.buf = buf[i + len(self.param_close):]
+        self.buf = buf[i + len(close):]
         if target is not None:
             if self.value_is_string:
                 if chunk:

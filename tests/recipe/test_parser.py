@@ -73,7 +73,7 @@ def test_v41_names_and_typed_parameters():
     params = [("s", 'a "quoted"\nline'), ("n", 3), ("f", -1.5), ("b", True), ("z", None),
               ("l", [1, {"k": "v"}]), ("o", {"x": [True]})]
     raw = "thinking</think>Answer.\n\n" + dsml_block([("f1", params), ("f2", [])], V41_DSML)
-    ev, _ = parse(raw, parse_tool_calls=True, thinking_initial_stage=THINK, dsml=V41_DSML)
+    ev, _ = parse(raw, parse_tool_calls=True, thinking_initial_stage=THINK)
     r, c, calls, issues = summary(ev)
     assert (r, c, issues) == ("thinking", "Answer.", [])
     assert calls == [("f1", dict(params)), ("f2", {})]
@@ -139,6 +139,18 @@ def test_starts_in_tool_calls():
     raw = dsml_block([("f", [("x", 1)])])[len(f"<{D}tool_calls>"):]
     r, c, calls, issues = summary(parse(raw, 4, parse_tool_calls=True, starts_in_tool_calls=True)[0])
     assert calls == [("f", {"x": 1})] and c == "" and issues == []
+
+
+@pytest.mark.parametrize("names", [V4_DSML, V41_DSML])
+def test_both_dialects_parse_with_the_same_options(names):
+    """The prompt fixes the dialect, not the parsing options (deepseek-recipe behaves the same)."""
+    block = dsml_block([("f", [("x", 1)]), ("g", [("y", "z")])], names)
+    r, c, calls, issues = summary(parse("R</think>" + block, 3, parse_tool_calls=True,
+                                        thinking_initial_stage=THINK)[0])
+    assert calls == [("f", {"x": 1}), ("g", {"y": "z"})] and issues == []
+    opened = block[len(f"<{D}{names.block}>"):]
+    r, c, calls, issues = summary(parse(opened, 2, parse_tool_calls=True, starts_in_tool_calls=True)[0])
+    assert calls == [("f", {"x": 1}), ("g", {"y": "z"})] and issues == []
 
 
 def test_text_after_block_is_kept_and_reported():

@@ -6,7 +6,6 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import kernforge.recipe as K
-from kernforge.recipe.dsml import V4_DSML, V41_DSML
 
 from .conftest import golden_dir
 
@@ -15,7 +14,7 @@ text = st.text(alphabet=st.sampled_from(list("ab <>/\"\\{}:,\n\té中😀")), ma
 json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10 ** 12, 10 ** 12), text),
                            lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(text, c, max_size=3)),
                            max_leaves=6)
-ENCODINGS = {"v4": (K.DeepseekV4Encoding, V4_DSML), "v41": (K.DeepseekV41Encoding, V41_DSML)}
+ENCODINGS = {"v4": K.DeepseekV4Encoding, "v41": K.DeepseekV41Encoding}
 
 
 @settings(max_examples=120, deadline=None)
@@ -27,13 +26,13 @@ def test_rendered_turn_parses_back(reasoning, content, calls, version):
     assume(reasoning == reasoning.strip("\n") and content == content.strip("\n"))
     assume(all(not any(m in json.dumps(v, ensure_ascii=False) for m in MARKERS) for _, a in calls
                for v in a.values()))
-    encoding, dsml = ENCODINGS[version]
+    encoding = ENCODINGS[version]
     tools = [K.ToolDefinition("f", "F", {"type": "object"}), K.ToolDefinition("get_weather", "W", {"type": "object"})]
     turn = K.AssistantMessage(content, reasoning, [K.ToolCall(f"c{i}", n, json.dumps(a)) for i, (n, a) in
                                                    enumerate(calls)])
     conv = K.Conversation([K.UserMessage("q"), turn], tools=tools)
     raw = _segments(encoding().render_conversation(conv).prompt)[-1]
-    out = K.parse_output(raw, K.ParsingOptions(parse_tool_calls=True, dsml=dsml,
+    out = K.parse_output(raw, K.ParsingOptions(parse_tool_calls=True,
                                                thinking_initial_stage=K.ThinkingInitialStage.ReasoningStart))
     assert out.reasoning == reasoning.lstrip("\n")
     assert out.content == content
@@ -57,12 +56,12 @@ def _segments(prompt):
         pos = end
 
 
-@pytest.mark.parametrize("folder,dsml", [("v4", V4_DSML), ("v41", V41_DSML)])
-def test_golden_parse_checks(folder, dsml):
+@pytest.mark.parametrize("folder", ["v4", "v41"])
+def test_golden_parse_checks(folder):
     """The parse checks the goldens' README derives from v4/1 and v41/1."""
     golden = (golden_dir() / folder / "test_output_1.txt").read_bytes().decode("utf-8")
     first, last = _segments(golden)
-    opts = K.ParsingOptions(parse_tool_calls=True, dsml=dsml,
+    opts = K.ParsingOptions(parse_tool_calls=True,
                             thinking_initial_stage=K.ThinkingInitialStage.ReasoningStart)
     a = K.parse_output(first, opts)
     assert a.reasoning == "The user wants to know the weather in Beijing. I should use the get_weather tool."
@@ -78,6 +77,6 @@ def test_golden_parse_checks(folder, dsml):
 def test_golden_v41_2_last_turn():
     golden = (golden_dir() / "v41" / "test_output_2.txt").read_bytes().decode("utf-8")
     out = K.parse_output(_segments(golden)[-1], K.ParsingOptions(
-        dsml=V41_DSML, thinking_initial_stage=K.ThinkingInitialStage.ReasoningStart))
+        thinking_initial_stage=K.ThinkingInitialStage.ReasoningStart))
     assert (out.reasoning, out.content) == ("The user asks about the capital of France. It is Paris.",
                                             "The capital of France is Paris.")

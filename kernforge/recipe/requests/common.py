@@ -12,7 +12,6 @@ import pydantic
 
 from ..conversation import (AssistantMessage, Conversation, DataUrlImageSource, Message, ToolDefinition,
                             UrlImageSource)
-from ..dsml import V4_DSML, V41_DSML
 from ..errors import ConversionError, UnsupportedFeatureError
 from ..options import (ConversationRequest, ConversionOptions, InferenceOptions, ModelVersion,
                        OutputConstraint, ParsingOptions, ReasoningContentBehavior,
@@ -189,8 +188,7 @@ def assemble(p: Parts, options: ConversionOptions) -> ConversationRequest:
                      else ThinkingInitialStage.ContentContinuation)
     parsing = ParsingOptions(parse_tool_calls=use_tools, starts_in_tool_calls=choice == "required",
                              parse_json_output=False, thinking_initial_stage=stage, stop_sequences=p.stop,
-                             special_tokens=options.special_tokens,
-                             dsml=V4_DSML if version is ModelVersion.DeepseekV4Pro else V41_DSML)
+                             special_tokens=options.special_tokens)
     return ConversationRequest(conv, version, inference_options=inference, parsing_options=parsing,
                                stream=p.stream, model=p.model, echo=p.echo,
                                namespace_tool_map=p.namespace_tool_map, include_usage=p.include_usage)

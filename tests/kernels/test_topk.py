@@ -1,0 +1,133 @@
+"""The TopK DSL kernel itself: both compaction strategies against the torch
+reference on the backends present, the registry's specs, and the CUDA source
+compiling for sm_90a and sm_100a (no GPU needed)."""
+import shutil
+
+import pytest
+import torch
+
+import kernforge
+from kernforge.jit import backend as backends
+from kernforge.kernels import topk as K
+from kernforge.kernels.check import run_spec
+from kernforge.kernels.registry import get
+from tests.conftest import host_backends
+
+BACKENDS = [b for b in host_backends() if b in ("interp", "cpu")]
+# tiny tiles and buffer: every row of a few hundred elements refines several times
+SMALL = dict(tile=64, group=8, slack=64)
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def rows(dtype):
+    g = torch.Generator().manual_seed(11)
+    v = 700
+    x = torch.stack([
+        torch.randn(v, generator=g),
+        torch.arange(v, dtype=torch.float32),                       # ascending: refine per tile
+        torch.round(torch.randn(v, generator=g) * 2),                # heavy ties
+        torch.full((v,), -3.0),                                      # all equal
+        torch.where(torch.arange(v) % 3 == 0, float("-inf"), 1e-40), # -inf and denormals
+        torch.randn(v, generator=g),
+    ]).to(dtype)
+    x[5, 123] = float("nan")
+    end = torch.tensor([v, 650, 699, 300, v, v], dtype=torch.int32)
+    offset = torch.tensor([0, 5, -5, 100, 0, 1], dtype=torch.int32)
+    return x, end, offset
+
+
+def run(kernel, x, end, offset, k, dtype, itype, rv=True):
+    b = x.shape[0]
+    nan = torch.full((b,), -1, dtype=torch.int32)
+    idx = torch.full((b, k), -77, dtype=itype)
+    val = torch.full((b, k), float("nan"), dtype=dtype) if rv else torch.full((1, 1), 7.0, dtype=dtype)
+    kernel(x, end, offset, -9, -5.5, nan, idx, val)
+    return nan, idx, val
+
+
+@pytest.mark.parametrize("compaction,dtype,k,itype,sorted_values", [
+    ("group_serial", torch.float32, 16, torch.int64, True),
+    ("group_serial", torch.bfloat16, 33, torch.int32, False),
+    ("tile_scan", torch.float32, 33, torch.int32, False),
+])
+def test_both_compactions_match_reference_on_cpu(compaction, dtype, k, itype, sorted_values):
+    if "cpu" not in BACKENDS:
+        pytest.skip("cpu backend not available (no g++)")
+    pf = K.topk_select(k=k, dtype=_name(dtype), index_dtype=_name(itype),
+                       sorted_values=sorted_values, compaction=compaction, **SMALL)
+    kernel = kernforge.compile(pf, backend="cpu")
+    x, end, offset = rows(dtype)
+    nan, idx, val = run(kernel, x, end, offset, k, dtype, itype)
+    ref_v, ref_i, ref_nan = K.reference(x, k, end, sorted_values, offset, -9, -5.5, itype)
+    assert torch.equal(nan, ref_nan)
+    assert torch.equal(idx, ref_i)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    live = ref_nan == 0  # a NaN row's values are unspecified
+    assert torch.equal(val[live].view(bits), ref_v[live].view(bits))
+
+
+@pytest.mark.parametrize("compaction", ["group_serial", "tile_scan"])
+def test_interpreter_runs_both_compactions(compaction):
+    pf = K.topk_select(k=8, dtype="float32", index_dtype="int64", compaction=compaction, return_value=False,
+                       **SMALL)
+    kernel = kernforge.compile(pf, backend="interp")
+    x, end, offset = rows(torch.float32)
+    x, end, offset = x[:3, :200], torch.tensor([200, 150, 0], dtype=torch.int32), offset[:3]
+    nan, idx, val = run(kernel, x, end, offset, 8, torch.float32, torch.int64, rv=False)
+    assert torch.equal(idx, K.reference(x, 8, end, False, offset, -9)[1])
+    assert float(val[0, 0]) == 7.0  # return_value=False: the values buffer is never touched
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["topk_fp32", "topk_bf16"])
+def test_registry_specs_verify(backend, name):
+    result = run_spec(get(name), backend, "small", repeat=1)
+    assert result.verified, result.error
+
+
+def test_factory_rejects_bad_parameters():
+    with pytest.raises(ValueError, match="dtype"):
+        K.topk_select(k=4, dtype="float16")
+    with pytest.raises(ValueError, match="compaction"):
+        K.topk_select(k=4, compaction="magic")
+    with pytest.raises(ValueError, match="multiple of group"):
+        K.topk_select(k=4, tile=100, group=16)
+
+
+def _cuda_backend():
+    try:
+        return backends.get("cuda")
+    except backends.BackendError as e:
+        pytest.skip(f"CUDA backend module absent: {e}")
+
+
+def test_cuda_source_renders_for_both_archs():
+    cuda = _cuda_backend()
+    from kernforge.ops.topk import kernel_params
+
+    pf = K.topk_select(**kernel_params("cuda", 512, "bfloat16", "int32", False, False))
+    for arch in ("sm_90a", "sm_100a"):
+        src = cuda.source(pf.ir, arch)
+        assert "kf_topk_select_kernel" in src
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,dtype,itype,sorted_values", [
+    ("sm_90a", "float32", "int64", True),
+    ("sm_100a", "bfloat16", "int32", False),
+])
+def test_cuda_source_compiles(arch, dtype, itype, sorted_values):
+    _cuda_backend()
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    from kernforge.codegen.render.cuda_backend import build_report
+    from kernforge.ops.topk import kernel_params
+
+    pf = K.topk_select(**kernel_params("cuda", 64, dtype, itype, sorted_values, True))
+    report = build_report(pf.ir, arch)
+    assert report["arch"] == arch and report["spill_stores"] == 0
+    assert report["shared_bytes"] <= 227 * 1024

@@ -193,14 +193,13 @@ class Conversation:
     and a `response_regex` selects regex.
     """
 
-    __slots__ = ("messages", "thinking_mode", "tools", "tool_choice", "forced_tool",
+    __slots__ = ("messages", "thinking_mode", "tools", "tool_choice",
                  "reasoning_effort", "_format", "response_schema", "response_regex")
 
     def __init__(self, messages: Sequence[Message] | None = None, *, thinking_mode: bool = True,
                  tools: Sequence[ToolDefinition] | None = None, tool_choice: str = "auto",
                  reasoning_effort: str | None = None, response_format: str = "text",
-                 response_schema: Any = None, response_regex: str | None = None,
-                 forced_tool: str | None = None):
+                 response_schema: Any = None, response_regex: str | None = None):
         if tool_choice not in TOOL_CHOICES:
             raise ValueError(f"tool_choice must be one of {TOOL_CHOICES}, got {tool_choice!r}")
         if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
@@ -218,7 +217,6 @@ class Conversation:
         self.thinking_mode = bool(thinking_mode)
         self.tools = list(tools or ())
         self.tool_choice = tool_choice
-        self.forced_tool = forced_tool
         self.reasoning_effort = reasoning_effort
         self._format = response_format
         self.response_schema = response_schema

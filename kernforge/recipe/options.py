@@ -201,12 +201,12 @@ class ConversationRequest:
     """A converted request: conversation, model version, inference and parsing options."""
 
     __slots__ = ("conversation", "model_version", "inference_options", "parsing_options", "stream",
-                 "model", "echo", "namespace_tool_map", "include_usage")
+                 "model", "echo", "namespace_tool_map")
 
     def __init__(self, conversation: Conversation, model_version: ModelVersion, *,
                  inference_options: InferenceOptions | None = None,
                  parsing_options: ParsingOptions | None = None, stream: bool = False,
-                 model: str = "", echo=None, namespace_tool_map=None, include_usage=False):
+                 model: str = "", echo=None, namespace_tool_map=None):
         self.conversation = conversation
         self.model_version = ModelVersion(model_version)
         self.inference_options = inference_options or InferenceOptions()
@@ -215,7 +215,6 @@ class ConversationRequest:
         self.model = model
         self.echo = echo
         self.namespace_tool_map = namespace_tool_map or {}
-        self.include_usage = include_usage
 
     def encoding(self):
         return self.model_version.encoding()

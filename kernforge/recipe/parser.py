@@ -226,14 +226,6 @@ class OutputParser:
         else:
             out.append(ContentDelta(text))
 
-    def _find_stop(self, buf):
-        best = -1
-        for s in self.stops:
-            i = buf.find(s)
-            if i >= 0 and (best < 0 or i < best):
-                best = i
-        return best
-
     def _run(self, out, final):
         while self.buf:
             st = self.state

@@ -57,10 +57,6 @@ class InferenceChunk:
     def finish(finish_reason: InferenceFinishReason):
         return InferenceChunk("finish", finish_reason=InferenceFinishReason(finish_reason))
 
-    @property
-    def token_ids(self):
-        return None
-
 
 class StreamProcessor:
     """Push backend chunks, get protocol objects; `finish` flushes, `close` abandons."""

@@ -186,3 +186,40 @@ def test_fuzzed_responses_requests_raise_only_typed_errors(body):
         req.model_version.encoding().render_conversation(req.conversation)
     except K.RecipeError:
         pass
+
+
+def test_resolve_max_tokens_defaults_and_limits():
+    think = convert("ChatCompletionRequest", {"model": V4, "messages": U})
+    assert think.resolve_max_tokens(100, 1_000_000) == 65536
+    assert think.resolve_max_tokens(100, 1000) == 900
+    maxed = convert("ChatCompletionRequest", {"model": V4, "messages": U, "reasoning_effort": "max"})
+    assert maxed.resolve_max_tokens(10, 10 ** 6) == 131072
+    chat = convert("ChatCompletionRequest", {"model": V4, "messages": U, "thinking": {"type": "disabled"}})
+    assert chat.resolve_max_tokens(10, 10 ** 6) == 8192
+    fixed = convert("ChatCompletionRequest", {"model": V4, "messages": U, "max_tokens": 50})
+    assert fixed.resolve_max_tokens(10, 100) == 50
+    with pytest.raises(K.ConversionError):
+        fixed.resolve_max_tokens(60, 100)
+    with pytest.raises(K.ConversionError):
+        think.resolve_max_tokens(101, 100)
+
+
+def test_option_builders_change_conversion():
+    base = K.ConversionOptions()
+    off = base.with_default_thinking_mode(False)
+    assert convert("ChatCompletionRequest", {"model": V4, "messages": U}, off).conversation.thinking_mode is False
+    assert base.default_thinking_mode is True  # builders copy
+    small = base.with_thinking_max_tokens_upper_bound(10).with_non_thinking_max_tokens_upper_bound(20)
+    with pytest.raises(K.ConversionError):
+        convert("ChatCompletionRequest", {"model": V4, "messages": U, "max_tokens": 11}, small)
+    msg = convert("MessagesRequest", {"model": V4, "max_tokens": 11, "messages": U}, small)
+    assert msg.inference_options.max_tokens == 10  # Messages lowers instead of rejecting
+    web = {"model": V4, "input": "hi", "tools": [{"type": "web_search"}]}
+    assert convert("ResponsesRequest", web).conversation.tools == []
+    with pytest.raises(K.UnsupportedFeatureError):
+        convert("ResponsesRequest", web, base.with_responses_web_search(K.WebSearchBehavior.Reject))
+    body = {"model": V4, "max_tokens": 5, "messages": U,
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    assert convert("MessagesRequest", body, base.with_messages_web_search(K.WebSearchBehavior.Drop)).conversation.tools == []
+    reject = base.with_reasoning_content_behavior(K.ReasoningContentBehavior.Reject)
+    assert reject.reasoning_content_behavior is K.ReasoningContentBehavior.Reject

@@ -279,3 +279,45 @@ def test_responses_and_messages_event_sequences_match_peer(reasoning, content, c
     ours = _event_shape(K, api, body, raw, step, getattr(K.InferenceFinishReason, fin))
     peer = _event_shape(P, api, body, raw, step, getattr(P.InferenceFinishReason, fin))
     assert ours == peer
+
+
+def test_responses_namespace_tool_round_trip_and_custom_apply_patch():
+    body = {"model": "DeepSeek-V4-Pro", "input": "edit", "stream": True,
+            "tools": [{"type": "namespace", "name": "fs", "description": "Files", "tools": [
+                {"type": "function", "name": "read", "parameters": {"type": "object"}}]},
+                {"type": "custom", "name": "apply_patch", "description": "Patch"}]}
+    request = K.ResponsesRequest(body)
+    assert request.namespace_tool_map(K.ConversionOptions()) == {"fs__read": ("fs", "read")}
+    req = request.convert(K.ConversionOptions())
+    assert [t.name for t in req.conversation.tools] == ["fs__read", "apply_patch"]
+    assert req.conversation.tools[1].parameters["properties"]["input"]["type"] == "string"
+    raw = "ok</think>" + dsml_block([("fs__read", [("path", "a.txt")]), ("apply_patch", [("input", "*** Begin Patch")])])
+    out, _ = drive(K.ResponsesRequest.chunk_generator(req, "r1", "m"), req.parsing_options, chunked(raw, 7))
+    items = [e.data["item"] for e in out if e.data["type"] == "response.output_item.done"]
+    calls = [i for i in items if i["type"] == "function_call"]
+    assert (calls[0]["namespace"], calls[0]["name"]) == ("fs", "read")
+    assert calls[1]["name"] == "apply_patch" and "namespace" not in calls[1]
+    # the history form of the same calls renders back into the prompt
+    history = {"model": "DeepSeek-V4-Pro", "tools": body["tools"], "input": [
+        {"type": "message", "role": "user", "content": "edit"},
+        {"type": "reasoning", "id": "r", "summary": [], "content": [{"type": "reasoning_text", "text": "ok"}]},
+        {"type": "function_call", "call_id": calls[0]["call_id"], "namespace": "fs", "name": "read",
+         "arguments": calls[0]["arguments"]},
+        {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** Begin Patch"},
+        {"type": "function_call_output", "call_id": calls[0]["call_id"], "output": "text"},
+        {"type": "custom_tool_call_output", "call_id": "c2", "output": "done"}]}
+    req2 = K.ResponsesRequest(history).convert(K.ConversionOptions())
+    prompt = K.DeepseekV4Encoding().render_conversation(req2.conversation).prompt
+    assert '<｜DSML｜invoke name="fs__read">' in prompt and "<think>ok</think>" in prompt
+    assert '<｜DSML｜parameter name="input" string="true">*** Begin Patch</｜DSML｜parameter>' in prompt
+    assert "<tool_result>text</tool_result>\n\n<tool_result>done</tool_result>" in prompt
+
+
+def test_messages_signature_override():
+    body = {"model": "DeepSeek-V4-Pro", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}
+    req = K.MessagesRequest(body).convert(K.ConversionOptions())
+    gen = K.MessagesRequest.chunk_generator(req, "msg_1", "m").with_signature("sig-123")
+    out, _ = drive(gen, req.parsing_options, ["think", "</think>", "answer"])
+    sigs = [e.data["delta"]["signature"] for e in out if e.data["type"] == "content_block_delta"
+            and e.data["delta"]["type"] == "signature_delta"]
+    assert sigs == ["sig-123"]

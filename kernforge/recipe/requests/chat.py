@@ -289,8 +289,7 @@ class ChatCompletionRequest:
             temperature=b.temperature, top_p=b.top_p,
             max_tokens=b.max_tokens if b.max_tokens is not None else b.max_completion_tokens,
             stop=[b.stop] if isinstance(b.stop, str) else list(b.stop or ()), seed=b.seed,
-            response_format=fmt, response_schema=schema, stream=b.stream,
-            include_usage=bool(b.stream_options and b.stream_options.include_usage))
+            response_format=fmt, response_schema=schema, stream=b.stream)
         return assemble(parts, options)
 
     @staticmethod

@@ -82,7 +82,6 @@ class Parts:
     response_schema: Any = None
     response_regex: str | None = None
     stream: bool = False
-    include_usage: bool = False
     echo: Any = None
     namespace_tool_map: dict = field(default_factory=dict)
 
@@ -191,7 +190,7 @@ def assemble(p: Parts, options: ConversionOptions) -> ConversationRequest:
                              special_tokens=options.special_tokens)
     return ConversationRequest(conv, version, inference_options=inference, parsing_options=parsing,
                                stream=p.stream, model=p.model, echo=p.echo,
-                               namespace_tool_map=p.namespace_tool_map, include_usage=p.include_usage)
+                               namespace_tool_map=p.namespace_tool_map)
 
 
 def _pass_back_reasoning(messages: list[Message], has_tools: bool, options: ConversionOptions):
@@ -218,16 +217,6 @@ def _pass_back_reasoning(messages: list[Message], has_tools: bool, options: Conv
                 f"messages[{i}]: the reasoning_content of an assistant message must be passed back "
                 "in thinking mode", param=f"messages[{i}].reasoning_content")
         m.reasoning_content = ""
-
-
-def text_of_parts(parts, where: str, allowed=("text",)) -> str:
-    """Join text parts with blank lines, rejecting any other part type by name."""
-    out = []
-    for i, part in enumerate(parts):
-        if part.type not in allowed:
-            raise UnsupportedFeatureError(f"{where}[{i}].type={part.type}", "content part not allowed here")
-        out.append(part.text)
-    return "\n\n".join(out)
 
 
 def image_source(url: str, detail: str, path: str):

@@ -110,6 +110,44 @@ def m_grouped_fp8_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: i
     return main
 
 
+@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64, 128, 256],
+           num_stages=[1, 2, 3])
+def m_grouped_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int = 64,
+                             block_N: int = 64, block_K: int = 64, num_stages: int = 2,
+                             dtype: str = "bfloat16", out_dtype: str = "bfloat16",
+                             threads: int = 128):
+    """DeepGEMM's masked layout (decode, CUDA-graph friendly): ``D[g, r] = A[g, r] @ B[g]^T``
+    for ``r < masked_m[g]``.  Kernel parameters: ``A [num_groups, max_m, K]``,
+    ``B [num_groups, N, K]``, ``masked_m int32 [num_groups]``, ``D [num_groups, max_m, N]``.
+    Rows at or past ``masked_m[g]`` are neither computed nor written."""
+    accum = "float32"
+    max_m = T.symbolic("max_m")
+    name = (f"m_grouped_gemm_nt_masked_g{num_groups}_n{N}_k{K}_M{block_M}_N{block_N}"
+            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}")
+
+    @T.prim_func(name=name)
+    def main(A: T.Tensor((num_groups, max_m, K), dtype), B: T.Tensor((num_groups, N, K), dtype),
+             masked_m: T.Tensor((num_groups,), "int32"),
+             D: T.Tensor((num_groups, max_m, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(max_m, block_M), num_groups,
+                      threads=threads) as (bx, by, bz):
+            A_shared = T.alloc_shared((block_M, block_K), dtype)
+            B_shared = T.alloc_shared((block_N, block_K), dtype)
+            C = T.alloc_fragment((block_M, block_N), accum)
+            rows = masked_m[bz]
+            if by * block_M < rows:
+                T.clear(C)
+                for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                    T.copy(A[bz, by * block_M, k * block_K], A_shared)
+                    T.copy(B[bz, bx * block_N, k * block_K], B_shared)
+                    T.gemm(A_shared, B_shared, C, transpose_B=True)
+                for i, j in T.Parallel(block_M, block_N):
+                    if (by * block_M + i < rows) & (bx * block_N + j < N):
+                        D[bz, by * block_M + i, bx * block_N + j] = C[i, j]
+
+    return main
+
+
 # ---------------------------------------------------------------- reference
 
 
@@ -120,6 +158,15 @@ def reference(a: torch.Tensor, b: torch.Tensor, m_indices: torch.Tensor) -> torc
     for g in idx[idx >= 0].unique().tolist():
         rows = idx == g
         d[rows] = a[rows].double() @ b[g].double().T
+    return d
+
+
+def reference_masked(a: torch.Tensor, b: torch.Tensor, masked_m: torch.Tensor) -> torch.Tensor:
+    """float64 ``D[g, :masked_m[g]]``; rows past ``masked_m[g]`` are NaN (not defined)."""
+    d = torch.full((a.shape[0], a.shape[1], b.shape[1]), float("nan"), dtype=torch.float64,
+                   device=a.device)
+    for g, rows in enumerate(masked_m.tolist()):
+        d[g, :rows] = a[g, :rows].double() @ b[g].double().T
     return d
 
 
@@ -213,6 +260,8 @@ def error_bound(a: torch.Tensor, b: torch.Tensor, m_indices: torch.Tensor,
 def assert_close(d: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> None:
     got = d.cpu().double()
     assert not torch.isnan(got).any(), "D has NaN (unwritten or poisoned elements)"
+    if got.numel() == 0:
+        return
     excess = (got - expected.cpu()).abs() - bound.cpu()
     worst = excess.max().item()
     assert worst <= 0, f"D exceeds its error bound by {worst:.3g} at {divmod(int(excess.argmax()), got.shape[1])}"
@@ -310,4 +359,61 @@ SPEC_FP8 = register(KernelSpec(
     flops=_flops,
     bytes=lambda p: _bytes(p) / 2 + 2.0 * sum(p["group_rows"]) * p["N"],
     tags=("moe", "gemm", "fp8"),
+))
+
+
+_MASKED_RUNTIME_SIZES = ("masked_rows", "max_m")
+
+
+def _specialise_masked(**params):
+    return m_grouped_gemm_nt_masked(**{k: v for k, v in params.items()
+                                       if k not in _MASKED_RUNTIME_SIZES})
+
+
+_specialise_masked.space = m_grouped_gemm_nt_masked.space
+_specialise_masked.__name__ = m_grouped_gemm_nt_masked.name
+
+
+def make_inputs_masked(params: dict, seed: int, device: str = "cpu") -> list:
+    g = torch.Generator().manual_seed(seed)
+    groups, max_m, n, k = params["num_groups"], params["max_m"], params["N"], params["K"]
+    a = torch.randn(groups, max_m, k, generator=g).bfloat16()
+    b = torch.randn(groups, n, k, generator=g).bfloat16()
+    masked_m = torch.tensor(params["masked_rows"], dtype=torch.int32)
+    d = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16)
+    return [t.to(device) for t in (a, b, masked_m, d)]
+
+
+def _check_masked(outputs: list, expected: list, inputs: list, params: dict) -> None:
+    """Rows below ``masked_m[g]`` within their bound; rows past it still hold the poison."""
+    a, b, masked_m = inputs[:3]
+    d, e = outputs[0], expected[0]
+    for grp, rows in enumerate(masked_m.tolist()):
+        assert_close(d[grp, :rows], e[grp, :rows],
+                     error_bound(a[grp, :rows], b[grp:grp + 1],
+                                 torch.zeros(rows, dtype=torch.int32, device=a.device), e[grp, :rows]))
+        assert torch.isnan(d[grp, rows:].float()).all(), f"group {grp}: rows past masked_m were written"
+
+
+SPEC_MASKED = register(KernelSpec(
+    name="m_grouped_gemm_nt_masked",
+    family="grouped_gemm",
+    description="DeepGEMM-style MoE grouped GEMM, masked layout (decode): rows < masked_m[g]",
+    factory=_specialise_masked,
+    problems={
+        "small": Problem("small", dict(masked_rows=[70, 0, 33], max_m=72, num_groups=3, N=36,
+                                       K=40, block_M=32, block_N=32, block_K=32)),
+        "demo": Problem("demo", dict(masked_rows=[20, 0, 64, 7, 33, 50], max_m=64, num_groups=6,
+                                     N=512, K=512, block_M=64, block_N=128, block_K=128)),
+        # DeepGEMM's masked test shape: 32 groups, expected_m 192, M_max 4096 (V4 MoE dims)
+        "bench": Problem("bench", dict(masked_rows=[192] * 32, max_m=256, num_groups=32,
+                                       N=4096, K=2048, block_M=128, block_N=128, block_K=64,
+                                       num_stages=3)),
+    },
+    make_inputs=make_inputs_masked,
+    outputs=(3,),
+    reference=lambda inputs, params: [reference_masked(*inputs[:3])],
+    check=_check_masked,
+    flops=lambda p: 2.0 * sum(p["masked_rows"]) * p["N"] * p["K"],
+    tags=("moe", "gemm", "decode"),
 ))

@@ -1,7 +1,8 @@
 """DeepGEMM's M-grouped contiguous GEMMs on kernforge kernels.
 
-``m_grouped_bf16_gemm_nt_contiguous`` and ``m_grouped_fp8_gemm_nt_contiguous`` take
-DeepGEMM's arguments (``specs/deepgemm-grouped.md``) and write ``d`` in place;
+``m_grouped_bf16_gemm_nt_contiguous``, ``m_grouped_fp8_gemm_nt_contiguous`` and
+``m_grouped_bf16_gemm_nt_masked`` take DeepGEMM's arguments
+(``specs/deepgemm-grouped.md``) and write ``d`` in place;
 ``backend=`` picks the kernforge backend (default ``"cuda"`` for CUDA tensors,
 ``"cpu"`` otherwise).  ``grouped_layout`` is the per-row expert index (``-1`` =
 padding; legacy name ``m_indices``) or, with ``use_psum_layout=True``, each
@@ -89,6 +90,40 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple, b: tuple, d: torch.Tensor,
     kernel = _kernel(kernels.m_grouped_fp8_gemm_nt_contiguous, backend,
                      **choose_config(backend, groups, n, k, fp8=True))
     kernel(a_data, sfa, b_data, sfb, m_indices, d)
+
+
+def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
+                                  masked_m: torch.Tensor, expected_m: int,
+                                  compiled_dims: str = "nk", *, backend: Optional[str] = None) -> None:
+    """Masked layout: ``d[g, r] = a[g, r] @ b[g]^T`` for ``r < masked_m[g]`` with bf16
+    ``a [G, M_max, K]``, ``b [G, N, K]``, ``d [G, M_max, N]``.  Rows at or past
+    ``masked_m[g]`` are left untouched.  ``expected_m`` (typical rows per group) picks
+    the row tile."""
+    for name, t in (("a", a), ("b", b)):
+        _check_tensor(name, t, torch.bfloat16)
+    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[2]:
+        raise ValueError(f"a must be [G, M_max, K] and b [G, N, K], got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+    groups, max_m, k = a.shape
+    n = b.shape[1]
+    if n == 0 or k == 0 or groups == 0:
+        raise ValueError(f"n, k and the group count must be positive, got n={n}, k={k}, G={groups}")
+    _check_tensor("d", d, torch.bfloat16, (groups, max_m, n))
+    if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 \
+            or tuple(masked_m.shape) != (groups,) or not masked_m.is_contiguous():
+        raise TypeError(f"masked_m must be a contiguous int32 [{groups}] tensor")
+    if ((masked_m < 0) | (masked_m > max_m)).any():
+        raise ValueError(f"masked_m values must be in [0, {max_m}] (M_max), got {masked_m.tolist()}")
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
+        raise ValueError(f"expected_m must be a positive int, got {expected_m!r}")
+    if len({a.device, b.device, d.device, masked_m.device}) != 1:
+        raise ValueError("a, b, d and masked_m must be on one device")
+    if max_m == 0:
+        return
+    backend = backend or ("cuda" if a.is_cuda else "cpu")
+    cfg = choose_config(backend, groups, n, k)
+    cfg["block_M"] = 64 if expected_m <= 64 else 128
+    _kernel(kernels.m_grouped_gemm_nt_masked, backend, **cfg)(a, b, masked_m, d)
 
 
 m_grouped_gemm_fp8_fp8_bf16_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous  # legacy v1 name

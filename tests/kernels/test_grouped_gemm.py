@@ -92,7 +92,7 @@ def test_property_random_shapes(group_rows, n, k, seed):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("spec", [G.SPEC, G.SPEC_FP8], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [G.SPEC, G.SPEC_FP8, G.SPEC_MASKED], ids=lambda s: s.name)
 def test_registered_small_problem(backend, spec):
     r = run_spec(spec, backend, "small", repeat=0)
     assert r.verified, r.error
@@ -124,3 +124,24 @@ def test_kernel_name_carries_parameters():
 def test_fp8_rejects_tiles_wider_than_a_scale_block():
     with pytest.raises(ValueError, match="divide the 128"):
         G.m_grouped_fp8_gemm_nt_contiguous(num_groups=1, N=256, K=128, block_N=96)
+
+
+@settings(max_examples=8, deadline=None)
+@given(masked=st.lists(st.integers(0, 40), min_size=1, max_size=3), n=st.integers(1, 40),
+       k=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_masked_property(masked, n, k, seed):
+    """Masked layout on interp: rows below masked_m[g] match, rows past it stay poisoned."""
+    g = torch.Generator().manual_seed(seed)
+    groups, max_m = len(masked), max(masked) + 3
+    a = torch.randn(groups, max_m, k, generator=g).bfloat16()
+    b = torch.randn(groups, n, k, generator=g).bfloat16()
+    masked_m = torch.tensor(masked, dtype=torch.int32)
+    kernel = kernforge.compile(G.m_grouped_gemm_nt_masked, backend="interp", num_groups=groups,
+                               N=n, K=k, block_M=16, block_N=16, block_K=16)
+    d = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16)
+    kernel(a, b, masked_m, d)
+    for grp, rows in enumerate(masked):
+        e = a[grp, :rows].double() @ b[grp].double().T
+        G.assert_close(d[grp, :rows], e, G.error_bound(a[grp, :rows], b[grp:grp + 1],
+                                                       torch.zeros(rows, dtype=torch.int32), e))
+        assert torch.isnan(d[grp, rows:].float()).all()

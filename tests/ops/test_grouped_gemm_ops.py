@@ -125,3 +125,37 @@ def test_fp8_argument_checks():
         ops.m_grouped_fp8_gemm_nt_contiguous((a8[0], a8[1][:, :0]), b8, d, m_indices, backend="interp")
     with pytest.raises(NotImplementedError, match="recipe"):
         ops.m_grouped_fp8_gemm_nt_contiguous(a8, b8, d, m_indices, recipe=(1, 1, 128), backend="interp")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_layout(backend):
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(3, 70, 40, generator=g).bfloat16()
+    b = torch.randn(3, 36, 40, generator=g).bfloat16()
+    masked_m = torch.tensor([70, 0, 33], dtype=torch.int32)
+    d = torch.full((3, 70, 36), float("nan"), dtype=torch.bfloat16)
+    ops.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m=40, backend=backend)
+    expected = G.reference_masked(a, b, masked_m)
+    valid = ~torch.isnan(expected)
+    assert torch.isnan(d.float()[~valid]).all(), "rows past masked_m must stay untouched"
+    for grp in range(3):
+        rows = int(masked_m[grp])
+        e, x = expected[grp, :rows], d[grp, :rows]
+        G.assert_close(x, e, G.error_bound(a[grp, :rows], b[grp:grp + 1],
+                                           torch.zeros(rows, dtype=torch.int32), e))
+
+
+@pytest.mark.parametrize("mutate, error, match", [
+    (lambda x: x.update(masked_m=torch.tensor([71, 0, 3], dtype=torch.int32)), ValueError, r"\[0, 70\]"),
+    (lambda x: x.update(masked_m=x["masked_m"].long()), TypeError, "masked_m"),
+    (lambda x: x.update(expected_m=0), ValueError, "expected_m"),
+    (lambda x: x.update(d=x["d"][:, :, :8].contiguous()), ValueError, "d must have shape"),
+    (lambda x: x.update(b=x["b"][:2].contiguous()), ValueError, r"a must be \[G, M_max, K\]"),
+])
+def test_masked_bad_arguments(mutate, error, match):
+    args = dict(a=torch.randn(3, 70, 40).bfloat16(), b=torch.randn(3, 36, 40).bfloat16(),
+                d=torch.full((3, 70, 36), float("nan"), dtype=torch.bfloat16),
+                masked_m=torch.tensor([70, 0, 33], dtype=torch.int32), expected_m=40)
+    mutate(args)
+    with pytest.raises(error, match=match):
+        ops.m_grouped_bf16_gemm_nt_masked(**args, backend="interp")

@@ -36,7 +36,7 @@ def _swap_a_registers(src):
 
 
 def _drop_pipeline_barrier(src):
-    return src.replace("kf::cp_async_wait<0>();\n      __syncthreads();", "kf::cp_async_wait<0>();", 1)
+    return re.sub(r"(kf::cp_async_wait<0>\(\);)\s*__syncthreads\(\);", r"\1", src, count=1)
 
 
 def _swap_b_descriptor_strides(src):
@@ -81,8 +81,9 @@ BUGS = {
 }
 
 
-def _renamed(src, tag):
-    return src.replace("kf_emu_main(", f"kf_emu_{tag}(").replace("kf_main(", f"kf_main_{tag}(")
+def _renamed(src, tag, kernel="main"):
+    """Give one copy of a kernel's source unique symbols so that copies share a module."""
+    return src.replace(f"kf_emu_{kernel}(", f"kf_emu_{tag}(").replace(f"kf_{kernel}(", f"kf_{kernel}_{tag}(")
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +148,58 @@ def test_planted_bug_is_caught(module, bug, rng):
     except EmulationError:
         return  # caught as a deadlock / invalid access
     assert not _agree(got, want), f"planted bug {bug} went unnoticed"
+
+
+# ---- the same bugs planted in a library kernel (MLA decode: tensor cores, a cp.async
+# pipeline and an online softmax whose row statistics go through quad shuffles) ----
+
+LIBRARY_BUGS = {
+    "mla_mma_fragment_layout": _swap_a_registers,
+    "mla_missing_pipeline_barrier": _drop_pipeline_barrier,
+    "mla_wrong_shuffle_lane": _wrong_shuffle_lane,
+}
+
+
+@pytest.fixture(scope="module")
+def mla():
+    from kernforge.kernels.registry import get
+
+    spec = get("mla_decode")
+    params = spec.problems["small"].params
+    ir = spec.factory(**params).ir
+    clean = CudaEmuBackend().source(ir, "sm_80")
+    parts = [_renamed(clean, "mla_clean", ir.name)]
+    for bug, mutate in LIBRARY_BUGS.items():
+        mutated = mutate(clean)
+        assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
+        parts.append(_renamed(mutated, bug, ir.name))
+    module = EmulatedModule("emu_test_planted_mla", "\n".join(parts), dynamic_smem=render_cuda(ir, "sm_80").dynamic_smem,
+                            arch="sm_80")
+    emu = kernforge.compile(spec.factory, backend="cuda-emu", arch="sm_80", **params)
+    ref = kernforge.compile(spec.factory, backend="interp", **params)
+    return spec, params, module, emu, ref
+
+
+def _run_library_variant(mla, tag):
+    """Launch variant ``tag`` through the compiled kernel's own argument checks and
+    launcher; return (outputs, interpreter outputs)."""
+    spec, params, module, emu, ref = mla
+    emu.launcher.emulated = module.kernel(tag, timeout_ms=5_000)
+    inputs = spec.make_inputs(params, 0, "cpu")
+    oracle = [t.clone() if hasattr(t, "clone") else t for t in inputs]
+    emu(*inputs)
+    ref(*oracle)
+    return [inputs[i].float().numpy() for i in spec.outputs], [oracle[i].float().numpy() for i in spec.outputs]
+
+
+def test_library_clean_copy_passes_the_harness(mla):
+    assert _agree(*_run_library_variant(mla, "mla_clean"))
+
+
+@pytest.mark.parametrize("bug", sorted(LIBRARY_BUGS))
+def test_library_planted_bug_is_caught(mla, bug):
+    try:
+        got, want = _run_library_variant(mla, bug)
+    except EmulationError:
+        return
+    assert not _agree(got, want), f"planted bug {bug} in mla_decode went unnoticed"

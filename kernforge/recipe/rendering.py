@@ -171,8 +171,9 @@ class PromptEncoding:
 
         # Opening system block.
         if self.hoist_system:
-            opening = [m for m in messages if m.role == "system"]
-            rest = [m for m in messages if m.role != "system"]
+            opening, rest = [], []
+            for m in messages:
+                (opening if m.role == "system" else rest).append(m)
         elif messages and messages[0].role == "system":
             opening, rest = [messages[0]], messages[1:]
         else:
@@ -230,10 +231,11 @@ class PromptEncoding:
             b.special(t.user)
             if self.filter_empty_user_parts:
                 # V4: tool results, then the non-empty user texts, blank-line separated.
-                n_tools = sum(1 for m in turn if m.role == "tool")
-                written = 0
+                n_tools = written = 0
                 for m in turn:
-                    if m.role != "tool" and not m.content and not m.tools:
+                    if m.role == "tool":
+                        n_tools += 1
+                    elif not m.content and not m.tools:
                         continue
                     if written:
                         b.text("\n\n")

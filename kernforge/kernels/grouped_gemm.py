@@ -264,7 +264,8 @@ def assert_close(d: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -
         return
     excess = (got - expected.cpu()).abs() - bound.cpu()
     worst = excess.max().item()
-    assert worst <= 0, f"D exceeds its error bound by {worst:.3g} at {divmod(int(excess.argmax()), got.shape[1])}"
+    where = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+    assert worst <= 0, f"D exceeds its error bound by {worst:.3g} at {where}"
 
 
 def _check(outputs: list, expected: list, inputs: list, params: dict) -> None:

@@ -62,7 +62,8 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
 
     Parameters of the returned kernel, in order: ``Q [batch, seq_q, heads, dim]``,
     ``KV [num_pages * page_size, heads_kv * dim]`` (the paged cache
-    ``[num_pages, page_size, heads_kv, dim]`` viewed flat: token = page * page_size + slot), ``block_table int32 [batch, max_pages]``,
+    ``[num_pages, page_size, heads_kv, dim]`` viewed flat: token = page * page_size + slot),
+    ``block_table int32 [batch, max_pages]``,
     ``cache_seqlens int32 [batch]``, ``attn_sink float32 [heads]`` (``-inf`` = no sink),
     ``sm_scale`` (float32 scalar), outputs ``Out [batch, seq_q, heads, dim_v]`` and
     ``LSE float32 [batch, heads, seq_q]``.
@@ -154,9 +155,10 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
             for i, d in T.Parallel(block_H, dim_v):
                 r = T.min(row0 + i, rows - 1)
                 lse = m[i] * sm_scale + T.log(l[i])
-                sink = T.if_then_else(l[i] > 0, 1.0 / (1.0 + T.exp(attn_sink[kvh * group + r % group] - lse)), 1.0)
+                h = kvh * group + r % group
+                sink = T.if_then_else(l[i] > 0, 1.0 / (1.0 + T.exp(attn_sink[h] - lse)), 1.0)
                 if row0 + i < rows:
-                    Out[bx, r // group, kvh * group + r % group, d] = T.if_then_else(
+                    Out[bx, r // group, h, d] = T.if_then_else(
                         l[i] > 0, acc_o[i, d] * sink / l[i], 0.0)
             for i in T.Parallel(block_H):
                 r = T.min(row0 + i, rows - 1)

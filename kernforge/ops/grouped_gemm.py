@@ -165,7 +165,8 @@ def _check_recipe(recipe, recipe_a, recipe_b) -> None:
         raise ValueError("give recipe or recipe_a/recipe_b, not both")
     if recipe is not None and tuple(recipe) != (1, 128, 128):
         raise NotImplementedError(f"recipe {tuple(recipe)}: only (1, 128, 128) is supported")
-    if (recipe_a, recipe_b) != (None, None) and (tuple(recipe_a or ()), tuple(recipe_b or ())) != ((1, 128), (128, 128)):
+    given = (tuple(recipe_a or ()), tuple(recipe_b or ()))
+    if (recipe_a, recipe_b) != (None, None) and given != ((1, 128), (128, 128)):
         raise NotImplementedError("only recipe_a=(1, 128), recipe_b=(128, 128) is supported")
 
 

@@ -81,8 +81,9 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple, b: tuple, d: torch.Tensor,
         _check_tensor(name, t, torch.float8_e4m3fn)
     m, n, k, groups = _check_shapes(a_data, b_data, d)
     kb, nb = -(-k // 128), -(-n // 128)
-    _check_tensor("sfa", sfa, torch.float32, (m, kb))
-    _check_tensor("sfb", sfb, torch.float32, (groups, nb, kb))
+    # DeepGEMM wants MN-major, TMA-aligned scales and converts other layouts per call;
+    # the kernel reads row-major scales, so any layout is made contiguous here
+    sfa, sfb = _scales("sfa", sfa, (m, kb)), _scales("sfb", sfb, (groups, nb, kb))
     if m == 0:
         return
     m_indices = _row_experts(grouped_layout, m, groups, use_psum_layout)
@@ -185,6 +186,14 @@ def _check_tensor(name: str, t, dtype, shape=None) -> None:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (K-major)")
+
+
+def _scales(name: str, sf, shape: tuple) -> torch.Tensor:
+    if not isinstance(sf, torch.Tensor) or sf.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor, got {getattr(sf, 'dtype', type(sf).__name__)}")
+    if tuple(sf.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(sf.shape)}")
+    return sf.contiguous()
 
 
 def _check_shapes(a, b, d) -> tuple[int, int, int, int]:

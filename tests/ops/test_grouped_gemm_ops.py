@@ -159,3 +159,15 @@ def test_masked_bad_arguments(mutate, error, match):
     mutate(args)
     with pytest.raises(error, match=match):
         ops.m_grouped_bf16_gemm_nt_masked(**args, backend="interp")
+
+
+def test_fp8_accepts_mn_major_scales():
+    """DeepGEMM's preferred SFA layout is MN-major (stride(-2) == 1): same result."""
+    a, b, d, m_indices = operands([3, 50], n=130, k=136)
+    (a8, sfa), b8 = G.per_token_cast_to_fp8(a), G.per_block_cast_to_fp8(b)
+    ops.m_grouped_fp8_gemm_nt_contiguous((a8, sfa), b8, d, m_indices, backend="interp")
+    d2 = torch.full_like(d, float("nan"))
+    mn_major = sfa.t().contiguous().t()
+    assert mn_major.stride(-2) == 1
+    ops.m_grouped_fp8_gemm_nt_contiguous((a8, mn_major), b8, d2, m_indices, backend="interp")
+    assert torch.equal(d, d2)

@@ -7,11 +7,13 @@ cache, so a warm ``KERNFORGE_CACHE_DIR`` makes a rerun take seconds.
 """
 from __future__ import annotations
 
+import functools
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from kernforge.codegen import ir
 from kernforge.codegen.render import cuda_backend
 from kernforge.codegen.render.cuda import CudaRenderError, render_cuda
 from kernforge.jit.backend import BackendError
@@ -25,6 +27,17 @@ pytestmark = [pytest.mark.nvcc, pytest.mark.slow,
 TENSOR_CORE = {"sm_90a": ("HGMMA", "HMMA"), "sm_80": ("HMMA",), "sm_100a": ("HMMA",)}
 
 
+def _mma_shaped(kernel) -> bool:
+    """Every gemm of the kernel has tensor-core operand types and tiles of whole 16x8x16 atoms."""
+    gemms = [g for g in ir.walk(kernel.body) if isinstance(g, ir.Gemm)]
+    for g in gemms:
+        m, k = g.a.extents[::-1] if g.trans_a else g.a.extents
+        n = g.b.extents[0] if g.trans_b else g.b.extents[1]
+        if g.a.buffer.dtype.name not in ("bfloat16", "float16", "float8_e4m3") or m % 16 or n % 8 or k % 16:
+            return False
+    return bool(gemms)
+
+
 def _compile_set():
     big_gemm = gemm(512, 512, 512, bm=128, bn=128, bk=32, stages=3, threads=128)
     items = [("gemm", arch, big_gemm.ir, True) for arch in ("sm_90a", "sm_80")]
@@ -34,8 +47,7 @@ def _compile_set():
         for label, archs in (("small", ("sm_90a", "sm_80", "sm_100a")), ("demo", ("sm_90a",))):
             if label in spec.problems:
                 pf = spec.factory(**spec.problems[label].params)
-                hot = "topk" not in name  # matrix kernels: tensor cores expected
-                items += [(f"{name}[{label}]", arch, pf.ir, hot) for arch in archs]
+                items += [(f"{name}[{label}]", arch, pf.ir, _mma_shaped(pf.ir)) for arch in archs]
     return items
 
 
@@ -54,9 +66,14 @@ def built():
         return list(pool.map(one, items))
 
 
+@functools.lru_cache(maxsize=None)
+def _sass(path: str) -> str:
+    return cuda_backend.disassemble(path)
+
+
 def _sass_or_skip(path: str) -> str:
     try:
-        return cuda_backend.disassemble(path)
+        return _sass(path)
     except BackendError as e:
         pytest.skip(f"no disassembler: {e}")
 

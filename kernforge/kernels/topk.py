@@ -136,6 +136,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
             prefix = T.alloc_var(kdt, 0)
             need = T.alloc_var("int32", k)
             ntiles = T.alloc_var("int32", (length + (tile - 1)) // tile)
+            exact = T.alloc_var("int32", 1)
             if serial:
                 sub_key = T.alloc_shared((cap,), kdt)
                 hot = T.alloc_shared((ngroups,), "int32")
@@ -157,74 +158,91 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                 if (cnt > cap - tile) | ((t == ntiles) & (cnt > k)):
                     prefix = T.cast(0, kdt)
                     need = k
+                    exact = 1
                     for p, (shift, width) in enumerate(digits):
-                        nb = 1 << width
-                        mask = T.cast(nb - 1, kdt)
-                        hist = T.alloc_shared((nb,), "int32")
-                        above = T.alloc_shared((nb,), "int32")
-                        reached = T.alloc_fragment((nb,), "int32")
-                        if serial:
-                            # four interleaved histograms break store-to-load chains on hot buckets
-                            hist4 = T.alloc_shared((4, nb), "int32")
-                            T.clear(hist4)
-                            if p == 0:
-                                for i in T.serial(cnt):
-                                    hist4[i & 3, T.cast((cand_key[i] >> shift) & mask, "int32")] = \
-                                        hist4[i & 3, T.cast((cand_key[i] >> shift) & mask, "int32")] + 1
+                        if p == 0 or exact:
+                            nb = 1 << width
+                            mask = T.cast(nb - 1, kdt)
+                            hist = T.alloc_shared((nb,), "int32")
+                            above = T.alloc_shared((nb,), "int32")
+                            reached = T.alloc_fragment((nb,), "int32")
+                            if serial:
+                                # four interleaved histograms break store-to-load chains on hot buckets
+                                hist4 = T.alloc_shared((4, nb), "int32")
+                                T.clear(hist4)
+                                if p == 0:
+                                    for i in T.serial(cnt):
+                                        hist4[i & 3, T.cast((cand_key[i] >> shift) & mask, "int32")] = \
+                                            hist4[i & 3, T.cast((cand_key[i] >> shift) & mask, "int32")] + 1
+                                else:
+                                    for i in T.serial(nsub):
+                                        if (sub_key[i] >> (shift + width)) == (prefix >> (shift + width)):
+                                            hist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] = \
+                                                hist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] + 1
+                                T.reduce_sum(hist4, hist, dim=0)
                             else:
-                                for i in T.serial(nsub):
-                                    if (sub_key[i] >> (shift + width)) == (prefix >> (shift + width)):
-                                        hist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] = \
-                                            hist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] + 1
-                            T.reduce_sum(hist4, hist, dim=0)
-                        else:
-                            T.clear(hist)
-                            for i in T.Parallel(cap):
-                                counted = i < cnt
-                                if p > 0:
-                                    counted = counted & ((cand_key[i] >> (shift + width)) == (prefix >> (shift + width)))
-                                if counted:
-                                    T.atomic_add(hist[T.cast((cand_key[i] >> shift) & mask, "int32")], 1)
-                        # the k-th key's digit: the last bucket whose suffix count reaches `need`
-                        T.cumsum(hist, above, reverse=True)
-                        for b in T.Parallel(nb):
-                            reached[b] = T.where(above[b] >= need, 1, 0)
-                        T.reduce_sum(reached, nreached)
-                        if nreached[0] < nb:
-                            need = need - above[nreached[0]]
-                        prefix = prefix | (T.cast(nreached[0] - 1, kdt) << shift)
-                        if serial and p == 0:
-                            # later digits only look at the keys in the chosen top bucket
-                            nsub = 0
+                                T.clear(hist)
+                                for i in T.Parallel(cap):
+                                    counted = i < cnt
+                                    if p > 0:
+                                        counted = counted & ((cand_key[i] >> (shift + width)) == (prefix >> (shift + width)))
+                                    if counted:
+                                        T.atomic_add(hist[T.cast((cand_key[i] >> shift) & mask, "int32")], 1)
+                            # the k-th key's digit: the last bucket whose suffix count reaches `need`
+                            T.cumsum(hist, above, reverse=True)
+                            for b in T.Parallel(nb):
+                                reached[b] = T.where(above[b] >= need, 1, 0)
+                            T.reduce_sum(reached, nreached)
+                            if nreached[0] < nb:
+                                need = need - above[nreached[0]]
+                            prefix = prefix | (T.cast(nreached[0] - 1, kdt) << shift)
+                            if serial and p == 0:
+                                if t < ntiles:
+                                    # cheap refinement: keep the whole bucket of the k-th key (valid
+                                    # threshold, no tie work); the exact select runs only when that
+                                    # leaves the buffer too full, and always at the end of the row
+                                    kept = 0
+                                    for i in T.serial(cnt):
+                                        cand_key[kept] = cand_key[i]
+                                        cand_idx[kept] = cand_idx[i]
+                                        kept = kept + T.cast((cand_key[i] >> shift) >= (prefix >> shift), "int32")
+                                    cnt = kept
+                                    thr = T.where((prefix >> shift) == T.cast(0, kdt), T.cast(0, kdt),
+                                                  ((prefix >> shift) << shift) - T.cast(1, kdt))
+                                    exact = T.cast(cnt > k + slack // 2, "int32")
+                                if exact:
+                                    # later digits only look at the keys in the chosen top bucket
+                                    nsub = 0
+                                    for i in T.serial(cnt):
+                                        sub_key[nsub] = cand_key[i]
+                                        nsub = nsub + T.cast((cand_key[i] >> shift) == (prefix >> shift), "int32")
+                    if exact:
+                        # `prefix` is now the k-th key; the first `need` keys equal to it are kept
+                        if serial:
+                            kept = 0
+                            equal = 0
                             for i in T.serial(cnt):
-                                sub_key[nsub] = cand_key[i]
-                                nsub = nsub + T.cast((cand_key[i] >> shift) == (prefix >> shift), "int32")
-                    # `prefix` is now the k-th key; the first `need` keys equal to it are kept
-                    if serial:
-                        kept = 0
-                        equal = 0
-                        for i in T.serial(cnt):
-                            cand_key[kept] = cand_key[i]
-                            cand_idx[kept] = cand_idx[i]
-                            # integer | and & (not C's || and &&) keep the loop free of branches
-                            kept = kept + (T.cast(cand_key[i] > prefix, "int32")
-                                           | (T.cast(cand_key[i] == prefix, "int32") & T.cast(equal < need, "int32")))
-                            equal = equal + T.cast(cand_key[i] == prefix, "int32")
-                    else:
-                        for i in T.Parallel(cap):
-                            rank[i] = T.where((i < cnt) & (cand_key[i] == prefix), 1, 0)
-                            old_key[i] = cand_key[i]
-                            old_idx[i] = cand_idx[i]
-                        T.cumsum(rank)
-                        for i in T.Parallel(cap):
-                            slot[i] = T.where((i < cnt) & ((old_key[i] > prefix) | ((old_key[i] == prefix) & (rank[i] <= need))), 1, 0)
-                        T.cumsum(slot)
-                        for i in T.Parallel(cap):
-                            if (i < cnt) & ((old_key[i] > prefix) | ((old_key[i] == prefix) & (rank[i] <= need))):
-                                cand_key[slot[i] - 1] = old_key[i]
-                                cand_idx[slot[i] - 1] = old_idx[i]
-                    cnt = k
-                    thr = prefix
+                                cand_key[kept] = cand_key[i]
+                                cand_idx[kept] = cand_idx[i]
+                                # integer | and & (not C's || and &&) keep the loop free of branches
+                                kept = kept + (T.cast(cand_key[i] > prefix, "int32")
+                                               | (T.cast(cand_key[i] == prefix, "int32") & T.cast(equal < need, "int32")))
+                                equal = equal + T.cast(cand_key[i] == prefix, "int32")
+                        else:
+                            for i in T.Parallel(cap):
+                                rank[i] = T.where((i < cnt) & (cand_key[i] == prefix), 1, 0)
+                                old_key[i] = cand_key[i]
+                                old_idx[i] = cand_idx[i]
+                            T.cumsum(rank)
+                            for i in T.Parallel(cap):
+                                slot[i] = T.where((i < cnt) & ((old_key[i] > prefix) | ((old_key[i] == prefix) & (rank[i] <= need))), 1, 0)
+                            T.cumsum(slot)
+                            for i in T.Parallel(cap):
+                                if (i < cnt) & ((old_key[i] > prefix) | ((old_key[i] == prefix) & (rank[i] <= need))):
+                                    cand_key[slot[i] - 1] = old_key[i]
+                                    cand_idx[slot[i] - 1] = old_idx[i]
+                        cnt = k
+                        thr = prefix
 
                 # ---- stream one tile: keys, group maxima, append survivors in index order
                 if t < ntiles:

@@ -37,3 +37,18 @@ def test_library_kernel_matches_interp(name, arch):
         else:
             np.testing.assert_array_equal(got.numpy(), want.numpy(), err_msg=f"{name} output {i}")
     spec.check([emu_inputs[i] for i in spec.outputs], spec.reference(emu_inputs, params), emu_inputs, params)
+
+
+def test_cli_run_and_ops_reach_cuda_emu(capsys):
+    """The backend name works wherever a backend is chosen: the CLI and the ops."""
+    from kernforge import cli
+    from kernforge.ops.topk import topk
+
+    assert cli.main(["run", "topk_fp32", "--backend", "cuda-emu", "--problem", "small", "--repeat", "1"]) == 0
+    row = capsys.readouterr().out
+    assert "cuda-emu" in row and "verified" in row and "FAILED" not in row
+    x = torch.randn(3, 500, generator=torch.Generator().manual_seed(7))
+    values, indices = topk(x, 8, sorted=True, backend="cuda-emu")
+    want_values, want_indices = torch.topk(x, 8)
+    assert torch.equal(indices, want_indices)
+    assert torch.equal(values, want_values)

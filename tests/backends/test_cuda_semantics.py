@@ -121,6 +121,24 @@ def block_scans(n=300, threads=96, dtype="int32"):
     return kf_test_block_scans
 
 
+def local_maps(n=6, threads=64):
+    """Fills and copies into thread-local arrays: every thread holds the whole array (a block-uniform value)."""
+    @T.prim_func
+    def kf_test_local_maps(X: T.Tensor((n,), "float32"), Y: T.Tensor((n,), "float32"), S: T.Tensor((1,), "float32")):
+        with T.Kernel(1, threads=threads) as bx:
+            loc = T.alloc_local((n,), "float32")
+            ones = T.alloc_local((n,), "float32")
+            tot = T.alloc_var("float32", 0.0)
+            T.fill(ones, 1.0)
+            T.copy(X[0], loc)
+            for i in T.serial(n):
+                loc[i] = ones[i] + loc[i] * 2.0
+                tot = tot + loc[i]
+            S[0] = tot
+            T.copy(loc, Y[0])
+    return kf_test_local_maps
+
+
 def _bf16(*shape):
     return torch.randn(*shape).bfloat16()
 
@@ -196,3 +214,14 @@ def test_block_scans_forward_and_reverse(emu, dtype):
     k(x, f, r)
     assert torch.equal(f, x.cumsum(0).to(x.dtype))
     assert torch.equal(r, x.flip(0).cumsum(0).flip(0).to(x.dtype))
+
+
+def test_fills_and_copies_into_local_arrays_reach_every_element_of_every_thread(emu):
+    torch.manual_seed(6)
+    k = kernforge.compile(local_maps(), backend="cuda-emu", arch="sm_80")
+    x = torch.randn(6)
+    y = torch.full((6,), float("nan"))
+    s = torch.full((1,), float("nan"))
+    k(x, y, s)
+    torch.testing.assert_close(y, 1.0 + 2.0 * x)
+    torch.testing.assert_close(s, (1.0 + 2.0 * x).sum().reshape(1))

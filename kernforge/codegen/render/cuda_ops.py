@@ -145,8 +145,17 @@ def render_parallel(R, p: ir.Parallel) -> None:
         for _ in p.vars:
             R.close()
         return
-    _, writes = _outside(R, p)
     driver = _driver(R, p)
+    if driver is None and any(isinstance(n, (ir.Store, ir.Atomic)) and n.buffer.scope == ir.Scope.LOCAL
+                              for n in nodes(p.body)):
+        # a map into thread-local storage: every thread computes every element of its own copy,
+        # as block statements do (shared/global side effects in it stay once per block)
+        body = p.body
+        for v, e in reversed(list(zip(p.vars, p.extents))):
+            body = ir.For(v, ir.const(e), body)
+        R.stmt(body)
+        return
+    _, writes = _outside(R, p)
     saved = (R.reg_ctx, R.in_parallel)
     R.in_parallel = True
     if driver is not None:

@@ -139,6 +139,21 @@ def local_maps(n=6, threads=64):
     return kf_test_local_maps
 
 
+def striped_map(rows=7, cols=5, threads=64):
+    """A copied fragment kept in registers (striped, last run overhanging), a map, a float atomic max."""
+    @T.prim_func
+    def kf_test_striped(X: T.Tensor((rows, cols), "bfloat16"), Y: T.Tensor((rows, cols), "float32"),
+                        top: T.Tensor((1,), "float32")):
+        with T.Kernel(1, threads=threads) as bx:
+            f = T.alloc_fragment((rows, cols), "float32")
+            T.copy(X[0, 0], f)
+            for i, j in T.Parallel(rows, cols):
+                f[i, j] = T.tanh(f[i, j]) * (i + 1) - j
+                T.atomic_max(top[0], f[i, j])
+            T.copy(f, Y[0, 0])
+    return kf_test_striped
+
+
 def _bf16(*shape):
     return torch.randn(*shape).bfloat16()
 
@@ -225,3 +240,22 @@ def test_fills_and_copies_into_local_arrays_reach_every_element_of_every_thread(
     k(x, y, s)
     torch.testing.assert_close(y, 1.0 + 2.0 * x)
     torch.testing.assert_close(s, (1.0 + 2.0 * x).sum().reshape(1))
+
+
+def test_striped_fragment_map_and_atomic_max(emu):
+    torch.manual_seed(7)
+    pf = striped_map()
+    from kernforge.codegen.layouts import StripedLayout
+    from kernforge.codegen.render.cuda import ARCHS, CudaRenderer
+
+    assert isinstance(next(iter(CudaRenderer(pf.ir, ARCHS["sm_80"]).plan.registers.values())), StripedLayout)
+    k = kernforge.compile(pf, backend="cuda-emu", arch="sm_80")
+    x = _bf16(7, 5)
+    y = torch.full((7, 5), float("nan"))
+    top = torch.full((1,), -1e30)
+    k(x, y, top)
+    i = torch.arange(1, 8, dtype=torch.float64)[:, None]
+    j = torch.arange(5, dtype=torch.float64)[None, :]
+    ref = torch.tanh(x.double()) * i - j
+    torch.testing.assert_close(y.double(), ref, atol=1e-6, rtol=1e-5)
+    assert abs(top.item() - ref.max().item()) < 1e-5

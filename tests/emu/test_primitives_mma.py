@@ -8,8 +8,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import pytest
-
 from .conftest import CudaTestKernel, build_emu_module
 
 BF16 = ml_dtypes.bfloat16

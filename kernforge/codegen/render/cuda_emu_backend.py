@@ -29,7 +29,6 @@ from typing import Optional, Sequence
 import jinja2
 import numpy as np
 
-from kernforge import dtypes
 from kernforge.codegen import ir
 from kernforge.codegen.render.base import CRenderer
 from kernforge.jit import backend as backends
@@ -37,7 +36,7 @@ from kernforge.jit import backend as backends
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "cuda"
 INCLUDE_DIR = TEMPLATES / "include"
 SHIM_DIR = INCLUDE_DIR / "kf" / "emu" / "sys"  # stands in for the CUDA toolkit's headers
-DEFAULT_ARCH = "sm_80"
+DEFAULT_ARCH = "sm_90a"  # as kernforge.codegen.render.cuda: the wgmma path; pass arch="sm_80" for mma.sync
 # Barrier/mbarrier waits longer than this abort the launch as a deadlock.
 DEFAULT_TIMEOUT_MS = 20_000
 
@@ -204,19 +203,18 @@ class CudaEmuBackend:
     def _render(self, kernel: ir.Kernel, arch: Optional[str]):
         from kernforge.codegen.render.cuda import render_cuda
 
-        arch = arch or DEFAULT_ARCH
-        program = render_cuda(kernel, arch)
-        grid_rank = len(kernel.grid)
+        program = render_cuda(kernel, arch or DEFAULT_ARCH)
         source = emu_source(program.source, name=kernel.name, entry=program.entry,
-                            params=host_params(kernel, program), threads=program.threads, grid_rank=grid_rank)
-        return program, source, arch
+                            params=host_params(kernel, program), threads=program.threads, grid_rank=len(kernel.grid))
+        return program, source
 
     def source(self, kernel: ir.Kernel, arch: Optional[str] = None) -> str:
         return self._render(kernel, arch)[1]
 
     def build(self, kernel: ir.Kernel, arch: Optional[str] = None) -> EmuLauncher:
-        program, source, arch = self._render(kernel, arch)
-        module = EmulatedModule(f"emu_{kernel.name}_{arch}", source, dynamic_smem=program.dynamic_smem, arch=arch)
+        program, source = self._render(kernel, arch)
+        module = EmulatedModule(f"emu_{kernel.name}_{program.arch}", source, dynamic_smem=program.dynamic_smem,
+                                arch=program.arch)
         return EmuLauncher(kernel, module.kernel(kernel.name), host_params(kernel, program))
 
 

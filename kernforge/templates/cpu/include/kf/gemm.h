@@ -129,22 +129,35 @@ inline void pack_panels(const S* __restrict__ X, T* __restrict__ out) {
   }
 }
 
-// As pack_panels for bf16, with (k, k+1) pairs in one 32-bit word (k even in the low
+// The bf16 bits of a value that bf16 holds exactly: bf16 itself, and fp8 e4m3
+// (3 mantissa bits, exponents well inside bf16's range).
+struct Fp8ToBf16 {
+  uint16_t bits[256] = {};
+  constexpr Fp8ToBf16() {
+    for (int i = 0; i < 256; ++i) bits[i] = uint16_t(kf_float_bits(kf_to_float(kf_fp8e4m3{uint8_t(i)})) >> 16);
+  }
+};
+inline constexpr Fp8ToBf16 kFp8ToBf16{};
+
+inline constexpr uint32_t bf16_bits(kf_bf16 x) { return kf_bits(x); }
+inline constexpr uint32_t bf16_bits(kf_fp8e4m3 x) { return kFp8ToBf16.bits[kf_bits(x)]; }
+
+// As pack_panels, as bf16 with (k, k+1) pairs in one 32-bit word (k even in the low
 // half) for VDPBF16PS; an odd COLS is padded with a zero k.
-template <int ROWS, int COLS, int P, int RS, int CS>
-inline void pack_bf16_pairs(const kf_bf16* __restrict__ X, uint32_t* __restrict__ out) {
+template <int ROWS, int COLS, int P, int RS, int CS, class S>
+inline void pack_bf16_pairs(const S* __restrict__ X, uint32_t* __restrict__ out) {
   constexpr int PANELS = (ROWS + P - 1) / P, K2 = (COLS + 1) / 2;
   for (int pb = 0; pb < PANELS; ++pb) {
     uint32_t* o = out + size_t(pb) * K2 * P;
-    const kf_bf16* x = X + int64_t(pb) * P * RS;
+    const S* x = X + int64_t(pb) * P * RS;
     const int rows = (pb + 1) * P <= ROWS ? P : ROWS - pb * P;
     if (rows < P || COLS % 2) std::memset(o, 0, sizeof(uint32_t) * K2 * P);
     for (int kk = 0; kk < COLS / 2; ++kk)
       for (int p = 0; p < rows; ++p)
-        o[kk * P + p] = uint32_t(kf_bits(x[int64_t(p) * RS + int64_t(2 * kk) * CS])) |
-                        (uint32_t(kf_bits(x[int64_t(p) * RS + int64_t(2 * kk + 1) * CS])) << 16);
+        o[kk * P + p] = bf16_bits(x[int64_t(p) * RS + int64_t(2 * kk) * CS]) |
+                        (bf16_bits(x[int64_t(p) * RS + int64_t(2 * kk + 1) * CS]) << 16);
     if (COLS % 2)
-      for (int p = 0; p < rows; ++p) o[(K2 - 1) * P + p] = kf_bits(x[int64_t(p) * RS + int64_t(COLS - 1) * CS]);
+      for (int p = 0; p < rows; ++p) o[(K2 - 1) * P + p] = bf16_bits(x[int64_t(p) * RS + int64_t(COLS - 1) * CS]);
   }
 }
 
@@ -160,13 +173,13 @@ inline void store_block(const float* out, CS* __restrict__ C, int i, int j0) {
 }
 
 #if defined(__AVX512BF16__)
-// bf16 x bf16 -> fp32 with AVX512-BF16: VDPBF16PS multiplies pairs of bf16 along K
-// exactly and adds both products into each fp32 lane (round to nearest even; the
-// instruction treats denormal inputs as zero and flushes denormal results).
-// Panels hold (k, k+1) pairs as 32-bit words, K padded to even with zeros.
-template <int M, int N, int K, int A_RS, int A_CS, int B_RS, int B_CS, int C_RS, int C_CS, bool CLEAR, class CS>
-inline void gemm_bf16(const kf_bf16* __restrict__ A, const kf_bf16* __restrict__ B, CS* __restrict__ C,
-                      char* scratch) {
+// bf16 (or fp8, widened exactly to bf16) -> fp32 with AVX512-BF16: VDPBF16PS
+// multiplies pairs of bf16 along K exactly and adds both products into each fp32
+// lane (round to nearest even; the instruction treats denormal inputs as zero and
+// flushes denormal results).  Panels hold (k, k+1) pairs as 32-bit words.
+template <int M, int N, int K, int A_RS, int A_CS, int B_RS, int B_CS, int C_RS, int C_CS, bool CLEAR, class AS,
+          class BS, class CS>
+inline void gemm_bf16(const AS* __restrict__ A, const BS* __restrict__ B, CS* __restrict__ C, char* scratch) {
   constexpr int MR = 6, L = 16, NR = N <= L ? L : 2 * L, NV = NR / L;
   constexpr int MP = (M + MR - 1) / MR * MR, NP = (N + NR - 1) / NR * NR, K2 = (K + 1) / 2;
   uint32_t* ap = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
@@ -209,7 +222,9 @@ template <class T, int M, int N, int K, int A_RS, int A_CS, int B_RS, int B_CS, 
           bool CLEAR, class AS, class BS, class CS>
 inline void gemm(const AS* __restrict__ A, const BS* __restrict__ B, CS* __restrict__ C, char* scratch) {
 #if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<AS, kf_bf16> && std::is_same_v<BS, kf_bf16> && std::is_same_v<T, float>) {
+  constexpr bool a_bf16 = std::is_same_v<AS, kf_bf16> || std::is_same_v<AS, kf_fp8e4m3>;
+  constexpr bool b_bf16 = std::is_same_v<BS, kf_bf16> || std::is_same_v<BS, kf_fp8e4m3>;
+  if constexpr (a_bf16 && b_bf16 && std::is_same_v<T, float>) {
     gemm_bf16<M, N, K, A_RS, A_CS, B_RS, B_CS, C_RS, C_CS, CLEAR>(A, B, C, scratch);
     return;
   }

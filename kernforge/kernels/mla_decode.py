@@ -55,7 +55,7 @@ def _check_shape_params(heads: int, heads_kv: int, dim: int, dim_v: int, page_si
 
 @T.tunable(block_N=[16, 32, 64], block_H=[16, 32, 64], num_stages=[1, 2])
 def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, dim_v: int = 512,
-               page_size: int = 64, causal: bool = False,
+               page_size: int = 64, causal: bool = False, num_splits: int = 1,
                block_N: int = 32, block_H: int = 64, num_stages: int = 2,
                dtype: str = "bfloat16", threads: int = 256):
     """Dense paged MLA decode for ``heads`` query heads over ``heads_kv`` latent heads.
@@ -67,9 +67,19 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
     ``cache_seqlens int32 [batch]``, ``attn_sink float32 [heads]`` (``-inf`` = no sink),
     ``sm_scale`` (float32 scalar), outputs ``Out [batch, seq_q, heads, dim_v]`` and
     ``LSE float32 [batch, heads, seq_q]``.
+
+    Split-KV (``num_splits > 1``, FlashMLA's design for batches too small to fill the
+    machine): a third grid dimension cuts each request's KV tiles into ``num_splits``
+    contiguous ranges, and the outputs become float32 partials ``Out [batch, num_splits,
+    seq_q, heads, dim_v]`` (normalised within the split) and ``LSE [batch, num_splits,
+    heads, seq_q]`` (``-inf`` for an empty split), merged by :func:`mla_decode_combine`,
+    which also applies the sink (``attn_sink`` is not read by the split kernel).
     """
     _check_shape_params(heads, heads_kv, dim, dim_v, page_size, block_N, block_H)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     accum = "float32"
+    split = num_splits > 1
     dpe = dim - dim_v                     # key-only tail (RoPE dims); 0 when V is all of K
     group = heads // heads_kv             # query heads per latent head
     rows = seq_q * group                  # query rows that share one latent head
@@ -77,9 +87,15 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
     batch = T.symbolic("batch")
     num_tokens = T.symbolic("num_tokens")
     max_pages = T.symbolic("max_pages")
+    if split:
+        out_shape, out_dtype = (batch, num_splits, seq_q, heads, dim_v), accum
+        lse_shape = (batch, num_splits, heads, seq_q)
+    else:
+        out_shape, out_dtype, lse_shape = (batch, seq_q, heads, dim_v), dtype, (batch, heads, seq_q)
 
     name = (f"mla_decode_h{heads}_kv{heads_kv}_q{seq_q}_d{dim}_v{dim_v}_p{page_size}"
-            f"{'_causal' if causal else ''}_N{block_N}_H{block_H}_s{num_stages}_{dtype}_t{threads}")
+            f"{'_causal' if causal else ''}{f'_split{num_splits}' if split else ''}"
+            f"_N{block_N}_H{block_H}_s{num_stages}_{dtype}_t{threads}")
 
     @T.prim_func(name=name)
     def main(Q: T.Tensor((batch, seq_q, heads, dim), dtype),
@@ -88,9 +104,9 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
              cache_seqlens: T.Tensor((batch,), "int32"),
              attn_sink: T.Tensor((heads,), accum),
              sm_scale: T.float32,
-             Out: T.Tensor((batch, seq_q, heads, dim_v), dtype),
-             LSE: T.Tensor((batch, heads, seq_q), accum)):
-        with T.Kernel(batch, heads_kv * row_blocks, threads=threads) as (bx, by):
+             Out: T.Tensor(out_shape, out_dtype),
+             LSE: T.Tensor(lse_shape, accum)):
+        with T.Kernel(batch, heads_kv * row_blocks, num_splits, threads=threads) as (bx, by, bz):
             Q_shared = T.alloc_shared((block_H, dim_v), dtype)
             KV_shared = T.alloc_shared((block_N, dim_v), dtype)
             if dpe > 0:
@@ -131,7 +147,11 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
             T.fill(l, 0)
             T.fill(m, -T.infinity(accum))
 
-            for t in T.Pipelined(T.ceildiv(seqlen, block_N), num_stages=num_stages):
+            n_tiles = T.ceildiv(seqlen, block_N)
+            per_split = T.ceildiv(n_tiles, num_splits)
+            first = bz * per_split
+            for t in T.Pipelined(first, T.max(T.min(first + per_split, n_tiles), first),
+                                 num_stages=num_stages):
                 pos0 = t * block_N
                 token0 = block_table[bx, pos0 // page_size] * page_size + pos0 % page_size
                 T.copy(KV[token0, kvh * dim], KV_shared)
@@ -150,21 +170,90 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
                                      scale_log2, block_H, block_N, dim_v, accum)
                 T.gemm(P_shared, KV_shared, acc_o)
 
-            # normalise, fold in the sink, scatter rows back to [b, s, h]; a row with
-            # nothing visible (l == 0) gets output 0 and lse +inf
-            for i, d in T.Parallel(block_H, dim_v):
+            if split:
+                # partials for mla_decode_combine: normalised within the split, lse -inf if empty
+                for i, d in T.Parallel(block_H, dim_v):
+                    r = T.min(row0 + i, rows - 1)
+                    if row0 + i < rows:
+                        Out[bx, bz, r // group, kvh * group + r % group, d] = T.if_then_else(
+                            l[i] > 0, acc_o[i, d] / l[i], 0.0)
+                for i in T.Parallel(block_H):
+                    r = T.min(row0 + i, rows - 1)
+                    if row0 + i < rows:
+                        LSE[bx, bz, kvh * group + r % group, r // group] = T.if_then_else(
+                            l[i] > 0, m[i] * sm_scale + T.log(l[i]), -T.infinity(accum))
+            else:
+                # normalise, fold in the sink, scatter rows back to [b, s, h]; a row with
+                # nothing visible (l == 0) gets output 0 and lse +inf
+                for i, d in T.Parallel(block_H, dim_v):
+                    r = T.min(row0 + i, rows - 1)
+                    lse = m[i] * sm_scale + T.log(l[i])
+                    h = kvh * group + r % group
+                    sink = T.if_then_else(l[i] > 0, 1.0 / (1.0 + T.exp(attn_sink[h] - lse)), 1.0)
+                    if row0 + i < rows:
+                        Out[bx, r // group, h, d] = T.if_then_else(
+                            l[i] > 0, acc_o[i, d] * sink / l[i], 0.0)
+                for i in T.Parallel(block_H):
+                    r = T.min(row0 + i, rows - 1)
+                    if row0 + i < rows:
+                        LSE[bx, kvh * group + r % group, r // group] = T.if_then_else(
+                            l[i] > 0, m[i] * sm_scale + T.log(l[i]), T.infinity(accum))
+
+    return main
+
+
+@T.tunable(block_R=[8, 16, 32, 64])
+def mla_decode_combine(heads: int, num_splits: int, seq_q: int = 1, dim_v: int = 512,
+                       block_R: int = 16, dtype: str = "bfloat16", threads: int = 128):
+    """Merge split-KV partials: ``lse = log(sum_s exp(lse_s))``, ``out = sum_s
+    exp(lse_s - lse) * out_s``, then the sink.  Kernel parameters: ``O_partial float32
+    [batch, num_splits, seq_q, heads, dim_v]``, ``LSE_partial float32 [batch, num_splits,
+    heads, seq_q]``, ``attn_sink float32 [heads]``, outputs ``Out [batch, seq_q, heads,
+    dim_v]`` and ``LSE float32 [batch, heads, seq_q]`` (``+inf`` and 0 when every split
+    was empty).  A block merges ``block_R`` (token, head) rows of one request."""
+    accum = "float32"
+    rows = seq_q * heads
+    batch = T.symbolic("batch")
+    name = f"mla_decode_combine_h{heads}_splits{num_splits}_q{seq_q}_v{dim_v}_R{block_R}_{dtype}_t{threads}"
+
+    @T.prim_func(name=name)
+    def main(O_partial: T.Tensor((batch, num_splits, seq_q, heads, dim_v), accum),
+             LSE_partial: T.Tensor((batch, num_splits, heads, seq_q), accum),
+             attn_sink: T.Tensor((heads,), accum),
+             Out: T.Tensor((batch, seq_q, heads, dim_v), dtype),
+             LSE: T.Tensor((batch, heads, seq_q), accum)):
+        with T.Kernel(batch, T.ceildiv(rows, block_R), threads=threads) as (bx, by):
+            lse_s = T.alloc_fragment((block_R, num_splits), accum)
+            top = T.alloc_fragment((block_R,), accum)
+            total = T.alloc_fragment((block_R,), accum)
+            acc = T.alloc_fragment((block_R, dim_v), accum)
+            row0 = by * block_R
+            for i, sp in T.Parallel(block_R, num_splits):
                 r = T.min(row0 + i, rows - 1)
-                lse = m[i] * sm_scale + T.log(l[i])
-                h = kvh * group + r % group
-                sink = T.if_then_else(l[i] > 0, 1.0 / (1.0 + T.exp(attn_sink[h] - lse)), 1.0)
+                lse_s[i, sp] = LSE_partial[bx, sp, r % heads, r // heads]
+            T.reduce_max(lse_s, top, dim=1)
+            for i, sp in T.Parallel(block_R, num_splits):
+                shift = T.if_then_else(top[i] == -T.infinity(accum), 0.0, top[i])
+                lse_s[i, sp] = T.exp(lse_s[i, sp] - shift)          # split weights
+            T.reduce_sum(lse_s, total, dim=1)
+            T.fill(acc, 0)
+            for sp in T.serial(num_splits):
+                for i, d in T.Parallel(block_R, dim_v):
+                    r = T.min(row0 + i, rows - 1)
+                    acc[i, d] = acc[i, d] + lse_s[i, sp] * O_partial[bx, sp, r // heads, r % heads, d]
+            for i, d in T.Parallel(block_R, dim_v):
+                r = T.min(row0 + i, rows - 1)
+                lse = top[i] + T.log(total[i])
+                sink = T.if_then_else(total[i] > 0,
+                                      1.0 / (1.0 + T.exp(attn_sink[r % heads] - lse)), 1.0)
                 if row0 + i < rows:
-                    Out[bx, r // group, h, d] = T.if_then_else(
-                        l[i] > 0, acc_o[i, d] * sink / l[i], 0.0)
-            for i in T.Parallel(block_H):
+                    Out[bx, r // heads, r % heads, d] = T.if_then_else(
+                        total[i] > 0, acc[i, d] * sink / total[i], 0.0)
+            for i in T.Parallel(block_R):
                 r = T.min(row0 + i, rows - 1)
                 if row0 + i < rows:
-                    LSE[bx, kvh * group + r % group, r // group] = T.if_then_else(
-                        l[i] > 0, m[i] * sm_scale + T.log(l[i]), T.infinity(accum))
+                    LSE[bx, r % heads, r // heads] = T.if_then_else(
+                        total[i] > 0, top[i] + T.log(total[i]), T.infinity(accum))
 
     return main
 

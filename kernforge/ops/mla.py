@@ -9,10 +9,12 @@ never a read of someone else's page.
 
 Differences from FlashMLA, all of them widenings: any head dims with
 ``head_dim_v <= d`` and any page size (FlashMLA: d in {512, 576}, head_dim_v 512,
-page 64), any architecture, and ``attn_sink`` on the dense path too.  Not yet
-supported (``NotImplementedError``): FP8 KV caches, the sparse ``indices`` path,
-and the extra KV cache.  There is no split-KV: one block owns a request's rows for
-the whole sequence, so ``tile_scheduler_metadata`` carries no schedule.
+page 64), any architecture, ``attn_sink`` on the dense path too, and a bf16 cache on
+the sparse (``indices``) path.  Not yet supported (``NotImplementedError``): FP8 KV
+caches and the extra KV cache.  The dense path splits the KV range of small batches
+over several blocks plus a combine kernel (:func:`choose_splits`);
+``tile_scheduler_metadata`` records the shape configuration but holds no per-request
+schedule.
 """
 from __future__ import annotations
 
@@ -51,7 +53,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                            is_fp8_kvcache: bool = False, indices: Optional[torch.Tensor] = None,
                            attn_sink: Optional[torch.Tensor] = None, extra_k_cache=None,
                            extra_indices_in_kvcache=None, topk_length=None,
-                           extra_topk_length=None, *, backend: Optional[str] = None
+                           extra_topk_length=None, *, backend: Optional[str] = None,
+                           num_kv_splits: Optional[int] = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged MLA decode attention.
 
@@ -65,7 +68,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     With ``indices int32 [b, s_q, topk]`` (flat token ids ``block * page_block_size +
     offset``, ``-1`` = empty) each query token attends to its listed rows only
     (``block_table``/``cache_seqlens`` are then ignored and may be ``None``), limited to
-    the first ``topk_length[i]`` slots when that is given."""
+    the first ``topk_length[i]`` slots when that is given.
+
+    kernforge additions (keyword-only): ``backend``, and ``num_kv_splits`` to force the
+    dense path's split-KV factor (default: :func:`choose_splits`)."""
     if is_fp8_kvcache:
         raise NotImplementedError("is_fp8_kvcache=True: FP8 KV caches are not supported yet "
                                   "(kernforge MLA decode v0 is bf16 only)")
@@ -86,11 +92,29 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             is_fp8_kvcache=False, topk=None))
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     backend = backend or ("cuda" if q.is_cuda else "cpu")
-    kernel = _kernel(backend, **choose_config(backend, h_q, h_kv, s_q, d, head_dim_v, page, causal))
+    cfg = choose_config(backend, h_q, h_kv, s_q, d, head_dim_v, page, causal)
+    if num_kv_splits is None:
+        row_blocks = -(-s_q * (h_q // h_kv) // cfg["block_H"])
+        splits = choose_splits(backend, b * h_kv * row_blocks,
+                               block_table.shape[1] * page // cfg["block_N"], q.device)
+    elif isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int) or num_kv_splits < 1:
+        raise ValueError(f"num_kv_splits must be a positive int, got {num_kv_splits!r}")
+    else:
+        splits = num_kv_splits
     sink = attn_sink if attn_sink is not None else torch.full((h_q,), -float("inf"), device=q.device)
     out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
-    kernel(q, k_cache.view(-1, h_kv * d), block_table, cache_seqlens, sink, scale, out, lse)
+    kv_flat = k_cache.view(-1, h_kv * d)
+    if splits == 1:
+        _kernel(backend, kernels.mla_decode, **cfg)(q, kv_flat, block_table, cache_seqlens, sink,
+                                                      scale, out, lse)
+        return out, lse
+    o_part = torch.empty(b, splits, s_q, h_q, head_dim_v, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(b, splits, h_q, s_q, dtype=torch.float32, device=q.device)
+    _kernel(backend, kernels.mla_decode, **cfg, num_splits=splits)(
+        q, kv_flat, block_table, cache_seqlens, sink, scale, o_part, lse_part)
+    _kernel(backend, kernels.mla_decode_combine, heads=h_q, num_splits=splits, seq_q=s_q,
+            dim_v=head_dim_v, block_R=16)(o_part, lse_part, sink, out, lse)
     return out, lse
 
 
@@ -128,7 +152,7 @@ def _sparse(q, k_cache, indices, topk_length, head_dim_v, meta, softmax_scale, c
     backend = backend or ("cuda" if q.is_cuda else "cpu")
     # slots are gathered one by one, so the KV tile size is free of the page size
     block_H = choose_config(backend, h_q, 1, 1, d, head_dim_v, page, False)["block_H"]
-    kernel = _kernel(backend, sparse=True, heads=h_q, topk=topk, seq_q=s_q, dim=d,
+    kernel = _kernel(backend, kernels.mla_decode_sparse, heads=h_q, topk=topk, seq_q=s_q, dim=d,
                      dim_v=head_dim_v, block_N=32, block_H=block_H)
     sink = attn_sink if attn_sink is not None else torch.full((h_q,), -float("inf"), device=q.device)
     out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
@@ -153,14 +177,29 @@ def choose_config(backend: str, h_q: int, h_kv: int, s_q: int, d: int, dim_v: in
                 causal=causal, block_N=block_N, block_H=block_H)
 
 
+def choose_splits(backend: str, blocks: int, max_tiles: int, device: torch.device) -> int:
+    """Split-KV factor: when ``blocks`` (requests x row blocks) cannot occupy the
+    machine's parallel units (SMs, or host threads), cut each request's KV range into
+    a power of two of splits, keeping at least 4 KV tiles per split.  It depends only on
+    shapes (``max_tiles`` comes from the block table's width), so one decode step picks
+    one value for every layer, as FlashMLA's schedule."""
+    if backend.startswith("cuda"):
+        units = torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        units = torch.get_num_threads()
+    splits = 1
+    while blocks * splits < units and max_tiles >= 8 * splits and splits < 32:
+        splits *= 2
+    return splits
+
+
 @functools.lru_cache(maxsize=None)
-def _compiled(backend: str, sparse: bool, params: tuple):
-    factory = kernels.mla_decode_sparse if sparse else kernels.mla_decode
+def _compiled(backend: str, factory, params: tuple):
     return kernforge.compile(factory, backend=backend, **dict(params))
 
 
-def _kernel(backend: str, sparse: bool = False, **params):
-    return _compiled(backend, sparse, tuple(sorted(params.items())))
+def _kernel(backend: str, factory, **params):
+    return _compiled(backend, factory, tuple(sorted(params.items())))
 
 
 def _check_schedule_args(meta, num_splits) -> None:

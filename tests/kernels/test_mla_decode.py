@@ -169,3 +169,26 @@ def test_sparse_real_dims():
        empty_every=st.integers(1, 5), seed=st.integers(0, 2**16))
 def test_sparse_property(topk, heads, s_q, empty_every, seed):
     run_sparse("interp", s_q=s_q, heads=heads, topk=topk, empty_every=empty_every, seed=seed)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seqlens=st.lists(st.integers(0, 90), min_size=1, max_size=3), num_splits=st.integers(2, 5),
+       seq_q=st.integers(1, 2), causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_split_kv_and_combine(seqlens, num_splits, seq_q, causal, seed):
+    """Split-KV partials merged by the combine kernel equal one-pass attention (interp)."""
+    g = torch.Generator().manual_seed(seed)
+    heads, dim, dim_v, page = 3, 48, 32, 16
+    kv, table = M.make_cache(seqlens, page, 1, dim, g)
+    q = torch.randn(len(seqlens), seq_q, heads, dim, generator=g).bfloat16()
+    sink, lens = torch.randn(heads, generator=g), torch.tensor(seqlens, dtype=torch.int32)
+    split = kernforge.compile(M.mla_decode, backend="interp", out_idx=[-2, -1], heads=heads,
+                              seq_q=seq_q, dim=dim, dim_v=dim_v, page_size=page, causal=causal,
+                              num_splits=num_splits, block_N=8, block_H=4)
+    combine = kernforge.compile(M.mla_decode_combine, backend="interp", out_idx=[-2, -1],
+                                heads=heads, num_splits=num_splits, seq_q=seq_q, dim_v=dim_v,
+                                block_R=4)
+    o_part, lse_part = split(q, kv.view(-1, dim), table, lens, sink, dim ** -0.5)
+    out, lse = combine(o_part, lse_part, sink)
+    exp_out, exp_lse = M.reference(q, kv, table, lens, sink, dim ** -0.5, dim_v, causal)
+    tol_out, tol_lse = M.tolerances(q, kv, dim ** -0.5, max(seqlens), dim_v)
+    M.assert_close(out, lse, exp_out, exp_lse, tol_out, tol_lse)

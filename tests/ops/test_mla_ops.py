@@ -155,3 +155,26 @@ def test_sparse_bad_input(mutate, error, match):
     mutate(args)
     with pytest.raises(error, match=match):
         mla.flash_mla_with_kvcache(**args, backend="interp")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_split_kv_matches_reference(backend):
+    """Forced split-KV + combine: more splits than some requests have tiles, an empty request,
+    causal MTP and the sink (applied once, in the combine kernel)."""
+    q, kv, table, lens = make([300, 5, 0], heads=4, s_q=2)
+    sink = torch.randn(4)
+    out, lse = mla.flash_mla_with_kvcache(q, kv, table, lens, 512, causal=True, attn_sink=sink,
+                                          backend=backend, num_kv_splits=4)
+    check(out, lse, q, kv, table, lens, sink, 576 ** -0.5, True)
+
+
+def test_split_choice_depends_on_shapes_only():
+    cpu = torch.device("cpu")
+    threads = torch.get_num_threads()
+    assert mla.choose_splits("cpu", threads, 1000, cpu) == 1          # machine already full
+    assert mla.choose_splits("cpu", 1, 3, cpu) == 1                   # too few tiles to split
+    many = mla.choose_splits("cpu", 1, 10_000, cpu)
+    assert many >= min(threads, 32) and many & (many - 1) == 0
+    with pytest.raises(ValueError, match="num_kv_splits"):
+        q, kv, table, lens = make([10], heads=2)
+        mla.flash_mla_with_kvcache(q, kv, table, lens, 512, backend="interp", num_kv_splits=0)

@@ -126,16 +126,18 @@ def kernel_params(backend: str, k: int, dtype: str, index_dtype: str, sorted_val
     """The kernel parameters this op uses for one call (shared with the benchmarks).
 
     CPU: 1024-element tiles in groups of 8 (a survivor-free group costs one vector
-    compare) and a buffer slack of ``max(1024, 2k)``, measured best on
+    compare) and a buffer slack of ``max(2048, 2k)``, measured best on
     ``benchmarks/bench_topk.py``; the interpreter gets small tiles (its cost is per
-    statement); GPUs scan whole 2048-element tiles."""
+    statement); GPUs scan whole tiles with the parallel compaction."""
     common = dict(k=k, dtype=dtype, index_dtype=index_dtype, sorted_values=sorted_values,
                   return_value=return_value, compaction=_COMPACTION.get(backend, "tile_scan"))
     if backend == "interp":
         return dict(common, tile=256, group=32, slack=256)
     if backend == "cpu":
-        return dict(common, tile=1024, group=8, slack=max(1024, 2 * k))
-    return dict(common, tile=2048, group=32, slack=max(2048, k))
+        return dict(common, tile=1024, group=8, slack=max(2048, 2 * k))
+    # GPUs: the buffers (six arrays of k + tile + slack) must fit one block's shared memory
+    small = k <= 1024
+    return dict(common, tile=2048 if small else 1024, group=32, slack=2048 if small else 1024)
 
 
 @functools.lru_cache(maxsize=None)

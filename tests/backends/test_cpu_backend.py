@@ -140,6 +140,13 @@ def test_casts_round_to_nearest_even_bit_exact(n, seed):
                 "B2F": wb.astype(np.float32).astype(ml_dtypes.float8_e4m3fn), "CB": x.astype(ml_dtypes.bfloat16)}
     for name, w in want.items():
         assert same_bits(outs[name], w), (name, outs[name][:8], w[:8])
+    # and bit for bit with the interpreter
+    args = [x, xi] + [poison(o.shape, str(dtypes.dtype(o.dtype))) for o in list(outs.values())[:8]] \
+        + [wh, wb, wf] + [poison(o.shape, str(dtypes.dtype(o.dtype))) for o in list(outs.values())[8:]]
+    with np.errstate(all="ignore"):
+        cpu, ref = run_both(convert_kernel, {}, args, tuple(range(2, 10)) + (13, 14, 15))
+    for got, w in zip(cpu, ref):
+        assert same_bits(got, w)
 
 
 # ---------------------------------------------------------------- gemm
@@ -393,6 +400,9 @@ def test_control_flow_integer_semantics_and_params_match_numpy(n, d, start, seed
     np.testing.assert_array_equal(o[6], np.abs(a64))
     np.testing.assert_array_equal(o[7], np.where(a & 1, f.view(np.int32).astype(np.int64), -1))
     np.testing.assert_array_equal(o[8], np.maximum(b64, -5) + np.minimum(a64, 7))
+    args = [a, b, c, poison((9, n), "int64"), f, poison((3, n), "float32"), u, d, np.float32(1.5), start]
+    (o_cpu, fo_cpu), (o_ref, fo_ref) = run_both(control_kernel, {}, args, (3, 5))
+    assert same_bits(o_cpu, o_ref) and same_bits(fo_cpu[:2], fo_ref[:2])  # the interpreter agrees bit for bit
     assert same_bits(fo[0], u.view(np.float32))
     assert same_bits(fo[1], np.where(np.isnan(f), np.float32(1.5), f * np.float32(1.5)))
     want2 = (np.abs(f.astype(np.float64)) ** 0.5 + np.maximum(f, 0)).astype(np.float32)

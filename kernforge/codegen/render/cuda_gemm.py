@@ -79,12 +79,18 @@ def render_gemm(R, g: ir.Gemm) -> None:
         R.emit(f"kf::ldmatrix_x4(kf_a[kf_mi], {core(an, a_cols, 'kf_row0 + (kf_lane & 7) + ((kf_lane >> 3) & 1) * 8', 'kf_kk * 16 + (kf_lane >> 4) * 8')});")
     R.close()
     R.emit("#pragma unroll")
-    R.open(f"for (int kf_ni = 0; kf_ni < {lay.nt}; ++kf_ni)")
+    pair = lay.nt % 2 == 0  # two n-atoms per ldmatrix.x4
+    step = 2 if pair else 1
+    R.open(f"for (int kf_ni = 0; kf_ni < {lay.nt}; kf_ni += {step})")
     R.emit(f"const int kf_col0 = kf_wc * {lay.n // lay.wn} + kf_ni * 8;")
+    # matrices: (n-block, k-block) = (0,0), (0,1), (1,0), (1,1) -> b[ni] = {r0, r1}, b[ni+1] = {r2, r3}
+    n_hi = " + (kf_lane >> 4) * 8" if pair else ""
+    regs = "*reinterpret_cast<uint32_t(*)[4]>(&kf_b[kf_ni][0])" if pair else "kf_b[kf_ni]"
+    x = "x4" if pair else "x2"
     if g.trans_b:
-        R.emit(f"kf::ldmatrix_x2(kf_b[kf_ni], {core(bn, b_cols, 'kf_col0 + (kf_lane & 7)', 'kf_kk * 16 + ((kf_lane >> 3) & 1) * 8')});")
+        R.emit(f"kf::ldmatrix_{x}({regs}, {core(bn, b_cols, f'kf_col0 + (kf_lane & 7){n_hi}', 'kf_kk * 16 + ((kf_lane >> 3) & 1) * 8')});")
     else:
-        R.emit(f"kf::ldmatrix_x2_trans(kf_b[kf_ni], {core(bn, b_cols, 'kf_kk * 16 + (kf_lane & 7) + ((kf_lane >> 3) & 1) * 8', 'kf_col0')});")
+        R.emit(f"kf::ldmatrix_{x}_trans({regs}, {core(bn, b_cols, 'kf_kk * 16 + (kf_lane & 7) + ((kf_lane >> 3) & 1) * 8', f'kf_col0{n_hi}')});")
     R.close()
     R.emit("#pragma unroll")
     R.open(f"for (int kf_mi = 0; kf_mi < {lay.mt}; ++kf_mi)")

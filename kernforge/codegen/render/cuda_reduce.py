@@ -75,7 +75,7 @@ def render_reduce(R, r: ir.Reduce) -> None:
         R.close()
     if _cross_warp(lay):
         row = lay.rows.row("kf_s", R.tid)
-        R.barrier()
+        # no barrier needed before writing: every use of the scratch ends with one
         R.open(f"if ({owner or 'true'} && ({R.tid} & 3) == 0)")
         R.emit(f"const int kf_wc = ({R.tid} >> 5) / {lay.wm};")
         R.emit("#pragma unroll")

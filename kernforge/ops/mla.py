@@ -113,8 +113,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     lse_part = torch.empty(b, splits, h_q, s_q, dtype=torch.float32, device=q.device)
     _kernel(backend, kernels.mla_decode, **cfg, num_splits=splits)(
         q, kv_flat, block_table, cache_seqlens, sink, scale, o_part, lse_part)
+    # GPU: 8 rows per combine block (16 rows spill 1.6 KB of registers per ptxas at h=128)
+    block_R = 8 if backend.startswith("cuda") else 16
     _kernel(backend, kernels.mla_decode_combine, heads=h_q, num_splits=splits, seq_q=s_q,
-            dim_v=head_dim_v, block_R=16)(o_part, lse_part, sink, out, lse)
+            dim_v=head_dim_v, block_R=block_R)(o_part, lse_part, sink, out, lse)
     return out, lse
 
 

@@ -3,8 +3,8 @@
 // Notation: lane = threadIdx.x % 32, g = lane / 4 ("groupID"), t = lane % 4.
 // A 16-bit pair packs element k (low half) and k+1 (high half) into one uint32_t.
 //
-// ldmatrix_x{1,2,4}(regs, row_ptr): `ldmatrix.sync.aligned.m8n8.x{1,2,4}.shared.b16`.
-//   Loads 1/2/4 8x8 matrices of 16-bit elements.  Matrix q's eight rows are
+// ldmatrix_x{2,4}(regs, row_ptr): `ldmatrix.sync.aligned.m8n8.x{2,4}.shared.b16`.
+//   Loads 2/4 8x8 matrices of 16-bit elements.  Matrix q's eight rows are
 //   16-byte shared-memory rows whose addresses come from lanes 8q..8q+7
 //   (lane 8q+r gives row r; each lane passes its own `row_ptr`).  Result:
 //   regs[q] of lane L holds matrix q's elements (row L/4, cols 2*(L%4), +1).
@@ -24,9 +24,6 @@ namespace kf {
 
 KF_DEVICE unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 
-KF_DEVICE void ldmatrix_x1(uint32_t (&r)[1], const void* row_ptr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r[0]) : "r"(smem_u32(row_ptr)));
-}
 KF_DEVICE void ldmatrix_x2(uint32_t (&r)[2], const void* row_ptr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
                : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(row_ptr)));

@@ -83,7 +83,7 @@ extern "C" __global__ void ldmatrix_dump(const unsigned short* S, unsigned* out)
   kf::ldmatrix_x4(r, &tile[lane * 8]);
   kf::ldmatrix_x4_trans(rt, &tile[lane * 8]);
   kf::ldmatrix_x2(r2, &tile[(lane % 16) * 8]);
-  kf::ldmatrix_x1(r1, &tile[(lane % 8) * 8]);
+  kf_emu::ldmatrix<1>(r1, &tile[(lane % 8) * 8], false);  // .x1: not in the device library, emulated all the same
   for (int q = 0; q < 4; ++q) { out[lane * 11 + q] = r[q]; out[lane * 11 + 4 + q] = rt[q]; }
   out[lane * 11 + 8] = r2[0];
   out[lane * 11 + 9] = r2[1];

@@ -83,10 +83,8 @@ namespace kf {
 
 KF_DEVICE unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 
-KF_DEVICE void ldmatrix_x1(uint32_t (&r)[1], const void* row_ptr) { kf_emu::ldmatrix<1>(r, row_ptr, false); }
 KF_DEVICE void ldmatrix_x2(uint32_t (&r)[2], const void* row_ptr) { kf_emu::ldmatrix<2>(r, row_ptr, false); }
 KF_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const void* row_ptr) { kf_emu::ldmatrix<4>(r, row_ptr, false); }
-KF_DEVICE void ldmatrix_x1_trans(uint32_t (&r)[1], const void* row_ptr) { kf_emu::ldmatrix<1>(r, row_ptr, true); }
 KF_DEVICE void ldmatrix_x2_trans(uint32_t (&r)[2], const void* row_ptr) { kf_emu::ldmatrix<2>(r, row_ptr, true); }
 KF_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_ptr) { kf_emu::ldmatrix<4>(r, row_ptr, true); }
 

@@ -55,3 +55,14 @@ def test_an_empty_grid_launches_nothing():
     cuda_backend.CudaLauncher(kernel, render_cuda(kernel, "sm_80"), fn)(
         [torch.empty(0, 8).bfloat16(), 1, False, 1.0, torch.empty(0, 8)], [0], [0])
     assert fn.calls == []
+
+
+def test_building_without_a_gpu_is_a_clear_error():
+    import pytest
+
+    from kernforge.jit.backend import BackendError
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(BackendError, match="needs an NVIDIA GPU"):
+        cuda_backend.CudaBackend().build(_kernel())

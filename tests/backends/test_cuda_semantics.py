@@ -19,22 +19,26 @@ import kernforge
 import kernforge.dsl as T
 
 
-def gemm(M=96, N=80, K=72, bm=64, bn=64, bk=32, stages=2, threads=128, trans_b=False, dtype="bfloat16"):
+def gemm(M=96, N=80, K=72, bm=64, bn=64, bk=32, stages=2, threads=128, trans_b=False, dtype="bfloat16",
+         trans_a=False):
     @T.prim_func
-    def kf_test_gemm(A: T.Tensor((M, K), dtype), B: T.Tensor(((N, K) if trans_b else (K, N)), dtype),
-                     C: T.Tensor((M, N), dtype)):
+    def kf_test_gemm(A: T.Tensor(((K, M) if trans_a else (M, K)), dtype),
+                     B: T.Tensor(((N, K) if trans_b else (K, N)), dtype), C: T.Tensor((M, N), dtype)):
         with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=threads) as (bx, by):
-            A_s = T.alloc_shared((bm, bk), dtype)
+            A_s = T.alloc_shared(((bk, bm) if trans_a else (bm, bk)), dtype)
             B_s = T.alloc_shared(((bn, bk) if trans_b else (bk, bn)), dtype)
             C_f = T.alloc_fragment((bm, bn), "float32")
             T.clear(C_f)
             for k in T.Pipelined(T.ceildiv(K, bk), num_stages=stages):
-                T.copy(A[by * bm, k * bk], A_s)
+                if trans_a:
+                    T.copy(A[k * bk, by * bm], A_s)
+                else:
+                    T.copy(A[by * bm, k * bk], A_s)
                 if trans_b:
                     T.copy(B[bx * bn, k * bk], B_s)
                 else:
                     T.copy(B[k * bk, bx * bn], B_s)
-                T.gemm(A_s, B_s, C_f, transpose_B=trans_b)
+                T.gemm(A_s, B_s, C_f, transpose_A=trans_a, transpose_B=trans_b)
             T.copy(C_f, C[by * bm, bx * bn])
     return kf_test_gemm
 
@@ -180,6 +184,19 @@ def test_gemm_ragged_tiles(emu, arch, trans_b):
     k(a, b, c)
     ref = a.double() @ (b.double().T if trans_b else b.double())
     torch.testing.assert_close(c.double(), ref, atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_gemm_transposed_a_and_idle_warps(emu, arch):
+    """A stored K x M (ldmatrix.trans / wgmma transposed A); 8 warps for a tile 4 warps fill."""
+    torch.manual_seed(8)
+    M, N, K = 64, 40, 48
+    k = kernforge.compile(gemm(M, N, K, bm=64, bn=8, bk=16, threads=256, trans_a=True), backend="cuda-emu",
+                          arch=arch)
+    a, b = _bf16(K, M), _bf16(K, N)
+    c = torch.full((M, N), float("nan")).bfloat16()
+    k(a, b, c)
+    torch.testing.assert_close(c.double(), a.double().T @ b.double(), atol=0.05, rtol=0.02)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])

@@ -8,6 +8,8 @@
 // outstanding when a thread returns are performed then (the GPU would finish
 // them too; nothing can observe the difference).
 #pragma once
+#include <sched.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -50,6 +52,10 @@ inline void cp_async_wait(int n) {
   CpAsyncState& s = g_cp_async;
   if (s.committed < uint64_t(n)) return;
   const uint64_t limit = s.committed - uint64_t(n);  // groups [0, limit) complete
+  // Race amplifier: let other threads run first, so that one which reads this
+  // thread's copies without the barrier that should follow the wait sees them
+  // missing even when the host has cores to spare.
+  if (s.copies.size() && s.copies[0].group < limit) sched_yield();
   for (size_t i = 0; i < s.copies.size(); ++i)
     if (s.copies[i].group < limit) perform(s.copies[i]);
   s.copies.retain([limit](const PendingCopy& c) { return c.group >= limit; });

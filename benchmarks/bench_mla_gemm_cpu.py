@@ -58,14 +58,16 @@ def torch_mla_sdpa_bf16(q, kv, table, seqlen, scale, dim_v):
 
 def bench_mla(repeat: int) -> list[list[str]]:
     rows = []
-    for label, b, h, d, seqlen in (("V3 dims (d 576/512), h 128", 2, 128, 576, 1024),
-                                   ("V4 dims (d 512/512), h 64", 2, 64, 512, 2048)):
+    for label, b, h, d, seqlen, splits in (("V3 dims (d 576/512), h 128", 2, 128, 576, 1024, None),
+                                           ("V4 dims (d 512/512), h 64", 2, 64, 512, 2048, None),
+                                           ("V4 dims, one request", 1, 64, 512, 4096, None)):
         g = torch.Generator().manual_seed(0)
         kv, table = M.make_cache([seqlen] * b, 64, 1, d, g)
         q = torch.randn(b, 1, h, d, generator=g).bfloat16()
         lens = torch.full((b,), seqlen, dtype=torch.int32)
         scale = d ** -0.5
-        run = lambda: mla_ops.flash_mla_with_kvcache(q, kv, table, lens, 512, backend="cpu")  # noqa: E731
+        run = lambda: mla_ops.flash_mla_with_kvcache(q, kv, table, lens, 512, backend="cpu",  # noqa: E731
+                                                     num_kv_splits=splits)
         out, lse = run()
         ref, ref_lse = torch_mla_fp32(q, kv, table, seqlen, scale, 512)
         assert (out.float() - ref.float()).abs().max() < 0.05, "kernforge and torch disagree"
@@ -81,7 +83,8 @@ def bench_mla(repeat: int) -> list[list[str]]:
             [run, lambda: torch_mla_fp32(q, kv, table, seqlen, scale, 512), torch_dense_fp32,
              lambda: torch_mla_sdpa_bf16(q, kv, table, seqlen, scale, 512)], repeat)
         flops = 2.0 * b * h * seqlen * (d + 512)
-        rows.append([f"mla_decode {label}, b {b}, seqlen {seqlen}", f"{t_kf:.2f}",
+        used = splits or mla_ops.choose_splits("cpu", b * -(-h // 64), seqlen // 64, q.device)
+        rows.append([f"mla_decode {label}, b {b}, seqlen {seqlen}, splits {used}", f"{t_kf:.2f}",
                      f"{t_fp32:.2f} / {t_pre:.2f} / {t_sdpa:.2f}",
                      f"{t_fp32 / t_kf:.2f} / {t_pre / t_kf:.2f} / {t_sdpa / t_kf:.2f}",
                      f"{flops / t_kf / 1e6:.2f}"])
@@ -123,6 +126,21 @@ def bench_grouped_gemm(repeat: int) -> list[list[str]]:
     return rows
 
 
+def bench_split_kv(repeat: int) -> str:
+    """One request, V4 dims: the same kernel without and with split-KV, round-robin."""
+    g = torch.Generator().manual_seed(0)
+    kv, table = M.make_cache([4096], 64, 1, 512, g)
+    q = torch.randn(1, 1, 64, 512, generator=g).bfloat16()
+    lens = torch.tensor([4096], dtype=torch.int32)
+    auto = 2                                  # as many splits as this machine's 2 cores
+    one, split = medians_ms([
+        lambda: mla_ops.flash_mla_with_kvcache(q, kv, table, lens, 512, backend="cpu", num_kv_splits=1),
+        lambda: mla_ops.flash_mla_with_kvcache(q, kv, table, lens, 512, backend="cpu",
+                                               num_kv_splits=auto)], repeat)
+    return (f"split-KV (forced), V4 dims, b 1, seqlen 4096: 1 split {one:.2f} ms, {auto} splits "
+            f"{split:.2f} ms (speed-up {one / split:.2f}x)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=7)
@@ -139,6 +157,7 @@ def main() -> None:
           "A = per-expert bf16 matmul loop, B = torch._grouped_mm")
     for r in [header] + rows:
         print("  ".join(x.ljust(w) for x, w in zip(r, widths)))
+    print(bench_split_kv(args.repeat))
 
 
 if __name__ == "__main__":

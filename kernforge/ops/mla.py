@@ -180,15 +180,15 @@ def choose_config(backend: str, h_q: int, h_kv: int, s_q: int, d: int, dim_v: in
 
 
 def choose_splits(backend: str, blocks: int, max_tiles: int, device: torch.device) -> int:
-    """Split-KV factor: when ``blocks`` (requests x row blocks) cannot occupy the
-    machine's parallel units (SMs, or host threads), cut each request's KV range into
-    a power of two of splits, keeping at least 4 KV tiles per split.  It depends only on
-    shapes (``max_tiles`` comes from the block table's width), so one decode step picks
-    one value for every layer, as FlashMLA's schedule."""
-    if backend.startswith("cuda"):
-        units = torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        units = torch.get_num_threads()
+    """Split-KV factor: when ``blocks`` (requests x row blocks) cannot occupy the GPU's
+    SMs, cut each request's KV range into a power of two of splits, keeping at least 4
+    KV tiles per split.  It depends only on shapes (``max_tiles`` comes from the block
+    table's width), so one decode step picks one value for every layer, as FlashMLA's
+    schedule.  Host backends default to 1: on the 2-core development machine two splits
+    measured slower than one (docs/performance/kernels.md); ``num_kv_splits`` forces it."""
+    if not backend.startswith("cuda"):
+        return 1
+    units = torch.cuda.get_device_properties(device).multi_processor_count
     splits = 1
     while blocks * splits < units and max_tiles >= 8 * splits and splits < 32:
         splits *= 2

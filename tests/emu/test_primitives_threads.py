@@ -246,6 +246,22 @@ def test_shared_memory_is_poisoned_between_blocks(kernels):
     np.testing.assert_array_equal(out, [0xFFFFFFFF] * 3)  # never the previous block's 12345
 
 
+PARTIAL_WARP = r'''
+// 48 threads: warp 1 has 16 live lanes.  out[t] = value from lane ^ m.
+extern "C" __global__ void partial_warp(int* out, int m) {
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x * 3, m);
+}
+'''
+
+
+def test_partial_last_warp(kernels):
+    out = np.full(48, -1, np.int32)
+    kernels["partial_warp"]([out, np.array(1, np.int32)], [], [1])
+    np.testing.assert_array_equal(out, (np.arange(48) ^ 1) * 3)
+    with pytest.raises(EmulationError, match=r"lane \d+ reads lane (1[6-9]|2\d|3[01]), which does not exist in a warp of 16 threads"):
+        kernels["partial_warp"]([out, np.array(16, np.int32)], [], [1])
+
+
 CONVERT = r'''
 // Bit patterns of float -> bf16 / f16 (RNE) and -> e4m3 (RNE; NOSAT and SATFINITE) for each input.
 extern "C" __global__ void convert(const float* x, unsigned short* bf, unsigned short* hf, unsigned char* e4,
@@ -320,6 +336,7 @@ def kernels():
         CudaTestKernel("cp_async_groups", CP_ASYNC, [u8, ("unsigned char*", "buffer")], 32),
         CudaTestKernel("cp_async_misaligned", CP_ASYNC_MISALIGNED, [u8], 32),
         CudaTestKernel("poison", POISON, [("unsigned*", "buffer")], 32),
+        CudaTestKernel("partial_warp", PARTIAL_WARP, [INT, ("int", "scalar")], 48),
         CudaTestKernel("convert", CONVERT, [("const float*", "buffer"), ("unsigned short*", "buffer"),
                                             ("unsigned short*", "buffer"), ("unsigned char*", "buffer"),
                                             ("unsigned char*", "buffer"), ("float*", "buffer"), ("int", "scalar")], 64),

@@ -79,8 +79,10 @@ inline T shfl(ShflMode mode, unsigned mask, T v, uint32_t b, int width, const ch
   if (width <= 0 || width > 32 || (width & (width - 1))) fail("%s: width must be a power of two <= 32", what);
   const uint64_t mine = to_bits(v);
   auto rows = exchange(&mine, 1);
-  uint32_t src = shfl_source(mode, ctx().lane, b & 0x1f, width);
-  if (src >= my_warp().lanes) src = ctx().lane;  // an absent lane: PTX leaves the result undefined; keep own value
+  const uint32_t src = shfl_source(mode, ctx().lane, b & 0x1f, width);
+  if (src >= my_warp().lanes)  // PTX: the value read from an inactive lane is undefined
+    fail("%s: lane %u reads lane %u, which does not exist in a warp of %u threads", what, ctx().lane, src,
+         my_warp().lanes);
   return from_bits<T>(rows[src][0]);
 }
 

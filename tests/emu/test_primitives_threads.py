@@ -258,7 +258,8 @@ def test_partial_last_warp(kernels):
     out = np.full(48, -1, np.int32)
     kernels["partial_warp"]([out, np.array(1, np.int32)], [], [1])
     np.testing.assert_array_equal(out, (np.arange(48) ^ 1) * 3)
-    with pytest.raises(EmulationError, match=r"lane \d+ reads lane (1[6-9]|2\d|3[01]), which does not exist in a warp of 16 threads"):
+    absent = r"lane \d+ reads lane (1[6-9]|2\d|3[01]), which does not exist in a warp of 16 threads"
+    with pytest.raises(EmulationError, match=absent):
         kernels["partial_warp"]([out, np.array(16, np.int32)], [], [1])
 
 

@@ -246,7 +246,7 @@ def gpu_run(specs: dict, problems: list[str], arch: str | None, repeat: int, job
 def table(rows: list[dict], dry: bool) -> str:
     if dry:
         header = ["kernel", "problem", "arch", "status", "regs", "smem", "spills", "build s"]
-        body = [[r["kernel"], r["problem"], r["arch"], r["status"], r.get("registers", "-"),
+        body = [[r["kernel"], r["problem"], r["arch"], r["status"][:60], r.get("registers", "-"),
                  r.get("shared_bytes", "-"), f"{r.get('spill_stores', '-')}/{r.get('spill_loads', '-')}",
                  r["build_s"]] for r in rows]
     else:
@@ -255,7 +255,7 @@ def table(rows: list[dict], dry: bool) -> str:
         for r in rows:
             peers = r.get("peers") or {"-": {}}
             for peer, m in peers.items():
-                body.append([r["kernel"], r["problem"], r["status"],
+                body.append([r["kernel"], r["problem"], r["status"][:60],
                              f"{r['kernforge_ms']:.3f}" if "kernforge_ms" in r else "-", peer,
                              f"{m['ms']:.3f}" if "ms" in m else m.get("error", "-"),
                              f"{m['speedup']:.2f}x" if "speedup" in m else "-"])

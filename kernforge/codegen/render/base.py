@@ -63,8 +63,10 @@ class CRenderer:
         ir.Op.GE: lambda a, b, e: f"({a} >= {b})",
         ir.Op.EQ: lambda a, b, e: f"({a} == {b})",
         ir.Op.NE: lambda a, b, e: f"({a} != {b})",
-        ir.Op.AND: lambda a, b, e: f"({a} && {b})" if e.dtype.is_bool else f"({a} & {b})",
-        ir.Op.OR: lambda a, b, e: f"({a} || {b})" if e.dtype.is_bool else f"({a} | {b})",
+        # bool & | stay bitwise: the IR evaluates both operands anyway (no short circuit),
+        # and bitwise keeps serial loops branch-free
+        ir.Op.AND: lambda a, b, e: f"(bool)({a} & {b})" if e.dtype.is_bool else f"({a} & {b})",
+        ir.Op.OR: lambda a, b, e: f"(bool)({a} | {b})" if e.dtype.is_bool else f"({a} | {b})",
         ir.Op.XOR: lambda a, b, e: f"({a} != {b})" if e.dtype.is_bool else f"({a} ^ {b})",
         ir.Op.SHL: lambda a, b, e: f"({a} << {b})",
         ir.Op.SHR: lambda a, b, e: f"({a} >> {b})",
@@ -110,10 +112,15 @@ class CRenderer:
             return "true" if c.value else "false"
         if dt.is_int:
             v = int(c.value)
-            suffix = {dtypes.int64: "LL", dtypes.uint64: "ULL", dtypes.uint32: "u"}.get(dt, "")
             if dt == dtypes.int32 and v == -2**31:
                 return "(-2147483647 - 1)"
-            return f"{v}{suffix}" if suffix else (f"(({self.ctype(dt)}){v})" if dt.itemsize < 4 else str(v))
+            if dt == dtypes.int32:
+                return str(v)
+            if dt == dtypes.int64 and v == -2**63:
+                return "((int64_t)(-9223372036854775807LL - 1))"
+            # spell the exact type: int64_t is `long` on LP64, and `3LL` (long long) would
+            # not deduce the same template argument in helpers like kf_floordiv(a, b)
+            return f"(({self.ctype(dt)}){v}{'ULL' if dt == dtypes.uint64 else 'LL' if dt.bits == 64 else ''})"
         v = float(c.value)
         if math.isnan(v):
             s = "kf_nan<float>()"

@@ -229,13 +229,3 @@ class Conversation:
         if self.response_regex is not None:
             return "regex"
         return self._format
-
-    def all_tools(self) -> list[ToolDefinition]:
-        """Request tools plus tools attached to system/developer messages."""
-        out = list(self.tools)
-        for m in self.messages:
-            if m.tools:
-                out.extend(m.tools)
-        return out
-
-

@@ -16,6 +16,7 @@ class DeepseekV4Encoding(PromptEncoding):
     hoist_system = True
     filter_empty_user_parts = True
     blank_line_in_empty_invoke = False
+    missing_reasoning_is_empty = False
     supports_images = False
     json_object_text = V4_JSON_OBJECT_FORMAT
 

@@ -13,6 +13,7 @@ class DeepseekV41Encoding(PromptEncoding):
     hoist_system = False
     filter_empty_user_parts = False
     blank_line_in_empty_invoke = True
+    missing_reasoning_is_empty = True
     supports_images = True
     json_object_text = SCHEMA_FORMAT + dump_json({"type": "json_object"})
 

@@ -61,7 +61,9 @@ class PromptEncoding:
     `hoist_system` (V4 gathers every system message into the opening block),
     `supports_images`, `filter_empty_user_parts` (V4 skips empty user texts when it
     merges a user turn; V4.1 joins every part), `blank_line_in_empty_invoke` (V4.1
-    writes an empty line inside a call without parameters) and `effort_text` / `json_object_text`.
+    writes an empty line inside a call without parameters), `missing_reasoning_is_empty`
+    (V4.1 shows kept thinking-mode turns as `<think>…</think>` even without
+    reasoning; V4 shows a turn's reasoning whenever it has some and it is kept) and `effort_text` / `json_object_text`.
     """
 
     dsml: DsmlNames
@@ -70,6 +72,7 @@ class PromptEncoding:
     supports_images: bool
     filter_empty_user_parts: bool
     blank_line_in_empty_invoke: bool
+    missing_reasoning_is_empty: bool
     json_object_text: str
 
     def __init__(self, special_tokens: SpecialTokens = DEFAULT_SPECIAL_TOKENS):
@@ -194,10 +197,12 @@ class PromptEncoding:
                 self._tool_prompt(b, tools)
             b.text(fmt)
 
-        # Reasoning of turns before the last user turn is dropped, unless tools are in play.
-        drop = thinking and not conv.all_tools()
-        last_user = -1
-        if drop:
+        # A turn shows its reasoning only if it has some and it is kept: with tools every
+        # turn keeps it; without, only thinking-mode turns after the last user message do.
+        drop = not tools and not any(m.tools for m in messages)
+        last_user = len(rest)
+        if drop and thinking:
+            last_user = -1
             for i, m in enumerate(rest):
                 if m.role in ("user", "developer"):
                     last_user = i
@@ -261,13 +266,20 @@ class PromptEncoding:
             flush()
             if role == "assistant":
                 content = m.content
-                if thinking and i >= last_user:
-                    if m.prefix and not content and not m.tool_calls:
+                reasoning = m.reasoning_content
+                kept = not drop or m.prefix or i >= last_user
+                if self.missing_reasoning_is_empty:
+                    show, reasoning = thinking and kept, reasoning or ""
+                else:
+                    show = reasoning is not None and kept
+                if show:
+                    if thinking and m.prefix and not content and not m.tool_calls:
                         # reasoning continuation: the model goes on thinking
-                        b.extend((t.assistant, t.thinking_start, m.reasoning_content or ""), (0, 1))
+                        b.extend((t.assistant, t.thinking_start, reasoning), (0, 1))
                         break
-                    b.extend((t.assistant, t.thinking_start, m.reasoning_content or "", t.thinking_end),
-                             (0, 1, 3))
+                    b.extend((t.assistant, t.thinking_start, reasoning, t.thinking_end), (0, 1, 3))
+                elif thinking and m.prefix and not content:
+                    b.special(t.assistant)  # V4 prefill with neither reasoning nor text: left bare
                 else:
                     b.extend((t.assistant, t.thinking_end), (0, 1))
                 if task:
@@ -293,14 +305,16 @@ class PromptEncoding:
                 raise ConversionError(f"unknown message role {role!r}")
 
         flush()
-        if not (messages and messages[-1].prefix):
+        prefix = messages[-1] if messages and messages[-1].prefix else None
+        if prefix is None:
             b.special(t.assistant)
             b.special(t.thinking_start if thinking else t.thinking_end)
             if task:
                 b.special(f"<｜{task}｜>")
-            if conv.tool_choice == "required" and tools:
-                b.text("\n\n")
-                self._open_tag(b, self.dsml.block)
-                b.text("\n")
+        if conv.tool_choice == "required" and tools and not (prefix and prefix.tool_calls):
+            # A required tool call: the prompt itself opens the block (after any prefill text).
+            b.text("\n\n")
+            self._open_tag(b, self.dsml.block)
+            b.text("\n")
         prompt, ranges = b.finish()
         return RenderedPrompt(prompt, images, ranges)

@@ -153,6 +153,11 @@ def assemble(p: Parts, options: ConversionOptions) -> ConversationRequest:
     last = messages[-1]
     if thinking:
         _pass_back_reasoning(messages, bool(tools) and choice != "none", options)
+    else:
+        # Outside thinking mode the model never sees reasoning (the format has no place for it).
+        for m in messages:
+            if m.reasoning_content is not None:
+                m.reasoning_content = None
 
     conv = Conversation(messages, thinking_mode=thinking, tools=tools, tool_choice=choice,
                         reasoning_effort=effort,
@@ -181,10 +186,10 @@ def assemble(p: Parts, options: ConversionOptions) -> ConversationRequest:
     stage = None
     if thinking:
         stage = ThinkingInitialStage.ReasoningStart
-        if last.prefix:
-            stage = (ThinkingInitialStage.ReasoningContinuation
-                     if not last.content and not last.tool_calls
-                     else ThinkingInitialStage.ContentContinuation)
+        if last.prefix and (last.content or last.tool_calls):
+            stage = ThinkingInitialStage.ContentContinuation
+        elif last.prefix and last.reasoning_content:
+            stage = ThinkingInitialStage.ReasoningContinuation
     parsing = ParsingOptions(parse_tool_calls=use_tools, starts_in_tool_calls=choice == "required",
                              parse_json_output=False, thinking_initial_stage=stage, stop_sequences=p.stop,
                              special_tokens=options.special_tokens)
@@ -210,9 +215,7 @@ def _pass_back_reasoning(messages: list[Message], has_tools: bool, options: Conv
             continue
         if i < last_user and not has_tools:
             continue
-        if m.prefix and not m.tool_calls and not m.content:
-            continue
-        if i > last_user and options.reasoning_content_behavior is ReasoningContentBehavior.Reject:
+        if i > last_user and not m.prefix and options.reasoning_content_behavior is ReasoningContentBehavior.Reject:
             raise ConversionError(
                 f"messages[{i}]: the reasoning_content of an assistant message must be passed back "
                 "in thinking mode", param=f"messages[{i}].reasoning_content")

@@ -43,6 +43,7 @@ from kernforge.codegen.passes.cuda_layout import LayoutPlan, nodes, plan_layouts
 from kernforge.codegen.passes.cuda_pipeline import PipelinePlan, plan_pipelines
 from kernforge.codegen.render import cuda_gemm, cuda_ops, cuda_reduce
 from kernforge.codegen.render.base import CRenderer
+from kernforge.codegen.verify import verify
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "templates", "cuda")
 INCLUDE_DIR = os.path.join(TEMPLATE_DIR, "include")
@@ -210,8 +211,7 @@ class CudaRenderer(CRenderer):
                 reads |= self.is_smem(n.a.buffer) or self.is_smem(n.b.buffer) or self.is_smem(n.c.buffer)
                 writes |= self.is_smem(n.c.buffer)
             elif isinstance(n, (ir.Reduce, ir.Cumsum)):
-                reads |= self.is_smem(n.src.buffer if isinstance(n.src, ir.Region) else n.src) or \
-                    self.is_smem(n.dst)
+                reads |= self.is_smem(n.src) or self.is_smem(n.dst)
                 writes |= self.is_smem(n.dst)
         return reads, writes
 
@@ -304,8 +304,6 @@ HANDLERS: dict[type, Callable] = {
 
 def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None) -> CudaProgram:
     """Render ``kernel`` for ``arch`` (``sm_80``, ``sm_90a``, ``sm_100a``; default sm_90a)."""
-    from kernforge.codegen.verify import verify
-
     verify(kernel)
     target = arch_info(arch)
     return CudaRenderer(run_pipeline(kernel, PIPELINE), target).render()

@@ -16,7 +16,7 @@ from kernforge.kernels import registry
 from kernforge.kernels.check import format_table, run_spec
 
 _HOOKS = ("kernforge.runtime.cli", "kernforge.model.cli")
-EMIT_BACKENDS = ("cpu", "cuda", "ascend", "interp")
+EMIT_BACKENDS = ("cpu", "cuda", "cuda-emu", "ascend", "interp")
 RUN_BACKENDS = ("interp", "cpu", "cuda-emu", "cuda")
 
 
@@ -53,7 +53,8 @@ def cmd_emit(args) -> int:
     src = be.source(kernel, args.arch)
     if args.output:
         os.makedirs(args.output, exist_ok=True)
-        ext = {"cpu": "cpp", "cuda": "cu", "ascend": "cpp", "interp": "ir"}.get(args.backend, "txt")
+        ext = {"cpu": "cpp", "cuda": "cu", "cuda-emu": "cu", "ascend": "cpp", "interp": "ir"}.get(
+            args.backend, "txt")
         path = os.path.join(args.output, f"{kernel.name}.{ext}")
         with open(path, "w") as f:
             f.write(src)

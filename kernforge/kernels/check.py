@@ -24,9 +24,10 @@ class RunResult:
     build_s: float
     median_ms: Optional[float]
     error: str = ""
+    label: str = "verified"  # the backend's own wording, e.g. "CUDA semantics verified on host emulation"
 
     def row(self) -> list[str]:
-        status = "verified" if self.verified else f"FAILED: {self.error}"
+        status = self.label if self.verified else f"FAILED: {self.error}"
         t = f"{self.median_ms:.3f}" if self.median_ms is not None else "-"
         return [self.kernel, self.backend, self.problem, status, f"{self.build_s:.2f}", t]
 
@@ -63,7 +64,8 @@ def run_spec(spec: KernelSpec, backend: str, problem: str = "demo", repeat: int 
             torch.cuda.synchronize()
         times.append((time.perf_counter() - t) * 1e3)
     return RunResult(spec.name, backend, problem, True, build_s,
-                     statistics.median(times) if times else None)
+                     statistics.median(times) if times else None,
+                     label=getattr(kernel.backend, "verified_label", "verified"))
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:

@@ -8,8 +8,8 @@ For every kernel of ``kernforge.kernels.registry``:
 3. time the bench size against its peer in the same run, as a ratio:
    ``torch.topk`` for top-k; the same attention math in torch (gather, QK^T,
    softmax, PV) for MLA decode; a per-expert ``torch.matmul`` loop and
-   ``torch._grouped_mm`` for the grouped GEMM (fp8: on operands dequantised
-   to bf16 before timing).
+   ``torch._grouped_mm`` for the grouped GEMMs (fp8: on operands dequantised
+   to bf16 before timing; masked layout: ``_grouped_mm`` computes every row).
 
 Prints a table, writes JSON (``--out``; default ``$OUT/gpu_check.json`` when
 ``$OUT`` is set) and exits nonzero on any mismatch or build failure.
@@ -150,8 +150,29 @@ def mla_peers(spec, inputs, params):
     return {"torch attention (gather+softmax)": dense}
 
 
+def masked_grouped_gemm_peers(inputs):
+    """DeepGEMM's masked layout: ``D[g, :m_g] = A[g, :m_g] @ B[g]^T``."""
+    import torch
+
+    a, b, masked_m, d = inputs[:4]
+    rows = masked_m.tolist()
+
+    def loop():
+        for g, m in enumerate(rows):
+            torch.matmul(a[g, :m], b[g].T, out=d[g, :m])
+
+    peers = {"torch per-expert matmul loop": loop}
+    if hasattr(torch, "_grouped_mm"):  # dense batched product: computes every row, masked or not
+        bt = b.transpose(1, 2)
+        peers["torch._grouped_mm (all rows)"] = lambda: torch._grouped_mm(a, bt)
+    return peers
+
+
 def grouped_gemm_peers(spec, inputs, params):
     import torch
+
+    if "masked_rows" in params:
+        return masked_grouped_gemm_peers(inputs)
 
     if "fp8" in spec.tags:  # dequantise once, outside the timed region
         from kernforge.kernels.grouped_gemm import dequantize

@@ -50,3 +50,16 @@ def test_dry_run_compiles_and_reports_resources(gpu_check, tmp_path, capsys):
     assert result["mode"] == "dry-run" and row["status"] == "compiled" and row["arch"] == "sm_80"
     assert row["registers"] > 0 and row["spill_stores"] == 0 and os.path.exists(row["path"])
     assert "m_grouped_gemm_nt_contiguous" in capsys.readouterr().out
+
+
+def test_every_peer_runs_on_small_inputs(gpu_check):
+    """The torch peers are device-agnostic: run each once on the host so a GPU run cannot trip on them."""
+    from kernforge.kernels import registry
+
+    for spec in registry.all_specs().values():
+        params = spec.problems["small"].params
+        inputs = spec.make_inputs(params, 0, "cpu")
+        peers = gpu_check.PEERS[spec.family](spec, inputs, params)
+        assert peers
+        for fn in peers.values():
+            fn()

@@ -44,6 +44,9 @@ _KEY_DTYPE = {"float32": "uint32", "bfloat16": "uint16"}
 #: radix digits (shift, width) of the ordered key, most significant first.  The
 #: first digit covers sign, exponent and two mantissa bits, so it already splits
 #: a row's largest values finely (an 8-bit top digit would see only the exponent).
+#: sorted output: rank sort up to this many winners (k^2 compares), bitonic above
+_RANK_SORT_MAX = 1024
+_RANK_ROWS = 16
 _DIGITS = {"float32": ((21, 11), (13, 8), (5, 8), (0, 5)), "bfloat16": ((5, 11), (0, 5))}
 
 
@@ -282,36 +285,62 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
 
             # ---- epilogue: the buffer holds min(length, k) winners in index order
             if sorted_values:
-                lo_key = T.alloc_fragment((pow2 // 2,), kdt)
-                hi_key = T.alloc_fragment((pow2 // 2,), kdt)
-                lo_idx = T.alloc_fragment((pow2 // 2,), "int32")
-                hi_idx = T.alloc_fragment((pow2 // 2,), "int32")
+                # padding ranks last: key 0 is below every real key, and the indices differ
                 for i in T.Parallel(pow2):
                     if i >= cnt:
                         cand_key[i] = T.cast(0, kdt)
-                        cand_idx[i] = 2 ** 31 - 1
-                size = 2
-                while size <= pow2:
-                    stride = size // 2
-                    while stride >= 1:
-                        # compare-exchange pairs (a, a + stride): read everything, then write
-                        for q in T.Parallel(pow2 // 2):
-                            a = (q // stride) * (2 * stride) + q % stride
-                            a_first = (cand_key[a] > cand_key[a + stride]) | (
-                                (cand_key[a] == cand_key[a + stride]) & (cand_idx[a] < cand_idx[a + stride]))
-                            keep = T.where((a & size) == 0, a_first, ~a_first)
-                            lo_key[q] = T.where(keep, cand_key[a], cand_key[a + stride])
-                            hi_key[q] = T.where(keep, cand_key[a + stride], cand_key[a])
-                            lo_idx[q] = T.where(keep, cand_idx[a], cand_idx[a + stride])
-                            hi_idx[q] = T.where(keep, cand_idx[a + stride], cand_idx[a])
-                        for q in T.Parallel(pow2 // 2):
-                            a = (q // stride) * (2 * stride) + q % stride
-                            cand_key[a] = lo_key[q]
-                            cand_key[a + stride] = hi_key[q]
-                            cand_idx[a] = lo_idx[q]
-                            cand_idx[a + stride] = hi_idx[q]
-                        stride //= 2
-                    size *= 2
+                        cand_idx[i] = 2 ** 31 - 1 - pow2 + i
+                if pow2 <= _RANK_SORT_MAX:
+                    rank_rows = min(_RANK_ROWS, pow2)
+                    # rank sort: each winner's slot is the number of winners that beat it
+                    # (k^2 vectorised compares; cheaper than a network at these sizes)
+                    better = T.alloc_fragment((rank_rows, pow2), "int32")
+                    rank_c = T.alloc_fragment((rank_rows,), "int32")
+                    rank_all = T.alloc_shared((pow2,), "int32")
+                    sorted_key = T.alloc_shared((pow2,), kdt)
+                    sorted_idx = T.alloc_shared((pow2,), "int32")
+                    for c in T.serial(pow2 // rank_rows):
+                        for r, j in T.Parallel(rank_rows, pow2):
+                            better[r, j] = T.cast(cand_key[j] > cand_key[c * rank_rows + r], "int32") | (
+                                T.cast(cand_key[j] == cand_key[c * rank_rows + r], "int32")
+                                & T.cast(cand_idx[j] < cand_idx[c * rank_rows + r], "int32"))
+                        T.reduce_sum(better, rank_c, dim=1)
+                        for r in T.Parallel(rank_rows):
+                            rank_all[c * rank_rows + r] = rank_c[r]
+                    for i in T.Parallel(pow2):
+                        sorted_key[rank_all[i]] = cand_key[i]
+                        sorted_idx[rank_all[i]] = cand_idx[i]
+                    for i in T.Parallel(pow2):
+                        cand_key[i] = sorted_key[i]
+                        cand_idx[i] = sorted_idx[i]
+                else:
+                    # bitonic network over (value desc, index asc)
+                    lo_key = T.alloc_fragment((pow2 // 2,), kdt)
+                    hi_key = T.alloc_fragment((pow2 // 2,), kdt)
+                    lo_idx = T.alloc_fragment((pow2 // 2,), "int32")
+                    hi_idx = T.alloc_fragment((pow2 // 2,), "int32")
+                    size = 2
+                    while size <= pow2:
+                        stride = size // 2
+                        while stride >= 1:
+                            # compare-exchange pairs (a, a + stride): read everything, then write
+                            for q in T.Parallel(pow2 // 2):
+                                a = (q // stride) * (2 * stride) + q % stride
+                                a_first = (cand_key[a] > cand_key[a + stride]) | (
+                                    (cand_key[a] == cand_key[a + stride]) & (cand_idx[a] < cand_idx[a + stride]))
+                                keep = T.where((a & size) == 0, a_first, ~a_first)
+                                lo_key[q] = T.where(keep, cand_key[a], cand_key[a + stride])
+                                hi_key[q] = T.where(keep, cand_key[a + stride], cand_key[a])
+                                lo_idx[q] = T.where(keep, cand_idx[a], cand_idx[a + stride])
+                                hi_idx[q] = T.where(keep, cand_idx[a + stride], cand_idx[a])
+                            for q in T.Parallel(pow2 // 2):
+                                a = (q // stride) * (2 * stride) + q % stride
+                                cand_key[a] = lo_key[q]
+                                cand_key[a + stride] = hi_key[q]
+                                cand_idx[a] = lo_idx[q]
+                                cand_idx[a + stride] = hi_idx[q]
+                            stride //= 2
+                        size *= 2
             for j in T.Parallel(k):
                 nan_flag[j] = T.where((j < cnt) & (cand_key[j] == T.cast(maxkey, kdt)), 1, 0)
             T.reduce_max(nan_flag, nan_any)

@@ -93,7 +93,7 @@ def test_chat_prompts_match_peer(body):
 
 def _messages_body(chat):
     """The same conversation as an Anthropic Messages body."""
-    out, system = [], []
+    out = []
     for m in chat["messages"]:
         if m["role"] in ("system", "latest_reminder"):
             continue

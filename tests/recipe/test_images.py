@@ -1,6 +1,5 @@
 """V4.1 image handling: placeholders in prompts, token counts, OpenCV preprocessing."""
 import base64
-import math
 
 import numpy as np
 import pytest

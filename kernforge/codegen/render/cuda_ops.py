@@ -247,7 +247,7 @@ def _map_index(anchor: ir.Region, vars_, r: ir.Region) -> tuple:
 
 
 def render_copy(R, c: ir.Copy) -> None:
-    if try_async_copy(R, c):
+    if try_async_copy(R, c) or try_pair_store(R, c):
         return
     anchor, shape = _map_shape(R, (c.dst, c.src))
     vars_ = _vars(R, len(shape))
@@ -260,6 +260,46 @@ def render_copy(R, c: ir.Copy) -> None:
     if dst_in is not None:
         body = ir.If(dst_in, body)
     R.stmt(ir.Parallel(vars_, tuple(shape), body))
+
+
+_PAIR_TYPES = (dtypes.bfloat16, dtypes.float16, dtypes.float32)
+
+
+def try_pair_store(R, c: ir.Copy) -> bool:
+    """Accumulator -> global epilogue: each thread's two adjacent columns go out in one store."""
+    lay = R.plan.registers.get(c.src.buffer)
+    dst = c.dst.buffer
+    if not isinstance(lay, AccumLayout) or dst.scope != ir.Scope.GLOBAL or dst.dtype not in _PAIR_TYPES \
+            or c.src.buffer.dtype != dtypes.float32 or c.dst.squeezed() != (lay.m, lay.n) \
+            or c.dst.extents[-1] != lay.n or arith.const_int(dst.strides[-1]) != 1:
+        return False
+    i, j = ir.Var(R.fresh("i"), I32), ir.Var(R.fresh("j"), I32)
+    R.nonneg_vars |= {i, j}
+    idx = _region_index(c.dst, (i, j))
+    idx1 = idx[:-1] + (ir.binary(ir.Op.ADD, idx[-1], 1),)
+    in0, in1 = (_inside(R, c.dst, x) for x in (idx, idx1))
+    in0, in1 = ("true" if x is None else R.expr(x) for x in (in0, in1))
+    r, sn, ct = R.fresh("r"), R.buffer_name(c.src.buffer), R.ctype(dst.dtype)
+    guard = lay.valid(r, R.tid)
+    if guard:
+        R.open(f"if {guard}")
+    R.emit("#pragma unroll")
+    R.open(f"for (int {r} = 0; {r} < {lay.regs}; {r} += 2)")
+    for v, e in zip((i, j), lay.coords(r, R.tid)):
+        R.emit(f"const int32_t {v.name} = {e};")
+    R.emit(f"{ct}* kf_p = {R.buffer_name(dst)} + {R.offset(dst, idx)};")
+    R.emit(f"const bool kf_in0 = {in0}, kf_in1 = {in1};")
+    R.open(f"if (kf_in0 && kf_in1 && (reinterpret_cast<uintptr_t>(kf_p) & {2 * dst.dtype.itemsize - 1}) == 0)")
+    R.emit(f"kf::store_pair<{ct}>(kf_p, {sn}[{r}], {sn}[{r} + 1]);")
+    R.close("} else {")
+    R.depth += 1
+    R.emit(f"if (kf_in0) kf_p[0] = kf_from_float<{ct}>({sn}[{r}]);")
+    R.emit(f"if (kf_in1) kf_p[1] = kf_from_float<{ct}>({sn}[{r} + 1]);")
+    R.close()
+    R.close()
+    if guard:
+        R.close()
+    return True
 
 
 def _zero(dt: dtypes.DType) -> ir.Expr:

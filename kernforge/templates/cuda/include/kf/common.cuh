@@ -75,3 +75,24 @@ template <typename T> KF_DEVICE T kf_inf() { return static_cast<T>(__builtin_hug
 template <> KF_DEVICE double kf_inf<double>() { return __builtin_huge_val(); }
 template <typename T> KF_DEVICE T kf_nan() { return static_cast<T>(__builtin_nanf("")); }
 template <> KF_DEVICE double kf_nan<double>() { return __builtin_nan(""); }
+
+namespace kf {
+
+// Two adjacent elements (p[0] = a, p[1] = b, each rounded RNE) in one store twice the element's
+// width; p must be aligned to 2 * sizeof(T).  The accumulator epilogue stores column pairs this way.
+template <typename T> KF_DEVICE void store_pair(T* p, float a, float b);
+template <> KF_DEVICE void store_pair<kf_bf16>(kf_bf16* p, float a, float b) {
+  const uint32_t lo = kf_bitcast<uint16_t>(kf_from_float<kf_bf16>(a));
+  const uint32_t hi = kf_bitcast<uint16_t>(kf_from_float<kf_bf16>(b));
+  *reinterpret_cast<uint32_t*>(p) = lo | (hi << 16);
+}
+template <> KF_DEVICE void store_pair<kf_half>(kf_half* p, float a, float b) {
+  const uint32_t lo = kf_bitcast<uint16_t>(kf_from_float<kf_half>(a));
+  const uint32_t hi = kf_bitcast<uint16_t>(kf_from_float<kf_half>(b));
+  *reinterpret_cast<uint32_t*>(p) = lo | (hi << 16);
+}
+template <> KF_DEVICE void store_pair<float>(float* p, float a, float b) {
+  *reinterpret_cast<uint64_t*>(p) = uint64_t(kf_bitcast<uint32_t>(a)) | (uint64_t(kf_bitcast<uint32_t>(b)) << 32);
+}
+
+}  // namespace kf

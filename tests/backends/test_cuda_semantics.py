@@ -158,6 +158,21 @@ def striped_map(rows=7, cols=5, threads=64):
     return kf_test_striped
 
 
+def scalar_helpers(n=64):
+    """Floor division/modulo (negative and zero divisors), float remainder, NaN-propagating max."""
+    @T.prim_func
+    def kf_test_scalar_helpers(A: T.Tensor((n,), "int32"), B: T.Tensor((n,), "int32"), X: T.Tensor((n,), "float32"),
+                               Y: T.Tensor((n,), "float32"), Q: T.Tensor((n,), "int32"), R: T.Tensor((n,), "int32"),
+                               F: T.Tensor((n,), "float32"), M: T.Tensor((n,), "float32")):
+        with T.Kernel(1, threads=32) as bx:
+            for i in T.Parallel(n):
+                Q[i] = A[i] // B[i]
+                R[i] = A[i] % B[i]
+                F[i] = X[i] % Y[i]
+                M[i] = T.max(X[i], Y[i])
+    return kf_test_scalar_helpers
+
+
 def _bf16(*shape):
     return torch.randn(*shape).bfloat16()
 
@@ -276,3 +291,27 @@ def test_striped_fragment_map_and_atomic_max(emu):
     ref = torch.tanh(x.double()) * i - j
     torch.testing.assert_close(y.double(), ref, atol=1e-6, rtol=1e-5)
     assert abs(top.item() - ref.max().item()) < 1e-5
+
+
+def test_scalar_helpers_follow_numpy(emu):
+    import numpy as np
+
+    rng = np.random.default_rng(9)
+    n = 64
+    a = rng.integers(-20, 20, n).astype(np.int32)
+    b = rng.integers(-4, 5, n).astype(np.int32)
+    b[:3] = (0, -1, 0)
+    x = rng.normal(size=n).astype(np.float32) * 5
+    y = rng.normal(size=n).astype(np.float32)
+    x[3], y[4] = np.nan, np.nan
+    x[5], y[5] = 2.0, 1.0  # exact zero remainder: takes the divisor's sign
+    k = kernforge.compile(scalar_helpers(n), backend="cuda-emu", arch="sm_80")
+    outs = [np.full(n, -7, np.int32), np.full(n, -7, np.int32), np.full(n, np.nan, np.float32),
+            np.full(n, np.nan, np.float32)]
+    k(a, b, x, y, *outs)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.testing.assert_array_equal(outs[0], np.floor_divide(a, b))
+        np.testing.assert_array_equal(outs[1], np.remainder(a, b))
+        np.testing.assert_allclose(outs[2], np.remainder(x, y), rtol=1e-6, atol=1e-6)
+    assert np.signbit(outs[2][5]) == np.signbit(np.remainder(x[5], y[5]))
+    np.testing.assert_array_equal(outs[3], np.maximum(x, y))

@@ -4,13 +4,15 @@
 // Semantics match the interpreter (kernforge/codegen/ir.py):
 //  * kf_from_float<T> rounds to nearest even (fp8 e4m3: no saturation, an
 //    out-of-range value becomes NaN, as ml_dtypes' float8_e4m3fn does);
-//  * kf_floordiv / kf_floormod are Python floor semantics on integers,
-//    kf_fmod_floor is Python's float %;
+//  * kf_floordiv / kf_floormod are Python floor semantics on integers (a zero
+//    divisor gives 0, as numpy does), kf_fmod_floor is numpy's float remainder;
 //  * kf_max / kf_min on floats propagate NaN (numpy maximum/minimum).
 //
 // No inline PTX here: this header compiles unchanged under host emulation
 // (-DKF_HOST_EMULATION), where kf/emu/cuda_shim.h supplies the CUDA builtins.
 #pragma once
+
+#include <type_traits>
 
 #ifdef KF_HOST_EMULATION
 #include "kf/emu/cuda_shim.h"
@@ -43,25 +45,50 @@ template <> KF_DEVICE kf_fp8e4m3 kf_from_float<kf_fp8e4m3>(float x) {
 
 template <typename T> KF_DEVICE bool kf_isnan(T x) { return x != x; }
 
-template <typename T> KF_DEVICE T kf_max(T a, T b) { return (kf_isnan(a) || a > b) ? a : b; }
-template <typename T> KF_DEVICE T kf_min(T a, T b) { return (kf_isnan(a) || a < b) ? a : b; }
+// Binary helpers take two operand types: the printer mixes int64_t values with `LL` literals.
+template <class A, class B, class T = std::common_type_t<A, B>> KF_DEVICE T kf_max(A a_, B b_) {
+  const T a = T(a_), b = T(b_);
+  return (a > b || a != a) ? a : b;
+}
+template <class A, class B, class T = std::common_type_t<A, B>> KF_DEVICE T kf_min(A a_, B b_) {
+  const T a = T(a_), b = T(b_);
+  return (a < b || a != a) ? a : b;
+}
 template <typename T> KF_DEVICE T kf_abs(T a) { return a < T(0) ? T(-a) : a; }
 
-template <typename T> KF_DEVICE T kf_floordiv(T a, T b) {
-  T q = a / b;
-  return (a % b != 0 && ((a < 0) != (b < 0))) ? T(q - 1) : q;
+// Floor semantics; a zero divisor gives 0 (numpy's result), -1 avoids the INT_MIN / -1 trap.
+template <class A, class B, class T = std::common_type_t<A, B>> KF_DEVICE T kf_floordiv(A a_, B b_) {
+  const T a = T(a_), b = T(b_);
+  if (b == 0) return T(0);
+  if constexpr (std::is_signed_v<T>) {
+    if (b == T(-1)) return T(T(0) - a);
+    const T q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? T(q - 1) : q;
+  } else {
+    return a / b;
+  }
 }
-template <typename T> KF_DEVICE T kf_floormod(T a, T b) {
-  T r = a % b;
-  return (r != 0 && ((r < 0) != (b < 0))) ? T(r + b) : r;
+template <class A, class B, class T = std::common_type_t<A, B>> KF_DEVICE T kf_floormod(A a_, B b_) {
+  const T a = T(a_), b = T(b_);
+  if (b == 0) return T(0);
+  if constexpr (std::is_signed_v<T>) {
+    if (b == T(-1)) return T(0);
+    const T r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? T(r + b) : r;
+  } else {
+    return a % b;
+  }
 }
+// Python/numpy float remainder: the result takes the divisor's sign (a zero result too).
 KF_DEVICE float kf_fmod_floor(float a, float b) {
   float r = fmodf(a, b);
-  return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+  if (r != 0.0f) return ((r < 0.0f) != (b < 0.0f)) ? r + b : r;
+  return copysignf(0.0f, b);
 }
 KF_DEVICE double kf_fmod_floor(double a, double b) {
   double r = fmod(a, b);
-  return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
+  if (r != 0.0) return ((r < 0.0) != (b < 0.0)) ? r + b : r;
+  return copysign(0.0, b);
 }
 
 template <typename To, typename From> KF_DEVICE To kf_bitcast(From x) {

@@ -76,12 +76,12 @@ def _next_pow2(n: int) -> int:
     return p
 
 
-@T.tunable(tile=[512, 1024, 2048], group=[8, 16, 32], slack=[1024, 2048, 4096],
+@T.tunable(tile=[512, 1024, 2048], group=[8, 16, 32], slack=[1024, 2048, 4096], bucket_refine=[True, False],
            compaction=["group_serial", "tile_scan"])
 def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                 sorted_values: bool = False, return_value: bool = True, tile: int = 2048,
                 group: int = 32, slack: int = 2048, compaction: str = "group_serial",
-                threads: int = 256):
+                bucket_refine: bool = True, threads: int = 256):
     """Top-``k`` of every row of ``x[:, :end[row]]``.
 
     ``compaction`` chooses how a tile's survivors are appended to the buffer;
@@ -200,7 +200,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                 need = need - above[nreached[0]]
                             prefix = prefix | (T.cast(nreached[0] - 1, kdt) << shift)
                             if serial and p == 0:
-                                if t < ntiles:
+                                if bucket_refine and t < ntiles:
                                     # cheap refinement: keep the whole bucket of the k-th key (valid
                                     # threshold, no tie work); the exact select runs only when that
                                     # leaves the buffer too full, and always at the end of the row

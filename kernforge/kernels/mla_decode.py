@@ -260,8 +260,8 @@ def mla_decode_combine(heads: int, num_splits: int, seq_q: int = 1, dim_v: int =
 
 @T.tunable(block_N=[16, 32, 64], block_H=[16, 32, 64], num_stages=[1, 2])
 def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim_v: int = 512,
-                      block_N: int = 32, block_H: int = 64, num_stages: int = 2,
-                      dtype: str = "bfloat16", threads: int = 256):
+                      fp8_kv: bool = False, block_N: int = 32, block_H: int = 64,
+                      num_stages: int = 2, dtype: str = "bfloat16", threads: int = 256):
     """Sparse (index-selected) MLA decode, one latent KV head (V3.2 / V4 DSA).
 
     Parameters of the returned kernel, in order: ``Q [batch, seq_q, heads, dim]``,
@@ -271,19 +271,27 @@ def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim
     ``sm_scale``, outputs ``Out [batch, seq_q, heads, dim_v]``, ``LSE float32
     [batch, heads, seq_q]``.  Each block owns ``block_H`` heads of one query token and
     gathers that token's selected rows into shared memory tile by tile.
+
+    ``fp8_kv``: the cache is FlashMLA's V3.2 FP8 format, ``KV uint8 [num_tokens, 656]``
+    (per token: 512 e4m3 values, 4 float32 scales, one per 128 values, 64 bf16 RoPE
+    values; ``dim`` 576, ``dim_v`` 512).  Rows are dequantized (e4m3 x scale, rounded to
+    bf16) while they are gathered, and the products run in bf16 as in FlashMLA.
     """
     _check_shape_params(heads, 1, dim, dim_v, block_N, block_N, block_H)
+    if fp8_kv and (dim, dim_v) != (576, 512):
+        raise ValueError(f"fp8_kv (V3.2 format) needs dim 576 and dim_v 512, got {dim}, {dim_v}")
     accum = "float32"
     dpe = dim - dim_v
     row_blocks = -(-heads // block_H)
     batch = T.symbolic("batch")
     num_tokens = T.symbolic("num_tokens")
-    name = (f"mla_decode_sparse_h{heads}_topk{topk}_q{seq_q}_d{dim}_v{dim_v}_N{block_N}"
-            f"_H{block_H}_s{num_stages}_{dtype}_t{threads}")
+    kv_cols, kv_dtype = (V32_BYTES, "uint8") if fp8_kv else (dim, dtype)
+    name = (f"mla_decode_sparse_h{heads}_topk{topk}_q{seq_q}_d{dim}_v{dim_v}"
+            f"{'_fp8v32' if fp8_kv else ''}_N{block_N}_H{block_H}_s{num_stages}_{dtype}_t{threads}")
 
     @T.prim_func(name=name)
     def main(Q: T.Tensor((batch, seq_q, heads, dim), dtype),
-             KV: T.Tensor((num_tokens, dim), dtype),
+             KV: T.Tensor((num_tokens, kv_cols), kv_dtype),
              indices: T.Tensor((batch, seq_q, topk), "int32"),
              topk_length: T.Tensor((batch,), "int32"),
              attn_sink: T.Tensor((heads,), accum),
@@ -305,6 +313,8 @@ def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim
             row_sum = T.alloc_fragment((block_H,), accum)
             l = T.alloc_fragment((block_H,), accum)
             token = T.alloc_fragment((block_N,), "int32")   # gathered row, -1 = empty slot
+            if fp8_kv:
+                tile_scale = T.alloc_fragment((block_N, V32_SCALES), accum)
 
             s = by // row_blocks
             h0 = (by % row_blocks) * block_H
@@ -321,12 +331,25 @@ def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim
                 for j in T.Parallel(block_N):
                     slot = T.min(t * block_N + j, topk - 1)
                     token[j] = T.if_then_else(t * block_N + j < n_slots, indices[bx, s, slot], -1)
-                for j, d in T.Parallel(block_N, dim_v):
-                    KV_shared[j, d] = T.if_then_else(token[j] >= 0, KV[T.max(token[j], 0), d], 0)
-                if dpe > 0:
+                if fp8_kv:
+                    for j, c in T.Parallel(block_N, V32_SCALES):
+                        tile_scale[j, c] = _bytes_as(KV, T.max(token[j], 0), dim_v + 4 * c, 4,
+                                                     "uint32", "float32")
+                    for j, d in T.Parallel(block_N, dim_v):
+                        nope = T.reinterpret("float8_e4m3", KV[T.max(token[j], 0), d])
+                        KV_shared[j, d] = T.if_then_else(
+                            token[j] >= 0, T.cast(nope, accum) * tile_scale[j, d // V32_TILE], 0)
                     for j, d in T.Parallel(block_N, dpe):
-                        K_pe_shared[j, d] = T.if_then_else(token[j] >= 0,
-                                                           KV[T.max(token[j], 0), dim_v + d], 0)
+                        rope = _bytes_as(KV, T.max(token[j], 0), V32_ROPE_AT + 2 * d, 2, "uint16",
+                                         "bfloat16")
+                        K_pe_shared[j, d] = T.if_then_else(token[j] >= 0, rope, 0)
+                else:
+                    for j, d in T.Parallel(block_N, dim_v):
+                        KV_shared[j, d] = T.if_then_else(token[j] >= 0, KV[T.max(token[j], 0), d], 0)
+                    if dpe > 0:
+                        for j, d in T.Parallel(block_N, dpe):
+                            K_pe_shared[j, d] = T.if_then_else(
+                                token[j] >= 0, KV[T.max(token[j], 0), dim_v + d], 0)
                 T.gemm(Q_shared, KV_shared, acc_s, transpose_B=True, clear_accum=True)
                 if dpe > 0:
                     T.gemm(Q_pe_shared, K_pe_shared, acc_s, transpose_B=True)
@@ -348,6 +371,39 @@ def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim
                                                         T.infinity(accum))
 
     return main
+
+
+# FlashMLA's V3.2 FP8 cache row: 512 e4m3 | 4 float32 scales (one per 128) | 64 bf16 RoPE
+V32_BYTES, V32_TILE, V32_SCALES, V32_ROPE_AT = 656, 128, 4, 528
+
+
+def _bytes_as(buf, row, col, n: int, bits_dtype: str, dtype: str):
+    """The little-endian value of ``n`` bytes ``buf[row, col:col + n]`` read as ``dtype``."""
+    bits = T.cast(buf[row, col], bits_dtype)
+    for k in range(1, n):
+        bits = bits | (T.cast(buf[row, col + k], bits_dtype) << (8 * k))
+    return T.reinterpret(dtype, bits)
+
+
+def quantize_kv_v32(kv: torch.Tensor) -> torch.Tensor:
+    """``[..., 576]`` bf16/float -> FlashMLA's V3.2 bytes ``[..., 656]`` uint8.  Scale per
+    128 values = ``2^ceil(log2(max(amax / 448, 1e-4)))`` (FlashMLA's reference quantizer)."""
+    x = kv.float()
+    nope = x[..., :512].unflatten(-1, (V32_SCALES, V32_TILE))
+    scale = torch.exp2(torch.ceil(torch.log2((nope.abs().amax(-1) / 448).clamp(min=1e-4))))
+    data = (nope / scale[..., None]).to(torch.float8_e4m3fn).flatten(-2)
+    parts = [data.view(torch.uint8), scale.contiguous().view(torch.uint8),
+             x[..., 512:].bfloat16().contiguous().view(torch.uint8)]
+    return torch.cat(parts, dim=-1)
+
+
+def dequantize_kv_v32(raw: torch.Tensor) -> torch.Tensor:
+    """V3.2 bytes ``[..., 656]`` -> ``[..., 576]`` bf16 (e4m3 x scale rounded to bf16)."""
+    nope = raw[..., :512].contiguous().view(torch.float8_e4m3fn).float()
+    scale = raw[..., 512:V32_ROPE_AT].contiguous().view(torch.float32)
+    rope = raw[..., V32_ROPE_AT:].contiguous().view(torch.bfloat16)
+    nope = (nope.unflatten(-1, (V32_SCALES, V32_TILE)) * scale[..., None]).flatten(-2)
+    return torch.cat([nope.bfloat16(), rope], dim=-1)
 
 
 def _online_softmax_step(acc_s, acc_o, m, m_prev, rescale, row_sum, l, P_shared, scale_log2,

@@ -10,8 +10,9 @@ never a read of someone else's page.
 Differences from FlashMLA, all of them widenings: any head dims with
 ``head_dim_v <= d`` and any page size (FlashMLA: d in {512, 576}, head_dim_v 512,
 page 64), any architecture, ``attn_sink`` on the dense path too, and a bf16 cache on
-the sparse (``indices``) path.  Not yet supported (``NotImplementedError``): FP8 KV
-caches and the extra KV cache.  The dense path splits the KV range of small batches
+the sparse (``indices``) path besides the V3.2 FP8 one (``is_fp8_kvcache=True``, 656
+bytes per token).  Not yet supported (``NotImplementedError``): the MODEL1 (V4) FP8
+layout and the extra KV cache.  The dense path splits the KV range of small batches
 over several blocks plus a combine kernel (:func:`choose_splits`);
 ``tile_scheduler_metadata`` records the shape configuration but holds no per-request
 schedule.
@@ -72,15 +73,15 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
 
     kernforge additions (keyword-only): ``backend``, and ``num_kv_splits`` to force the
     dense path's split-KV factor (default: :func:`choose_splits`)."""
-    if is_fp8_kvcache:
-        raise NotImplementedError("is_fp8_kvcache=True: FP8 KV caches are not supported yet "
-                                  "(kernforge MLA decode v0 is bf16 only)")
     if extra_k_cache is not None or extra_indices_in_kvcache is not None or extra_topk_length is not None:
         raise NotImplementedError("extra_k_cache / extra_indices_in_kvcache are not supported yet")
     _check_schedule_args(tile_scheduler_metadata, num_splits)
     if indices is not None:
         return _sparse(q, k_cache, indices, topk_length, head_dim_v, tile_scheduler_metadata,
-                       softmax_scale, causal, attn_sink, backend)
+                       softmax_scale, causal, bool(is_fp8_kvcache), attn_sink, backend)
+    if is_fp8_kvcache and k_cache.dtype != q.dtype:
+        raise NotImplementedError("an FP8 KV cache is supported on the sparse (indices) path only; "
+                                  "FlashMLA's dense decode is bf16/fp16 too")
     if topk_length is not None:
         raise ValueError("topk_length is only meaningful with indices (the sparse path)")
     b, s_q, h_q, d = _check_dense(q, k_cache, block_table, cache_seqlens, head_dim_v, attn_sink)
@@ -120,12 +121,13 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     return out, lse
 
 
-def _sparse(q, k_cache, indices, topk_length, head_dim_v, meta, softmax_scale, causal, attn_sink,
-            backend) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index-selected decode (bf16 cache): each query token attends to its listed rows."""
+def _sparse(q, k_cache, indices, topk_length, head_dim_v, meta, softmax_scale, causal, fp8,
+            attn_sink, backend) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index-selected decode: each query token attends to its listed rows of a bf16 or
+    V3.2-FP8 cache."""
     if causal:
         raise ValueError("causal must be False with indices (the sparse path)")
-    b, s_q, h_q, d = _check_q_and_cache(q, k_cache, head_dim_v)
+    b, s_q, h_q, d = _check_q_and_cache(q, k_cache, head_dim_v, fp8)
     num_blocks, page, h_kv, _ = k_cache.shape
     if h_kv != 1:
         raise ValueError(f"the sparse path supports only MQA (h_kv == 1), got h_kv={h_kv}")
@@ -149,17 +151,18 @@ def _sparse(q, k_cache, indices, topk_length, head_dim_v, meta, softmax_scale, c
                          f"[0, {num_blocks * page}) (physical_block * page_block_size + offset)")
     if isinstance(meta, FlashMLASchedMeta):
         _record_config(meta, dict(b=b, s_q=s_q, h_q=h_q, page_block_size=page, h_kv=1,
-                                  causal=False, is_fp8_kvcache=False, topk=topk))
+                                  causal=False, is_fp8_kvcache=fp8, topk=topk))
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     backend = backend or ("cuda" if q.is_cuda else "cpu")
     # slots are gathered one by one, so the KV tile size is free of the page size
     block_H = choose_config(backend, h_q, 1, 1, d, head_dim_v, page, False)["block_H"]
     kernel = _kernel(backend, kernels.mla_decode_sparse, heads=h_q, topk=topk, seq_q=s_q, dim=d,
-                     dim_v=head_dim_v, block_N=32, block_H=block_H)
+                     dim_v=head_dim_v, fp8_kv=fp8, block_N=32, block_H=block_H)
     sink = attn_sink if attn_sink is not None else torch.full((h_q,), -float("inf"), device=q.device)
     out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
-    kernel(q, k_cache.view(-1, d), indices, topk_length, sink, scale, out, lse)
+    kv_flat = k_cache.view(torch.uint8).view(-1, kernels.V32_BYTES) if fp8 else k_cache.view(-1, d)
+    kernel(q, kv_flat, indices, topk_length, sink, scale, out, lse)
     return out, lse
 
 
@@ -242,7 +245,10 @@ def _check_dense(q, k_cache, block_table, cache_seqlens, head_dim_v, attn_sink) 
     return b, s_q, h_q, d
 
 
-def _check_q_and_cache(q, k_cache, head_dim_v) -> tuple:
+_FP8_CACHE_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
+
+
+def _check_q_and_cache(q, k_cache, head_dim_v, fp8: bool = False) -> tuple:
     for name, t in (("q", q), ("k_cache", k_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -251,10 +257,20 @@ def _check_q_and_cache(q, k_cache, head_dim_v) -> tuple:
     b, s_q, h_q, d = q.shape
     if q.dtype not in _DTYPES:
         raise TypeError(f"q must be bfloat16, got {q.dtype}")
-    if k_cache.dtype != q.dtype:
-        raise TypeError(f"k_cache dtype {k_cache.dtype} must equal q's {q.dtype}")
-    if k_cache.dim() != 4 or k_cache.shape[3] != d:
-        raise ValueError(f"k_cache must be [num_blocks, page_block_size, h_kv, {d}], got "
+    if fp8:
+        if k_cache.dtype not in _FP8_CACHE_DTYPES:
+            raise TypeError(f"an FP8 k_cache holds bytes (float8_e4m3fn, int8 or uint8), got "
+                            f"{k_cache.dtype}")
+        if (d, head_dim_v) != (576, 512):
+            raise ValueError(f"the V3.2 FP8 cache format needs d 576 and head_dim_v 512, got "
+                             f"{d}, {head_dim_v}")
+        width = kernels.V32_BYTES
+    else:
+        if k_cache.dtype != q.dtype:
+            raise TypeError(f"k_cache dtype {k_cache.dtype} must equal q's {q.dtype}")
+        width = d
+    if k_cache.dim() != 4 or k_cache.shape[3] != width:
+        raise ValueError(f"k_cache must be [num_blocks, page_block_size, h_kv, {width}], got "
                          f"{tuple(k_cache.shape)}")
     h_kv = k_cache.shape[2]
     if b == 0 or s_q == 0 or h_q == 0 or d == 0:

@@ -128,6 +128,10 @@ def test_bad_parameters_are_rejected():
         M.mla_decode(heads=4, block_N=48)
     with pytest.raises(ValueError, match="dim_v"):
         M.mla_decode(heads=4, dim=64, dim_v=128)
+    with pytest.raises(ValueError, match="V3.2 format"):
+        M.mla_decode_sparse(heads=4, topk=8, dim=512, dim_v=512, fp8_kv=True)
+    with pytest.raises(ValueError, match="num_splits"):
+        M.mla_decode(heads=4, num_splits=0)
 
 
 def run_sparse(backend, b=2, s_q=1, heads=4, dim=48, dim_v=32, topk=20, num_tokens=60,

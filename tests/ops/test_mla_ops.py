@@ -91,7 +91,8 @@ def test_config_choice():
     (lambda a: a.update(cache_seqlens=torch.tensor([-1, 3], dtype=torch.int32)), ValueError, "cache_seqlens must be in"),
     (lambda a: a["block_table"].__setitem__((0, 0), 999), ValueError, "page ids outside"),
     (lambda a: a.update(attn_sink=torch.zeros(3)), ValueError, "attn_sink"),
-    (lambda a: a.update(is_fp8_kvcache=True), NotImplementedError, "FP8"),
+    (lambda a: a.update(is_fp8_kvcache=True, k_cache=a["k_cache"].view(torch.uint8)),
+     NotImplementedError, "sparse"),
     (lambda a: a.update(topk_length=torch.zeros(2, dtype=torch.int32)), ValueError, "only meaningful with indices"),
     (lambda a: a.update(num_splits=torch.zeros(3)), ValueError, "num_splits must be None"),
     (lambda a: a.update(tile_scheduler_metadata="x"), TypeError, "FlashMLASchedMeta"),
@@ -187,3 +188,51 @@ def test_gpu_split_choice(monkeypatch):
     assert mla.choose_splits("cuda", 128, 10_000, dev) == 2
     assert mla.choose_splits("cuda", 132, 10_000, dev) == 1
     assert mla.choose_splits("cuda", 1, 12, dev) == 2          # 2 splits of 6 tiles, not 4 of 3
+
+
+
+def test_dense_ignores_fp8_flag_with_a_bf16_cache():
+    """FlashMLA only records is_fp8_kvcache for the dense path; a bf16 cache runs as usual."""
+    q, kv, table, lens = make([20], heads=2)
+    out, lse = mla.flash_mla_with_kvcache(q, kv, table, lens, 512, is_fp8_kvcache=True,
+                                          backend="interp")
+    check(out, lse, q, kv, table, lens, None, 576 ** -0.5, False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sparse_fp8_v32_cache(backend):
+    """FlashMLA's V3.2 FP8 cache ([blocks, page, 1, 656] bytes) on the sparse path: equal to
+    attention over the dequantized (e4m3 x scale -> bf16) cache."""
+    q, kv, indices, topk_length = sparse_case(seed=4)
+    raw = M.quantize_kv_v32(kv.float() * 3)
+    assert raw.shape == (3, 64, 1, 656) and raw.dtype == torch.uint8
+    sink = torch.randn(8)
+    out, lse = mla.flash_mla_with_kvcache(q, raw.view(torch.float8_e4m3fn), None, None, 512,
+                                          indices=indices, topk_length=topk_length,
+                                          is_fp8_kvcache=True, attn_sink=sink, backend=backend)
+    deq = M.dequantize_kv_v32(raw).view(-1, 576)
+    exp_out, exp_lse = M.reference_sparse(q, deq, indices, topk_length, sink, 576 ** -0.5, 512)
+    tol_out, tol_lse = M.tolerances(q, deq, 576 ** -0.5, 40, 512)
+    M.assert_close(out, lse, exp_out, exp_lse, tol_out, tol_lse)
+
+
+def test_v32_quantizer_round_trip():
+    """Power-of-two scales, e4m3 relative step 2^-3 of each 128-value tile's amax, RoPE exact."""
+    x = torch.randn(5, 576) * torch.logspace(-2, 2, 576)
+    raw = M.quantize_kv_v32(x)
+    scales = raw[:, 512:528].contiguous().view(torch.float32)
+    assert torch.equal(scales, torch.exp2(torch.round(torch.log2(scales))))
+    back = M.dequantize_kv_v32(raw).float()
+    step = scales.repeat_interleave(128, dim=1) * 448 * 2.0 ** -3
+    assert ((back[:, :512] - x[:, :512]).abs() <= step + x[:, :512].abs() * 2.0 ** -8).all()
+    assert torch.equal(back[:, 512:], x[:, 512:].bfloat16().float())
+
+
+def test_sparse_fp8_bad_cache():
+    q, kv, indices, topk_length = sparse_case()
+    with pytest.raises(ValueError, match=r"\[num_blocks, page_block_size, h_kv, 656\]"):
+        mla.flash_mla_with_kvcache(q, kv.view(torch.uint8)[..., :600], None, None, 512,
+                                   indices=indices, is_fp8_kvcache=True, backend="interp")
+    with pytest.raises(TypeError, match="holds bytes"):
+        mla.flash_mla_with_kvcache(q, kv, None, None, 512, indices=indices, is_fp8_kvcache=True,
+                                   backend="interp")

@@ -64,9 +64,15 @@ class CpuRenderer(CRenderer):
         super().__init__()
         self.names = NameTable()
         self.plan = None
+        self.invariant: dict[int, str] = {}  # hoisted loop-invariant loads, by node identity
+        self.n_invariant = 0
 
     def var_name(self, v: ir.Var) -> str:
         return self.names[v]
+
+    def expr(self, e: ir.Expr) -> str:
+        name = self.invariant.get(id(e))
+        return name if name is not None else super().expr(e)
 
     def buffer_name(self, b: ir.Buffer) -> str:
         return self.names[b]
@@ -162,6 +168,7 @@ class CpuRenderer(CRenderer):
 
     def stmt_Parallel(self, s: ir.Parallel, out, pad, depth):
         simd = all(isinstance(n, (ir.Seq, ir.If, ir.Store)) for n in statements(s.body))
+        hoisted = self.hoist_invariant_loads(s, out, pad)
         for level, (v, e) in enumerate(zip(s.vars, s.extents)):
             p = "  " * (depth + level)
             if simd and level == len(s.vars) - 1:
@@ -171,6 +178,67 @@ class CpuRenderer(CRenderer):
         self.block(s.body, out, depth + len(s.vars))
         for level in reversed(range(len(s.vars))):
             out.append("  " * (depth + level) + "}")
+        for key in hoisted:
+            del self.invariant[key]
+
+    def hoist_invariant_loads(self, s: ir.Parallel, out: list[str], pad: str) -> list[int]:
+        """Evaluate, once before the loop nest, the subexpressions of ``s`` that read
+        memory but do not depend on its variables (``block_table[bx, t]`` inside a
+        paged copy's index).  g++ does not trust ``__restrict__`` on the arena tiles
+        the loop stores to, so it would reload them every iteration and give up
+        vectorising.  Only buffers the loop never writes, and only subexpressions
+        the loop evaluates unconditionally (its statements and ``if`` conditions,
+        not branches of ``?:``, ``&&``, ``||``), so nothing is read that the loop
+        would not read anyway (extents are >= 1)."""
+        loop_vars = set(map(id, s.vars))
+        written = {id(n.buffer) for n in statements(s.body) if isinstance(n, (ir.Store, ir.Atomic))}
+        found: dict[int, ir.Expr] = {}
+        invariant_memo: dict[int, bool] = {}
+
+        def invariant(e) -> bool:
+            hit = invariant_memo.get(id(e))
+            if hit is None:
+                if isinstance(e, ir.Var):
+                    hit = id(e) not in loop_vars
+                elif isinstance(e, ir.Load):
+                    hit = id(e.buffer) not in written and all(invariant(i) for i in e.indices)
+                else:
+                    hit = all(invariant(c) for c in ir.children(e) if isinstance(c, ir.Expr))
+                invariant_memo[id(e)] = hit
+            return hit
+
+        def visit(e) -> None:
+            if isinstance(e, (ir.Var, ir.Const)) or id(e) in found:
+                return
+            if invariant(e) and any(isinstance(n, ir.Load) for n in ir.walk(e)):
+                found[id(e)] = e
+                return
+            if isinstance(e, ir.Select):
+                visit(e.cond)
+            elif isinstance(e, ir.Binary) and e.dtype.is_bool and e.op in (ir.Op.AND, ir.Op.OR):
+                visit(e.a)
+            else:
+                for c in ir.children(e):
+                    if isinstance(c, ir.Expr):
+                        visit(c)
+
+        def unconditional(st) -> None:
+            if isinstance(st, ir.Seq):
+                for x in st.body:
+                    unconditional(x)
+            elif isinstance(st, ir.If):
+                visit(st.cond)
+            elif isinstance(st, (ir.Store, ir.Atomic)):
+                for e in st.indices + (st.value,):
+                    visit(e)
+
+        unconditional(s.body)
+        for key, e in found.items():
+            name = f"kf_inv{len(self.invariant) + self.n_invariant}"
+            self.n_invariant += 1
+            out.append(f"{pad}const auto {name} = {self.expr(e)};")
+            self.invariant[key] = name
+        return list(found)
 
     def stmt_If(self, s: ir.If, out, pad, depth):
         out.append(f"{pad}if ({self.expr(s.cond)}) {{")

@@ -234,7 +234,7 @@ class CpuRenderer(CRenderer):
 
         unconditional(s.body)
         for key, e in found.items():
-            name = f"kf_inv{len(self.invariant) + self.n_invariant}"
+            name = f"kf_inv{self.n_invariant}"
             self.n_invariant += 1
             out.append(f"{pad}const auto {name} = {self.expr(e)};")
             self.invariant[key] = name

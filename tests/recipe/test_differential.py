@@ -140,6 +140,7 @@ def test_messages_prompts_match_peer(chat):
 
 def _build(lib, spec, version, opts):
     msgs = []
+    ids, next_result = [], 0
     for kind, a, b, c in spec:
         if kind == "system":
             msgs.append(lib.SystemMessage(a))
@@ -147,10 +148,13 @@ def _build(lib, spec, version, opts):
             msgs.append(lib.UserMessage(a))
         elif kind == "reminder":
             msgs.append(lib.LatestReminderMessage(a))
-        elif kind == "tool":
-            msgs.append(lib.ToolMessage(a, "t"))
+        elif kind == "tool":  # answers the latest calls in reverse order: the encoder sorts them
+            msgs.append(lib.ToolMessage(a, ids[-1 - next_result] if next_result < len(ids) else "unknown"))
+            next_result += 1
         else:
-            calls = [lib.ToolCall(f"c{i}", n, json.dumps(args)) for i, (n, args) in enumerate(c)]
+            ids = [f"c{len(msgs)}_{i}" for i in range(len(c))]
+            next_result = 0
+            calls = [lib.ToolCall(ids[i], n, json.dumps(args)) for i, (n, args) in enumerate(c)]
             msgs.append(lib.AssistantMessage(a, b, calls or None, prefix=kind == "prefix"))
     tools = [lib.ToolDefinition(n, f"{n} tool", {"type": "object"}) for n in ("f", "g")] if opts["tools"] else None
     conv = lib.Conversation(msgs, thinking_mode=opts["thinking"], tools=tools, tool_choice=opts["choice"],
@@ -194,6 +198,24 @@ def test_direct_conversation_rendering_matches_peer(spec, version, opts, prefix)
     # Tool results only where the APIs allow them: right after a call or another result.
     assume(all(cur[0] != "tool" or (prev[0] == "tool" or (prev[0] == "assistant" and prev[3]))
                for prev, cur in zip([("start", "", None, ())] + spec, spec)))
+    # Two assistant turns in a row (no API produces them) hit a deepseek-recipe quirk that
+    # drops a following empty tool result; keep them out.
+    assume(not any(a[0] == b[0] == "assistant" for a, b in zip(spec, spec[1:])))
     # deepseek-recipe's V4.1 drops the second of two adjacent reminders (its bug); we keep both.
     assume(not any(a[0] == b[0] == "reminder" for a, b in zip(spec, spec[1:])))
     assert _build(K, spec, version, opts) == _build(P, spec, version, opts)
+
+
+@pytest.mark.parametrize("version", ["v4", "v41"])
+def test_parallel_results_are_rendered_in_call_order(version):
+    """Clients may return parallel results in any order; both encoders sort them by call."""
+    def render(lib):
+        calls = [lib.ToolCall(i, "f", json.dumps({"n": k})) for k, i in enumerate(["a", "b", "c"])]
+        msgs = [lib.UserMessage("u"), lib.AssistantMessage("", "r", calls), lib.ToolMessage("C", "c"),
+                lib.ToolMessage("A", "a"), lib.ToolMessage("B", "b"), lib.UserMessage("next")]
+        conv = lib.Conversation(msgs, tools=[lib.ToolDefinition("f", "F", {"type": "object"})])
+        enc = lib.DeepseekV41Encoding() if version == "v41" else lib.DeepseekV4Encoding()
+        return enc.render_conversation(conv).prompt
+    ours = render(K)
+    assert "<tool_result>A</tool_result>\n\n<tool_result>B</tool_result>\n\n<tool_result>C</tool_result>" in ours
+    assert ours == render(P)

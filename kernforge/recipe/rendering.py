@@ -230,18 +230,20 @@ class PromptEncoding:
                     b.text(m.content)
                 task = m.task
 
-        call_order: dict = {}  # tool_call_id -> position in the latest assistant's calls
+        call_ids: list = []  # tool_call_ids of the latest assistant's calls, in call order
 
         def flush():
             if not turn:
                 return
-            if call_order:
+            if call_ids:
                 # Results come back in any order; the model reads them in call order.
                 slots = [k for k, m in enumerate(turn) if m.role == "tool"]
-                late = len(call_order)
-                ordered = sorted((turn[k] for k in slots), key=lambda m: call_order.get(m.tool_call_id, late))
-                for k, m in zip(slots, ordered):
-                    turn[k] = m
+                if [turn[k].tool_call_id for k in slots] != call_ids[:len(slots)]:
+                    order = {cid: k for k, cid in enumerate(call_ids)}
+                    late = len(order)
+                    ordered = sorted((turn[k] for k in slots), key=lambda m: order.get(m.tool_call_id, late))
+                    for k, m in zip(slots, ordered):
+                        turn[k] = m
             b.special(t.user)
             if self.filter_empty_user_parts:
                 # V4: tool results, then the non-empty user texts, blank-line separated.
@@ -295,11 +297,11 @@ class PromptEncoding:
                     b.special(f"<｜{task}｜>")
                     task = None
                 b.text(content)
-                call_order = {}
+                call_ids = []
                 if m.tool_calls:
                     b.text("\n\n")
                     self._tool_calls(b, m.tool_calls)
-                    call_order = {c.id: k for k, c in enumerate(m.tool_calls)}
+                    call_ids = [c.id for c in m.tool_calls]
                 if not m.prefix:
                     b.special(t.eos)
             elif role == "system":

@@ -15,6 +15,10 @@ class _Verifier:
         self.vars = set(kernel.symbols) | set(kernel.scalar_params) | set(kernel.block_vars)
         self.buffers = [set(kernel.buffer_params)]
         self.in_parallel = False
+        # expressions already checked in the current (or an enclosing) scope: traced
+        # kernels share subexpressions (``j = bx * BN + i`` used by many stores), and
+        # re-walking each use made verification quadratic on large kernels
+        self.checked: set = set()
 
     def fail(self, msg, node):
         raise ir.KernelError(msg, getattr(node, "loc", None) or self.k.loc)
@@ -24,6 +28,9 @@ class _Verifier:
             self.fail(f"buffer {buf.name!r} used out of scope", node)
 
     def expr(self, e, node):
+        if id(e) in self.checked:
+            return
+        self.checked.add(id(e))
         for n in ir.walk(e):
             if isinstance(n, ir.Var) and n not in self.vars:
                 self.fail(f"variable {n.name!r} used outside the loop or kernel that defines it", node)
@@ -55,6 +62,7 @@ class _Verifier:
             for x in s.body:
                 self.stmt(x)
             self.buffers.pop()
+            self.checked.clear()  # buffers allocated in this Seq are no longer live
         elif isinstance(s, ir.Allocate):
             if self.in_parallel:
                 self.fail("allocation inside a parallel loop", s)
@@ -108,6 +116,7 @@ class _Verifier:
         self.stmt(body)
         self.buffers.pop()
         self.vars.difference_update(vars_)
+        self.checked.clear()  # leaving a scope: earlier checks may rely on its variables
 
 
 def verify(kernel: ir.Kernel) -> ir.Kernel:

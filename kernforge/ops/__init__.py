@@ -2,23 +2,29 @@
 
 Switching is a one-line import change:
 
-* ``deep_select.topk``                -> ``kernforge.ops.topk``
+* ``deep_select.topk``                 -> ``kernforge.ops.topk``
 * ``flash_mla.flash_mla_with_kvcache`` -> ``kernforge.ops.flash_mla_with_kvcache``
-* ``deep_gemm.m_grouped_*_gemm_nt_contiguous`` -> ``kernforge.ops.m_grouped_*``
+* ``deep_gemm.m_grouped_*``            -> ``kernforge.ops.m_grouped_*``
 
 Each op checks its inputs before launch (typed errors), picks a kernel
 configuration, and runs the kernel on ``backend=`` (default: by the tensor's
-device).  Importing torch happens here, not in ``import kernforge``.
+device).
 """
-from kernforge.ops.grouped_gemm import (get_mk_alignment_for_contiguous_layout,
+from kernforge.ops.grouped_gemm import (get_k_alignment_for_contiguous_layout,
+                                        get_m_alignment_for_contiguous_layout,
+                                        get_mk_alignment_for_contiguous_layout,
                                         m_grouped_bf16_gemm_nt_contiguous,
+                                        m_grouped_bf16_gemm_nt_masked,
                                         m_grouped_fp8_gemm_nt_contiguous,
+                                        m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
                                         set_mk_alignment_for_contiguous_layout)
-from kernforge.ops.mla import flash_mla_with_kvcache, get_mla_metadata
+from kernforge.ops.mla import FlashMLASchedMeta, flash_mla_with_kvcache, get_mla_metadata
 from kernforge.ops.topk import get_stride_requirement, topk
 
 __all__ = [
-    "flash_mla_with_kvcache", "get_mk_alignment_for_contiguous_layout", "get_mla_metadata",
-    "get_stride_requirement", "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_contiguous",
-    "set_mk_alignment_for_contiguous_layout", "topk",
+    "FlashMLASchedMeta", "flash_mla_with_kvcache", "get_k_alignment_for_contiguous_layout",
+    "get_m_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout",
+    "get_mla_metadata", "get_stride_requirement", "m_grouped_bf16_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nt_masked", "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous", "set_mk_alignment_for_contiguous_layout", "topk",
 ]

@@ -76,7 +76,7 @@ def cmd_build(args) -> int:
     if args.backend != "cuda":
         raise SystemExit("kernforge build: only --backend cuda is built without loading "
                          "(cpu kernels build on first run)")
-    from kernforge.codegen.render.cuda import build_report
+    from kernforge.codegen.render.cuda_backend import build_report
 
     report = build_report(_kernel_ir(spec, args.problem), args.arch)
     for k, v in report.items():

@@ -420,7 +420,10 @@ def render_pipelined(R, loop: ir.For) -> None:
         for c in copies:
             b = c.dst.buffer
             R.buf_override[b] = f"({b.name}_ring + ({stage_expr}) * {prod(b.static_shape())})"
-            try_async_copy(R, c, commit=False)
+            if not try_async_copy(R, c, commit=False):
+                # rows too short (or strided) for 16-byte cp.async: a plain copy into the
+                # stage; the barrier at the top of the consuming iteration publishes it
+                render_copy(R, c)
             del R.buf_override[b]
         del R.var_override[loop.var]
         R.close()

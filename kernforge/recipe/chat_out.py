@@ -5,14 +5,70 @@ import time
 from .parser import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallStart
 
 
+_new = object.__new__
+# The fixed tail of a per-token chunk, after its delta.
+_DELTA_TAIL = ',"logprobs":null,"finish_reason":null}]}'
+
+
 class ChatCompletionChunk:
-    __slots__ = ("data",)
+    """One `chat.completion.chunk` object (`data`) and its SSE text (`to_json`).
+
+    Per-token chunks are lazy: a stream makes one per parser event, and a server
+    usually only serialises it, so such a chunk keeps its parser event and the
+    stream's shared head and builds the dict on first access of `data`. Its
+    `to_json` splices the event's delta into the head's prebuilt JSON text, which
+    gives the same bytes as serialising the dict.
+    """
+
+    __slots__ = ("_data", "_event", "_stream")
 
     def __init__(self, data: dict):
-        self.data = data
+        self._data = data
+
+    @property
+    def data(self) -> dict:
+        data = self._data
+        if data is None:
+            data = self._data = self._stream.head.copy()
+            data["choices"] = [{"index": 0, "delta": _delta(self._event), "logprobs": None,
+                                "finish_reason": None}]
+        return data
 
     def to_json(self) -> str:
-        return json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
+        if self._data is None:
+            return self._stream.json_head + _dumps(_delta(self._event)) + _DELTA_TAIL
+        return _dumps(self._data)
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _delta(ev) -> dict:
+    """The Chat `delta` of one parser event (only the kinds `_DELTA_KINDS` lists)."""
+    kind = type(ev)
+    if kind is ToolCallDelta:
+        return {"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]}
+    if kind is ReasoningDelta:
+        return {"content": None, "reasoning_content": ev.text}
+    if kind is ContentDelta:
+        return {"content": ev.text, "reasoning_content": None}
+    return {"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
+                            "function": {"name": ev.name, "arguments": ""}}]}
+
+
+# ToolCallEnd and ParseIssue carry nothing new for Chat clients.
+_DELTA_KINDS = frozenset((ToolCallDelta, ReasoningDelta, ContentDelta, ToolCallStart))
+
+
+class _StreamHead:
+    """The fields every chunk of one stream shares, as a dict and as JSON text."""
+
+    __slots__ = ("head", "json_head")
+
+    def __init__(self, head: dict):
+        self.head = head
+        self.json_head = _dumps(head)[:-1] + ',"choices":[{"index":0,"delta":'
 
 
 def _usage(prompt, completion, cache_hit):
@@ -39,33 +95,22 @@ class ChatCompletionChunkGenerator:
             data["usage"] = usage
         return ChatCompletionChunk(data)
 
-    def _delta_chunk(self, delta):
-        """`_chunk` for the per-token path: copies a prebuilt head instead of rebuilding it."""
-        data = self._head.copy()
-        data["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
-        return ChatCompletionChunk(data)
-
     def start(self, usage, fingerprint):
         self.usage, self.fingerprint = usage, fingerprint
-        self._head = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                      "model": self.model, "system_fingerprint": fingerprint}
+        self._stream = _StreamHead({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                                    "model": self.model, "system_fingerprint": fingerprint})
         delta = {"role": "assistant", "content": None if self.thinking else ""}
         if self.thinking:
             delta["reasoning_content"] = ""
         return [self._chunk(delta)]
 
     def event(self, ev):
-        kind = type(ev)
-        if kind is ToolCallDelta:
-            return [self._delta_chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]})]
-        if kind is ReasoningDelta:
-            return [self._delta_chunk({"content": None, "reasoning_content": ev.text})]
-        if kind is ContentDelta:
-            return [self._delta_chunk({"content": ev.text, "reasoning_content": None})]
-        if kind is ToolCallStart:
-            return [self._delta_chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
-                                                       "function": {"name": ev.name, "arguments": ""}}]})]
-        return []  # ToolCallEnd and ParseIssue carry nothing new for Chat clients
+        """The per-token path: one lazy chunk per delta event (see `ChatCompletionChunk`)."""
+        if type(ev) not in _DELTA_KINDS:
+            return []
+        chunk = _new(ChatCompletionChunk)
+        chunk._data, chunk._event, chunk._stream = None, ev, self._stream
+        return [chunk]
 
     def end(self, reason, completion_tokens, stop_sequence):
         u = self.usage

@@ -18,11 +18,23 @@ from .dsml import V4_DSML, V41_DSML, DsmlNames
 from .errors import UnsupportedFeatureError
 from .options import ParsingOptions, ThinkingInitialStage
 
-_ID_ALPHABET = string.ascii_letters + string.digits
+_ID_ALPHABET = (string.ascii_letters + string.digits).encode("ascii")
+# Random bytes map onto the 62-symbol alphabet with one `bytes.translate`: bytes
+# below 248 (= 4 * 62) map uniformly, the 8 bytes above are deleted. This keeps
+# ids uniform while costing one system call instead of 24 `secrets.choice` calls
+# (about 24 µs per tool call, most of a short stream's parse time).
+_ID_UNIFORM = 4 * len(_ID_ALPHABET)
+_ID_TABLE = bytes(_ID_ALPHABET[b % len(_ID_ALPHABET)] if b < _ID_UNIFORM else 0 for b in range(256))
+_ID_DROPPED = bytes(range(_ID_UNIFORM, 256))
+_ID_LENGTH = 24
 
 
 def new_tool_call_id(index: int) -> str:
-    return f"call_{index:02d}_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
+    """`call_NN_` + 24 uniformly random letters/digits from the OS CSPRNG."""
+    while True:  # 32 bytes leave fewer than 24 symbols with probability ~1e-13
+        symbols = secrets.token_bytes(32).translate(_ID_TABLE, _ID_DROPPED)
+        if len(symbols) >= _ID_LENGTH:
+            return f"call_{index:02d}_" + symbols[:_ID_LENGTH].decode("ascii")
 
 
 @dataclass(slots=True)

@@ -69,6 +69,7 @@ class StreamProcessor:
         self._closed = False
         self._done = False
         self._started = False
+        self._streaming = False
         self._finish_reason: InferenceFinishReason | None = None
         self._completion_tokens = 0
         self._usage = PromptUsage()
@@ -81,20 +82,34 @@ class StreamProcessor:
     def _start(self, out):
         if not self._started:
             self._started = True
+            self._streaming = True
             out.extend(self._gen.start(self._usage, self._fingerprint))
 
     def push(self, chunk: InferenceChunk) -> list:
+        if self._streaming and chunk.kind == "text":
+            # The per-token path, kept to a few attribute reads: it runs once per
+            # backend chunk. `_streaming` means started and neither finished nor closed.
+            self._completion_tokens += chunk.token_count or 0
+            events = self._parser.feed(chunk.content)
+            if len(events) == 1:
+                return self._gen.event(events[0])
+            out: list = []
+            for ev in events:
+                out += self._gen.event(ev)
+            return out
+        return self._push_slow(chunk)
+
+    def _push_slow(self, chunk: InferenceChunk) -> list:
+        """Every chunk but text after the start: state checks, `ready`, `finish`, the first text."""
         if self._closed or self._done:
             raise StreamStateError("stream processor is finished or closed")
         out: list = []
         kind = chunk.kind
         if kind == "text":
-            if not self._started:
-                self._start(out)
+            self._start(out)
             self._completion_tokens += chunk.token_count or 0
-            event = self._gen.event
             for ev in self._parser.feed(chunk.content):
-                out += event(ev)
+                out += self._gen.event(ev)
         elif kind == "ready":
             if chunk.prompt_usage is not None:
                 self._usage = chunk.prompt_usage
@@ -128,10 +143,12 @@ class StreamProcessor:
             reason = "stop"
         out.extend(self._gen.end(reason, self._completion_tokens, p.stop_sequence))
         self._done = True
+        self._streaming = False
         return out
 
     def close(self) -> None:
         self._closed = True
+        self._streaming = False
 
     @property
     def issues(self) -> list:

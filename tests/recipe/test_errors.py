@@ -51,6 +51,8 @@ def test_unsupported_feature_is_named(api, body, feature):
 @pytest.mark.parametrize("body,needle", [
     ({"model": "gpt-4o", "messages": U}, "gpt-4o"),
     ({"model": V4, "messages": U, "max_tokens": 10 ** 7}, "max_tokens"),
+    ({"model": V4, "messages": U, "stop": ""}, "stop"),
+    ({"model": V4, "messages": U, "stop": ["x", ""]}, "stop"),
     ({"model": V4, "messages": U, "tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": "required"}, "tool_choice"),
     ({"model": V4, "messages": U, "response_format": {"type": "json_object"}}, "json"),

@@ -138,6 +138,8 @@ def assemble(p: Parts, options: ConversionOptions) -> ConversationRequest:
         raise ConversionError("temperature must be in [0, 2]", param="temperature")
     if p.top_p is not None and not 0.0 < p.top_p <= 1.0:
         raise ConversionError("top_p must be in (0, 1]", param="top_p")
+    if not all(p.stop):
+        raise ConversionError("stop sequences must be non-empty strings", param="stop")
     if p.seed is not None and not 0 <= p.seed < 2 ** 63:
         raise ConversionError("seed must be in [0, 2^63)", param="seed")
     if p.response_format == "json_object" and not _mentions_json(p.messages):

@@ -28,6 +28,8 @@ a guess, so adversarial (ascending) rows only cost more refinements.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import kernforge.dsl as T
@@ -77,11 +79,12 @@ def _next_pow2(n: int) -> int:
 
 
 @T.tunable(tile=[512, 1024, 2048], group=[8, 16, 32], slack=[1024, 2048, 4096], bucket_refine=[True, False],
+           mask_append=[True, False],
            compaction=["group_serial", "tile_scan"])
 def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                 sorted_values: bool = False, return_value: bool = True, tile: int = 2048,
                 group: int = 32, slack: int = 2048, compaction: str = "group_serial",
-                bucket_refine: bool = True, threads: int = 256):
+                bucket_refine: bool = True, mask_append: bool = True, threads: int = 256):
     """Top-``k`` of every row of ``x[:, :end[row]]``.
 
     ``compaction`` chooses how a tile's survivors are appended to the buffer;
@@ -95,6 +98,8 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
         raise ValueError(f"topk_select: dtype must be float32 or bfloat16, got {dtype!r}")
     if compaction not in ("group_serial", "tile_scan"):
         raise ValueError(f"topk_select: unknown compaction {compaction!r}")
+    if compaction == "group_serial" and mask_append and group != 8:
+        raise ValueError(f"topk_select: group_serial compaction uses 8-bit group masks, got group {group}")
     if tile % group:
         raise ValueError(f"topk_select: tile {tile} is not a multiple of group {group}")
     kdt = _KEY_DTYPE[dtype]
@@ -102,7 +107,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
     maxkey = (1 << bits) - 1
     ngroups = tile // group
     pow2 = max(2, _next_pow2(k))
-    cap = max(k + tile + slack, pow2)
+    cap = max(k + tile + slack + group, pow2)  # + group: a mask append writes whole groups
     cap = -(-cap // 64) * 64
     digits = _DIGITS[dtype]
     serial = compaction == "group_serial"
@@ -123,13 +128,14 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                            val_fill: T.float32,
                            nan_rows: T.Tensor((B,), "int32"),
                            out_idx: T.StridedTensor((B, k), (SI, 1), index_dtype),
-                           out_val: T.StridedTensor((BV, KV), (SV, 1), dtype)):
+                           out_val: T.StridedTensor((BV, KV), (SV, 1), dtype),
+                           bit_pos: T.Tensor((256, 8), "int32"),
+                           bit_count: T.Tensor((256,), "int32")):
         with T.Kernel(B, threads=threads) as row:
             cand_key = T.alloc_shared((cap,), kdt)
             cand_idx = T.alloc_shared((cap,), "int32")
             xt = T.alloc_fragment((tile,), dtype)
             keys = T.alloc_fragment((ngroups, group), kdt)
-            gmax = T.alloc_fragment((ngroups,), kdt)
             nreached = T.alloc_fragment((1,), "int32")
             nan_flag = T.alloc_fragment((k,), "int32")
             nan_any = T.alloc_fragment((1,), "int32")
@@ -143,6 +149,9 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
             if serial:
                 sub_key = T.alloc_shared((cap,), kdt)
                 hot = T.alloc_shared((ngroups,), "int32")
+                gmax = T.alloc_fragment((ngroups,), kdt)
+                bits_ = T.alloc_fragment((ngroups, group), "int32")
+                gmask = T.alloc_fragment((ngroups,), "int32")
                 nhot = T.alloc_var("int32", 0)
                 nsub = T.alloc_var("int32", 0)
                 kept = T.alloc_var("int32", 0)
@@ -258,10 +267,10 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                         for g, j in T.Parallel(ngroups, group):
                             keys[g, j] = T.where(t * tile + g * group + j < length,
                                                  _ordered_key(xt[g * group + j], kdt, bits), T.cast(0, kdt))
-                    T.reduce_max(keys, gmax, dim=1)
-                    if serial:
+                    if serial and not mask_append:
                         # list the groups holding survivors, then append from those only;
                         # both loops are branch-free (always write, advance on a hit)
+                        T.reduce_max(keys, gmax, dim=1)
                         nhot = 0
                         for g in T.serial(ngroups):
                             hot[nhot] = g
@@ -271,6 +280,22 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                 cand_key[cnt] = keys[hot[h], j]
                                 cand_idx[cnt] = t * tile + hot[h] * group + j
                                 cnt = cnt + T.cast(keys[hot[h], j] > thr, "int32")
+                    elif serial:
+                        # one bit per survivor, one 8-bit mask per group; the groups with
+                        # survivors are listed, then each appends its survivors with one
+                        # 8-lane gather/store driven by tables of set-bit positions
+                        for g, j in T.Parallel(ngroups, group):
+                            bits_[g, j] = T.cast(keys[g, j] > thr, "int32") << j
+                        T.reduce_sum(bits_, gmask, dim=1)
+                        nhot = 0
+                        for g in T.serial(ngroups):
+                            hot[nhot] = g
+                            nhot = nhot + T.cast(gmask[g] != 0, "int32")
+                        for h in T.serial(nhot):
+                            for j in T.Parallel(group):
+                                cand_key[cnt + j] = keys[hot[h], bit_pos[gmask[hot[h]], j]]
+                                cand_idx[cnt + j] = t * tile + hot[h] * group + bit_pos[gmask[hot[h]], j]
+                            cnt = cnt + bit_count[gmask[hot[h]]]
                     else:
                         for g, j in T.Parallel(ngroups, group):
                             flags[g, j] = T.where(keys[g, j] > thr, 1, 0)
@@ -357,6 +382,23 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
     return topk_select_kernel
 
 
+def bit_tables(device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's last two inputs: for every 8-bit mask, the positions of its set
+    bits in ascending order (padded with 0) and how many there are."""
+    return _bit_tables(str(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _bit_tables(device: str):
+    pos = torch.zeros((256, 8), dtype=torch.int32)
+    count = torch.zeros(256, dtype=torch.int32)
+    for m in range(256):
+        ones = [j for j in range(8) if m >> j & 1]
+        pos[m, :len(ones)] = torch.tensor(ones, dtype=torch.int32)
+        count[m] = len(ones)
+    return pos.to(device), count.to(device)
+
+
 # ---------------------------------------------------------------- reference
 
 
@@ -424,7 +466,7 @@ def _make_inputs(params, seed, device):
     nan_rows = torch.full((b,), -1, dtype=torch.int32)
     out_idx = torch.full((b, k), -77, dtype=idt)
     out_val = torch.full((b, k), float("nan"), dtype=dt)
-    ins = [x, end, offset, 2**31 - 1, float("-inf"), nan_rows, out_idx, out_val]
+    ins = [x, end, offset, 2**31 - 1, float("-inf"), nan_rows, out_idx, out_val, *bit_tables()]
     return [a.to(device) if isinstance(a, torch.Tensor) else a for a in ins]
 
 
@@ -452,7 +494,7 @@ def _check(outputs, expected, inputs, params):
 
 def _problems(**kernel):
     return {
-        "small": Problem("small", dict(batch=3, vocab=700, k=16, tile=128, group=16, slack=128,
+        "small": Problem("small", dict(batch=3, vocab=700, k=16, tile=128, group=8, slack=128,
                                        compaction="tile_scan", **kernel)),
         "demo": Problem("demo", dict(batch=8, vocab=32768, k=512, **kernel)),
         "bench": Problem("bench", dict(batch=32, vocab=129280, k=512, **kernel)),

@@ -104,7 +104,7 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin=None, end=N
     out_val = values if values is not None else torch.empty((1, 1), dtype=input.dtype,
                                                             device=input.device)
     kernel(input, end, output_idx_offset, int(idx_oob_fill_value),
-           _as_float32(value_oob_fill_value), nan_rows, idx, out_val)
+           _as_float32(value_oob_fill_value), nan_rows, idx, out_val, *kernels.bit_tables(input.device))
     if abort_when_nan_found:
         rows = nan_rows.nonzero()
         if rows.numel():
@@ -126,15 +126,17 @@ def kernel_params(backend: str, k: int, dtype: str, index_dtype: str, sorted_val
     """The kernel parameters this op uses for one call (shared with the benchmarks).
 
     CPU: 1024-element tiles in groups of 8 (a survivor-free group costs one vector
-    compare) and a buffer slack of ``max(2048, 2k)``, measured best on
+    compare), a buffer slack of ``max(2048, 2k)`` and the 8-lane mask append for
+    float32 (the scalar append for bfloat16, whose 16-bit gathers are slow), measured on
     ``benchmarks/bench_topk.py``; the interpreter gets small tiles (its cost is per
     statement); GPUs scan whole tiles with the parallel compaction."""
     common = dict(k=k, dtype=dtype, index_dtype=index_dtype, sorted_values=sorted_values,
                   return_value=return_value, compaction=_COMPACTION.get(backend, "tile_scan"))
     if backend == "interp":
-        return dict(common, tile=256, group=32, slack=256)
+        return dict(common, tile=256, group=8, slack=256)
     if backend == "cpu":
-        return dict(common, tile=1024, group=8, slack=max(2048, 2 * k))
+        return dict(common, tile=1024, group=8, slack=max(2048, 2 * k),
+                    mask_append=dtype == "float32")
     # GPUs: the buffers (six arrays of k + tile + slack) must fit one block's shared memory
     small = k <= 1024
     return dict(common, tile=2048 if small else 1024, group=32, slack=2048 if small else 1024)

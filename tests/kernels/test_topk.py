@@ -44,7 +44,7 @@ def run(kernel, x, end, offset, k, dtype, itype, rv=True):
     nan = torch.full((b,), -1, dtype=torch.int32)
     idx = torch.full((b, k), -77, dtype=itype)
     val = torch.full((b, k), float("nan"), dtype=dtype) if rv else torch.full((1, 1), 7.0, dtype=dtype)
-    kernel(x, end, offset, -9, -5.5, nan, idx, val)
+    kernel(x, end, offset, -9, -5.5, nan, idx, val, *K.bit_tables())
     return nan, idx, val
 
 
@@ -94,7 +94,9 @@ def test_factory_rejects_bad_parameters():
     with pytest.raises(ValueError, match="compaction"):
         K.topk_select(k=4, compaction="magic")
     with pytest.raises(ValueError, match="multiple of group"):
-        K.topk_select(k=4, tile=100, group=16)
+        K.topk_select(k=4, tile=100, group=16, compaction="tile_scan")
+    with pytest.raises(ValueError, match="8-bit group masks"):
+        K.topk_select(k=4, group=16)
 
 
 def _cuda_backend():

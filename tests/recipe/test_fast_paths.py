@@ -167,3 +167,75 @@ def test_tool_call_ids_are_uniform_over_the_alphabet():
     expected = len(symbols) / 62
     # Chi-square with 61 degrees of freedom; 120 is far beyond its 99.99th percentile (~110).
     assert sum((n - expected) ** 2 / expected for n in counts.values()) < 120
+
+
+def _conversion_view(req):
+    """Everything a converted request carries, as plain comparable data."""
+    conv, inf, po = req.conversation, req.inference_options, req.parsing_options
+    messages = [(type(m).__name__, m.content, m.reasoning_content, m.tool_calls, m.prefix, m.image_sources,
+                 getattr(m, "tool_call_id", None), getattr(m, "task", None)) for m in conv.messages]
+    prompt = req.model_version.encoding().render_conversation(conv)
+    return (messages, conv.thinking_mode, conv.tools, conv.tool_choice, conv.reasoning_effort,
+            conv.response_format, req.model_version, req.model, req.stream, req.echo, req.namespace_tool_map,
+            inf.max_tokens, inf.temperature, inf.top_p, inf.seed, inf.output_constraint,
+            po.parse_tool_calls, po.starts_in_tool_calls, po.thinking_initial_stage, po.stop_sequences,
+            prompt.prompt, prompt.special_ranges, prompt.image_sources)
+
+
+_roles = st.sampled_from(["user", "assistant", "system", "developer", "tool", "latest_reminder"])
+_plain_messages = st.lists(st.fixed_dictionaries({"role": _roles, "content": st.text(max_size=8)}),
+                           max_size=5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_plain_messages, st.sampled_from(["DeepSeek-V4-Pro", "DeepSeek-V4.1-Flash", "gpt-x"]),
+       st.sampled_from([None, True, False]), st.booleans())
+def test_plain_chat_skips_validation_without_changing_the_result(messages, model, stream, thinking):
+    """A plain chat (model, messages of role+content, stream) converts as the validating path does.
+
+    The same body sent as JSON text always takes the validating path, so it is the reference.
+    """
+    body = {"model": model, "messages": messages}
+    if stream is not None:
+        body["stream"] = stream
+    options = K.ConversionOptions(default_thinking_mode=thinking)
+    outcomes = []
+    for form in (body, json.dumps(body)):
+        try:
+            req = K.ChatCompletionRequest(form)
+            outcomes.append(("ok", req.model, _conversion_view(req.convert(options))))
+        except K.RecipeError as exc:
+            outcomes.append((type(exc), str(exc)))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_plain_chat_is_a_snapshot_of_the_body():
+    body = {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "a"}]}
+    req = K.ChatCompletionRequest(body)
+    body["messages"][0]["content"] = "b"
+    body["model"] = "other"
+    conv = req.convert(K.ConversionOptions())
+    assert req.model == "DeepSeek-V4-Pro" and conv.conversation.messages[0].content == "a"
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "a", "name": "x"}]},
+    {"model": "DeepSeek-V4-Pro", "messages": [{"role": "robot", "content": "a"}]},
+    {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": 3}]},
+    {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user"}]},
+    {"model": "DeepSeek-V4-Pro", "messages": ({"role": "user", "content": "a"},)},
+    {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "a"}], "stream": "yes"},
+    {"model": 4, "messages": [{"role": "user", "content": "a"}]},
+    {"messages": [{"role": "user", "content": "a"}]},
+    {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "a"}], "n": 3},
+])
+def test_almost_plain_bodies_are_validated(body):
+    """Bodies just outside the plain shape behave exactly as their JSON text does."""
+    outcomes = []
+    for form in (body, json.dumps(body)):
+        try:
+            req = K.ChatCompletionRequest(form)
+            outcomes.append(("ok", _conversion_view(req.convert(K.ConversionOptions()))))
+        except K.RecipeError as exc:
+            outcomes.append((type(exc), str(exc)))
+    assert outcomes[0] == outcomes[1]

@@ -247,17 +247,73 @@ def _messages(b: ChatBody):
     return out
 
 
+_PLAIN_BODY_KEYS = frozenset(("model", "messages", "stream"))
+_PLAIN_MESSAGE_KEYS = frozenset(("role", "content"))
+_PLAIN_ROLES = frozenset(("user", "assistant", "system", "developer", "tool", "latest_reminder"))
+
+
+def _plain_messages(body) -> tuple | None:
+    """`(role, content)` pairs if `body` is a plain chat, else None.
+
+    A plain chat has only `model`, `messages` and `stream`, and every message is
+    exactly `{"role": <known role>, "content": <str>}` (exact built-in types). For
+    such a body `ChatBody` validation cannot fail or change a value, so it is
+    skipped: it costs more than everything else in a short request. Anything else,
+    valid or not, takes the validating path.
+    """
+    if type(body) is not dict or not body.keys() <= _PLAIN_BODY_KEYS or type(body.get("model")) is not str \
+            or type(body.get("stream", False)) is not bool:
+        return None
+    messages = body.get("messages")
+    if type(messages) is not list:
+        return None
+    pairs = []
+    for m in messages:
+        if type(m) is not dict or m.keys() != _PLAIN_MESSAGE_KEYS:
+            return None
+        role, content = m["role"], m["content"]
+        if type(role) is not str or role not in _PLAIN_ROLES or type(content) is not str:
+            return None
+        pairs.append((role, content))
+    return tuple(pairs)
+
+
+def _plain_parts(model: str, pairs: tuple, stream: bool) -> Parts:
+    """`Parts` of a plain chat: what `convert` extracts when every other field is unset."""
+    out = []
+    for role, content in pairs:
+        if role == "assistant":
+            out.append(AssistantMessage(content, None, None, prefix=False))
+        elif role in ("system", "developer"):
+            if content:  # as in `_messages`: an empty system message renders nothing
+                out.append(SystemMessage(content))
+        elif role == "tool":
+            out.append(ToolMessage(content, None, ()))
+        elif role == "latest_reminder":
+            out.append(LatestReminderMessage(content))
+        else:
+            out.append(UserMessage(content, ()))
+    return Parts(model=model, messages=out, stream=stream)
+
+
 class ChatCompletionRequest:
     """A Chat Completions request body; `convert` yields a ConversationRequest."""
 
     def __init__(self, body):
-        self._body = validate(ChatBody, body)
+        self._plain = _plain_messages(body)
+        if self._plain is None:
+            self._body = validate(ChatBody, body)
+        else:  # immutable snapshot: later edits of `body` must not change the request
+            self._body = None
+            self._model, self._stream = body["model"], body.get("stream", False)
 
     @property
     def model(self) -> str:
-        return self._body.model
+        return self._model if self._body is None else self._body.model
 
     def convert(self, options: ConversionOptions) -> ConversationRequest:
+        if self._body is None:
+            return assemble(_plain_parts(self._model, self._plain, self._stream), options)
         b = self._body
         _reject_unsupported(b)
         thinking, effort = map_effort(b.reasoning_effort, "reasoning_effort")

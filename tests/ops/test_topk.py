@@ -17,7 +17,7 @@ from kernforge.ops.topk import (TopKNaNError, TopKTypeError, TopKUnsupportedErro
                                 get_stride_requirement, topk)
 from tests.conftest import host_backends
 
-BACKENDS = [b for b in host_backends() if b in ("interp", "cpu")]
+BACKENDS = [b for b in host_backends() if b in ("interp", "cpu", "cuda-emu")]
 
 # (dtype, k, indices_type, sorted, return_value): each is one compiled kernel per backend
 CONFIGS = [

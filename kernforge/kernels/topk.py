@@ -20,7 +20,8 @@ Tie policy (identical on every backend, since nothing depends on thread
 order): among elements whose keys equal the k-th key, the **lowest indices
 win**.  Unsorted output comes out in ascending index order (so
 ``sorted_index`` costs nothing); ``sorted_values`` sorts the k winners by
-value descending, equal values by ascending index (a bitonic network).
+value descending, equal values by ascending index (rank sort up to 1024
+winners, a bitonic network above).
 
 Work is ``O(N)`` streaming plus radix selects over ``O(k log(N/k))``
 candidates for a random visit order; the threshold is exact (monotone), never

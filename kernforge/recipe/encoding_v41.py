@@ -16,9 +16,10 @@ class DeepseekV41Encoding(PromptEncoding):
     missing_reasoning_is_empty = True
     supports_images = True
     json_object_text = SCHEMA_FORMAT + dump_json({"type": "json_object"})
+    _effort_lines = {effort: V41_EFFORT_LINE.format(n=n) for effort, n in V41_EFFORT_BUDGET.items()}
 
     def effort_text(self, effort):
         try:
-            return V41_EFFORT_LINE.format(n=V41_EFFORT_BUDGET[effort or "high"])
+            return self._effort_lines[effort or "high"]
         except KeyError:
             raise ConversionError(f"unknown reasoning effort {effort!r}", param="reasoning_effort") from None

@@ -192,7 +192,7 @@ class ParsingOptions:
     @stop_sequences.setter
     def stop_sequences(self, value):
         value = [value] if isinstance(value, str) else list(value)
-        if any(not isinstance(s, str) or not s for s in value):
+        if value and any(not isinstance(s, str) or not s for s in value):
             raise ValueError("stop sequences must be non-empty strings")
         self._stop = value
 
@@ -208,7 +208,7 @@ class ConversationRequest:
                  parsing_options: ParsingOptions | None = None, stream: bool = False,
                  model: str = "", echo=None, namespace_tool_map=None):
         self.conversation = conversation
-        self.model_version = ModelVersion(model_version)
+        self.model_version = model_version if type(model_version) is ModelVersion else ModelVersion(model_version)
         self.inference_options = inference_options or InferenceOptions()
         self.parsing_options = parsing_options or ParsingOptions()
         self.stream = stream

@@ -187,7 +187,7 @@ class PromptEncoding:
             if self.system_token:
                 b.special(t.system)
             b.text(effort)
-            b.text("\n\n".join(m.content for m in opening if m.content))
+            b.text("\n\n".join([m.content for m in opening if m.content]))
             for m in opening:
                 if m.tools:
                     b.text("\n\n")
@@ -199,7 +199,7 @@ class PromptEncoding:
 
         # A turn shows its reasoning only if it has some and it is kept: with tools every
         # turn keeps it; without, only thinking-mode turns after the last user message do.
-        drop = not tools and not any(m.tools for m in messages)
+        drop = not tools and not any([m.tools for m in messages])
         last_user = len(rest)
         if drop and thinking:
             last_user = -1
@@ -320,8 +320,7 @@ class PromptEncoding:
         flush()
         prefix = messages[-1] if messages and messages[-1].prefix else None
         if prefix is None:
-            b.special(t.assistant)
-            b.special(t.thinking_start if thinking else t.thinking_end)
+            b.extend((t.assistant, t.thinking_start if thinking else t.thinking_end), (0, 1))
             if task:
                 b.special(f"<｜{task}｜>")
         if conv.tool_choice == "required" and tools and not (prefix and prefix.tool_calls):

@@ -106,7 +106,8 @@ def assemble(p: Parts, options: ConversionOptions) -> ConversationRequest:
     for tool in tools:
         if tool.parameters is None:
             tool.parameters = {}  # an omitted schema means "no parameters", as in the official APIs
-    _check_unique_tools(tools)
+    if len(tools) > 1:
+        _check_unique_tools(tools)
     choice = p.tool_choice
     if p.forced_tool is not None:
         if thinking:
@@ -148,8 +149,8 @@ def assemble(p: Parts, options: ConversionOptions) -> ConversationRequest:
     messages = p.messages
     if not messages:
         raise ConversionError("messages must not be empty", param="messages")
-    for i, m in enumerate(messages):
-        if m.image_sources and version is ModelVersion.DeepseekV4Pro:
+    for i, m in enumerate(messages if version is ModelVersion.DeepseekV4Pro else ()):
+        if m.image_sources:
             raise UnsupportedFeatureError("image input", f"model {p.model} (DeepSeek V4) has no vision input; "
                                           f"image at {m.image_sources[0].path or f'messages[{i}]'}")
     last = messages[-1]

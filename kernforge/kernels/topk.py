@@ -83,8 +83,8 @@ def _next_pow2(n: int) -> int:
            mask_append=[True, False],
            compaction=["group_serial", "tile_scan"])
 def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
-                sorted_values: bool = False, return_value: bool = True, tile: int = 2048,
-                group: int = 32, slack: int = 2048, compaction: str = "group_serial",
+                sorted_values: bool = False, return_value: bool = True, tile: int = 1024,
+                group: int = 8, slack: int = 2048, compaction: str = "group_serial",
                 bucket_refine: bool = True, mask_append: bool = True, threads: int = 256):
     """Top-``k`` of every row of ``x[:, :end[row]]``.
 

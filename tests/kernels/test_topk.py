@@ -88,6 +88,15 @@ def test_registry_specs_verify(backend, name):
     assert result.verified, result.error
 
 
+@pytest.mark.parametrize("name", ["topk_fp32", "topk_bf16"])
+def test_registry_demo_problem_on_cpu(name):
+    """The defaults the CLI's `run`/`demo` use build and verify (group_serial, mask append)."""
+    if "cpu" not in BACKENDS:
+        pytest.skip("cpu backend not available (no g++)")
+    result = run_spec(get(name), "cpu", "demo", repeat=1)
+    assert result.verified, result.error
+
+
 def test_factory_rejects_bad_parameters():
     with pytest.raises(ValueError, match="dtype"):
         K.topk_select(k=4, dtype="float16")

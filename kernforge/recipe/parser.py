@@ -7,12 +7,13 @@ still be the start of a marker is held back, never emitted twice or dropped.
 Malformed output becomes a `ParseIssue` and plain text; the parser never raises
 on model output.
 """
+import functools
 import json
 import re
 from json.encoder import encode_basestring
 import secrets
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .dsml import V4_DSML, V41_DSML, DsmlNames
 from .errors import UnsupportedFeatureError
@@ -97,6 +98,24 @@ def _held_suffix(buf: str, markers) -> int:
     return best
 
 
+_encode_json = json.JSONEncoder(ensure_ascii=False).encode
+
+
+# A JSON integer that json.dumps(json.loads(.)) returns unchanged: no sign on zero, no
+# leading zeros or spaces, and short enough for Python's int-string digit limit.
+_CANONICAL_INT = re.compile(r"0|-?[1-9][0-9]{0,17}")
+
+
+def _canonical_json(raw: str) -> str:
+    """`json.dumps(json.loads(raw), ensure_ascii=False)`; integers, the common non-string
+    argument, skip the decoder and encoder, whose setup costs more than the value.
+    """
+    if _CANONICAL_INT.fullmatch(raw):
+        return raw
+    value = json.loads(raw)
+    return int.__repr__(value) if type(value) is int else _encode_json(value)
+
+
 class _DialectTags:
     """The complete tag spellings of one DSML dialect."""
 
@@ -108,14 +127,24 @@ class _DialectTags:
         self.param_open, self.param_close = f"<{token}{d.parameter}", f"</{token}{d.parameter}>"
 
 
-@dataclass
+@functools.lru_cache(maxsize=8)
+def _dialects(token: str) -> tuple:
+    """Both dialects' tags for one DSML token, built once: every stream needs them."""
+    return tuple(_DialectTags(token, d) for d in (V4_DSML, V41_DSML))
+
+
 class ToolCallState:
-    index: int
-    id: str
-    name: str
-    parts: list = field(default_factory=list)
-    params: set = field(default_factory=set)
-    valid: bool = True
+    """One call being parsed: its argument JSON pieces so far and its parameter names."""
+
+    __slots__ = ("index", "id", "name", "parts", "params", "valid")
+
+    def __init__(self, index: int, id: str, name: str, valid: bool = True):
+        self.index, self.id, self.name, self.valid = index, id, name, valid
+        self.parts: list = []
+        self.params: set = set()
+
+    def __repr__(self):
+        return f"ToolCallState({self.index}, {self.id!r}, {self.name!r}, valid={self.valid})"
 
 
 class OutputParser:
@@ -129,7 +158,7 @@ class OutputParser:
         self.eos = t.eos
         # Both DSML dialects are recognised (as deepseek-recipe does); the first tag
         # of a block fixes the dialect for the rest of it.
-        self.dialects = [_DialectTags(t.dsml, d) for d in (V4_DSML, V41_DSML)]
+        self.dialects = _dialects(t.dsml)
         self.block_opens = [dt.block_open for dt in self.dialects]
         self.tags = None
         self.parse_tools = options.parse_tool_calls
@@ -304,14 +333,10 @@ class OutputParser:
         self.buf = ""
 
     def _scan_tag(self, out, final) -> bool:
-        buf = self.buf
-        i = 0
-        while i < len(buf) and buf[i].isspace():
-            i += 1
-        if i == len(buf):
+        rest = self.buf.lstrip()  # the whitespace between tags (str.isspace's definition)
+        if not rest:
             self.buf = ""
             return False
-        rest = buf[i:]
         tags = self.tags
         if self.state == BLOCK:
             if tags is None:  # the prompt opened the block: either dialect may follow
@@ -375,7 +400,7 @@ class OutputParser:
             else:
                 call.params.add(name)
                 self.value_target = call
-                lead = ("{" if len(call.params) == 1 else ", ") + json.dumps(name, ensure_ascii=False) + ": "
+                lead = ("{" if len(call.params) == 1 else ", ") + encode_basestring(name) + ": "
                 self.value_is_string = attrs.get("string", "true") != "false"
                 if self.value_is_string:
                     lead += '"'
@@ -423,11 +448,11 @@ class OutputParser:
             else:
                 raw = "".join(self.value_parts) + chunk
                 try:
-                    text = json.dumps(json.loads(raw), ensure_ascii=False)
+                    text = _canonical_json(raw)
                 except ValueError:
                     self._issue(out, "invalid_json_parameter",
                                 f"tool call {target.name!r}: non-string parameter is not JSON; kept as a string")
-                    text = json.dumps(raw, ensure_ascii=False)
+                    text = encode_basestring(raw)
                 self._args(out, text)
         self.state = INVOKE
         return True

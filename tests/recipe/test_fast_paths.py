@@ -239,3 +239,26 @@ def test_almost_plain_bodies_are_validated(body):
         except K.RecipeError as exc:
             outcomes.append((type(exc), str(exc)))
     assert outcomes[0] == outcomes[1]
+
+
+_json_texts = st.one_of(
+    st.integers(-10 ** 25, 10 ** 25).map(str),
+    st.from_regex(r"-?[0-9]{1,20}", fullmatch=True),
+    st.recursive(st.none() | st.booleans() | st.floats(allow_nan=True) | st.text(max_size=4),
+                 lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                 max_leaves=6).map(json.dumps),
+    st.text(alphabet=" -+0123456789.eE", max_size=8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_texts)
+def test_non_string_values_are_rewritten_as_json_dumps_would(raw):
+    """The integer shortcut gives what json.dumps(json.loads(raw)) gives, or fails where it fails."""
+    from kernforge.recipe.parser import _canonical_json
+    try:
+        expected = json.dumps(json.loads(raw), ensure_ascii=False)
+    except ValueError:
+        with pytest.raises(ValueError):
+            _canonical_json(raw)
+        return
+    assert _canonical_json(raw) == expected

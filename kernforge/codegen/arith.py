@@ -8,7 +8,8 @@ floor-division helpers) where both operands are provably non-negative.
 """
 from __future__ import annotations
 
-from typing import Optional
+import operator
+from typing import Callable, Optional
 
 from kernforge.codegen import ir
 
@@ -96,21 +97,32 @@ def nonnegative(e: ir.Expr, known: frozenset = frozenset()) -> bool:
     return False
 
 
-def evaluate(e: ir.Expr, env: dict) -> int:
-    """Evaluate an integer expression of launch-time values (grid, output shapes)."""
+_PY_OPS = {ir.Op.ADD: operator.add, ir.Op.SUB: operator.sub, ir.Op.MUL: operator.mul,
+           ir.Op.FLOORDIV: operator.floordiv, ir.Op.MOD: operator.mod, ir.Op.MAX: max, ir.Op.MIN: min}
+
+
+def compile_int(e: ir.Expr) -> Callable[[dict], int]:
+    """An integer expression of launch-time values (grid, shapes, strides) as a Python
+    closure over an environment ``{Var: int}``: built once per kernel, called per launch."""
     if isinstance(e, ir.Const):
-        return e.value
+        value = e.value
+        return lambda env: value
     if isinstance(e, ir.Var):
-        if e not in env:
-            raise ir.KernelError(f"{e.name} is not known at launch")
-        return env[e]
+        def var(env, v=e):
+            try:
+                return env[v]
+            except KeyError:
+                raise ir.KernelError(f"{v.name} is not known at launch") from None
+        return var
     if isinstance(e, ir.Cast):
-        return int(evaluate(e.a, env))
-    if isinstance(e, ir.Binary):
-        a, b = evaluate(e.a, env), evaluate(e.b, env)
-        ops = {ir.Op.ADD: lambda: a + b, ir.Op.SUB: lambda: a - b, ir.Op.MUL: lambda: a * b,
-               ir.Op.FLOORDIV: lambda: a // b, ir.Op.MOD: lambda: a % b,
-               ir.Op.MAX: lambda: max(a, b), ir.Op.MIN: lambda: min(a, b)}
-        if e.op in ops:
-            return ops[e.op]()
+        inner = compile_int(e.a)
+        return lambda env: int(inner(env))
+    if isinstance(e, ir.Binary) and e.op in _PY_OPS:
+        fa, fb, op = compile_int(e.a), compile_int(e.b), _PY_OPS[e.op]
+        return lambda env: op(fa(env), fb(env))
     raise ir.KernelError(f"cannot evaluate {e} at launch")
+
+
+def evaluate(e: ir.Expr, env: dict) -> int:
+    """Evaluate an integer expression of launch-time values once."""
+    return compile_int(e)(env)

@@ -29,11 +29,22 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+_TORCH_DTYPES: dict = {}
+
+
+def _torch_dtype(t_dtype) -> dtypes.DType:
+    """``dtypes.dtype`` for a torch dtype, memoised (it runs for every argument of every call)."""
+    d = _TORCH_DTYPES.get(t_dtype)
+    if d is None:
+        d = _TORCH_DTYPES[t_dtype] = dtypes.dtype(t_dtype)
+    return d
+
+
 def to_numpy(t):
     """Zero-copy numpy view of a CPU torch tensor (bf16/fp8 through ml-dtypes)."""
     import torch
 
-    dt = dtypes.dtype(t.dtype)
+    dt = _torch_dtype(t.dtype)
     if dt in (dtypes.bfloat16, dtypes.float16):
         return t.view(torch.int16).numpy().view(dt.np_dtype)
     if dt == dtypes.float8_e4m3:
@@ -69,6 +80,11 @@ class CompiledKernel:
                 raise ArgumentError(f"out_idx {i} names scalar parameter {p.name}")
             outs.append(i % n)
         self.out_idx = tuple(outs)
+        # launch-time arithmetic (grid, shapes, strides) compiled to closures once, so a
+        # call costs microseconds of checking, not a walk of the IR per argument
+        self._grid = [arith.compile_int(g) for g in self.ir.grid]
+        self._shape = {p: [arith.compile_int(d) for d in p.shape] for p in self.ir.buffer_params}
+        self._strides = {p: [arith.compile_int(d) for d in p.strides] for p in self.ir.buffer_params}
         self.launcher = self.backend.build(self.ir, arch)
 
     @property
@@ -101,7 +117,7 @@ class CompiledKernel:
             full[i] = self._allocate(params[i], env, use_torch)
             self._bind_buffer(params[i], full[i], env)
         dims = [env[s] for s in self.ir.symbols]
-        grid = [arith.evaluate(g, env) for g in self.ir.grid]
+        grid = [g(env) for g in self._grid]
         if any(g < 0 for g in grid):
             raise ShapeError(f"{self.name}: negative grid {grid} for these shapes")
         if all(g > 0 for g in grid):
@@ -124,7 +140,7 @@ class CompiledKernel:
             if dev != self.backend.device:
                 raise ArgumentError(f"{where} is on {dev}, backend {self.backend_name!r} needs "
                                     f"{self.backend.device} tensors")
-            shape, dt = tuple(a.shape), dtypes.dtype(a.dtype)
+            shape, dt = tuple(a.shape), _torch_dtype(a.dtype)
             strides = tuple(a.stride())
         elif isinstance(a, np.ndarray):
             if self.backend.device != "cpu":
@@ -136,25 +152,25 @@ class CompiledKernel:
             strides = tuple(s // a.itemsize for s in a.strides)
         else:
             raise ArgumentError(f"{where} expects a torch tensor or numpy array, got {type(a).__name__}")
-        if dt != p.dtype:
+        if dt is not p.dtype and dt != p.dtype:
             raise ArgumentError(f"{where} must be {p.dtype}, got {dt}")
         if len(shape) != p.ndim:
             raise ShapeError(f"{where} must have {p.ndim} dimensions {_fmt(p.shape)}, got shape {shape}")
-        for d, (want, got) in enumerate(zip(p.shape, shape)):
-            self._bind(want, got, env, f"{where} dim {d}", shape)
-        for d, (want, got, n) in enumerate(zip(p.strides, strides, shape)):
+        for d, (want, got, fn) in enumerate(zip(p.shape, shape, self._shape[p])):
+            self._bind(want, got, fn, env, f"{where} dim {d}", shape)
+        for d, (want, got, n, fn) in enumerate(zip(p.strides, strides, shape, self._strides[p])):
             if got < 0:
                 raise ShapeError(f"{where}: negative stride {strides}")
             if isinstance(want, ir.Var) and want not in env:
                 env[want] = got
             elif n > 1:
-                value = arith.evaluate(want, env)
+                value = fn(env)
                 if value != got:
                     raise ShapeError(f"{where}: stride {d} must be {value} (declared {_fmt(p.strides)}, "
                                      f"contiguous unless T.StridedTensor), got strides {strides}")
 
     @staticmethod
-    def _bind(want: ir.Expr, got: int, env: dict, where: str, shape) -> None:
+    def _bind(want: ir.Expr, got: int, fn, env: dict, where: str, shape) -> None:
         if isinstance(want, ir.Var):
             if want in env and env[want] != got:
                 raise ShapeError(f"{where}: {want.name} = {got} here but {env[want]} elsewhere "
@@ -162,7 +178,7 @@ class CompiledKernel:
             if got >= 2 ** (want.dtype.bits - 1):
                 raise ShapeError(f"{where}: {got} does not fit {want.name}'s {want.dtype}")
             env[want] = got
-        elif arith.evaluate(want, env) != got:
+        elif fn(env) != got:
             raise ShapeError(f"{where} must be {want}, got {got} (shape {shape})")
 
     @staticmethod
@@ -184,7 +200,7 @@ class CompiledKernel:
 
     def _allocate(self, p: ir.Buffer, env: dict, use_torch: bool):
         try:
-            shape = tuple(arith.evaluate(s, env) for s in p.shape)
+            shape = tuple(fn(env) for fn in self._shape[p])
         except ir.KernelError:
             raise ShapeError(f"{self.name}: cannot infer the shape {_fmt(p.shape)} of output "
                              f"{p.name!r} from the inputs") from None

@@ -187,20 +187,25 @@ class OutputParser:
 
     # --- public -------------------------------------------------------------
     def feed(self, text: str) -> list:
+        if "<" not in text and text and not self.buf:
+            # Fast paths for the common chunk, one per backend token: no marker can start
+            # inside it and nothing is held back, so it is a delta of the current state.
+            # (A stopped parser has an empty buffer and matches no branch.)
+            st = self.state
+            if st == VALUE:
+                target = self.value_target
+                if target is not None and self.value_is_string:
+                    delta = encode_basestring(text)[1:-1]
+                    target.parts.append(delta)
+                    return [ToolCallDelta(target.index, delta)]
+            elif text[-1] != "\n" and not self.stops:  # trailing newlines may be markup
+                if st == REASONING:
+                    if not self.strip_leading and not self.pending_reasoning_newlines:
+                        return [ReasoningDelta(text)]
+                elif st == CONTENT and not self.strip_content and not self.pending_newlines:
+                    return [ContentDelta(text)]
         if self.state == STOPPED or not text:
             return []
-        if not self.buf and "<" not in text:
-            # Fast paths for the common chunk: no marker can start inside it.
-            st = self.state
-            if st == VALUE and self.value_is_string and self.value_target is not None:
-                delta = encode_basestring(text)[1:-1]
-                self.value_target.parts.append(delta)
-                return [ToolCallDelta(self.value_target.index, delta)]
-            if not self.stops and text[-1] != "\n":
-                if st == REASONING and not self.strip_leading and not self.pending_reasoning_newlines:
-                    return [ReasoningDelta(text)]
-                if st == CONTENT and not self.strip_content and not self.pending_newlines:
-                    return [ContentDelta(text)]
         self.buf += text
         out: list = []
         self._run(out, final=False)

@@ -536,3 +536,123 @@ def test_launcher_errors_are_typed():
         launcher([out, 2**40], [], [1])
     launcher([out, 1], [], [1])
     assert out[0] == 0
+
+
+# ---------------------------------------------------------------- append idiom (compress-store)
+
+APPEND_CAP = 512
+
+
+def append_kernel(dtype: str, pred: str, in_place: bool):
+    """``for j in serial(lo, hi): buf[cnt] = x[j]; idx[cnt] = j; cnt += cast(pred(x[j]))``
+    over buffers pre-filled with poison, exported whole (the tail beyond ``cnt`` too,
+    which must match the interpreter's scalar semantics bit for bit)."""
+    N = T.symbolic("N")
+
+    def keep(v, thr):
+        if pred == "gt":
+            return v > thr
+        if pred == "ne":  # bool & via the DSL's `&`: a compound predicate
+            return (v != thr) & (v >= T.cast(0, dtype))
+        return v == v  # everything (not NaN): every lane selected
+
+    @T.prim_func
+    def append(x: T.Tensor((N,), dtype), poison: T.Tensor((APPEND_CAP,), dtype),
+               out: T.Tensor((APPEND_CAP,), dtype), out_idx: T.Tensor((APPEND_CAP,), "int32"),
+               count: T.Tensor((1,), "int32"), lo: T.int32, hi: T.int32, c0: T.int32, thr: T.float32):
+        with T.Kernel(1, threads=1) as bx:
+            buf = T.alloc_shared((APPEND_CAP,), dtype)
+            idx = T.alloc_shared((APPEND_CAP,), "int32")
+            cnt = T.alloc_var("int32", c0)
+            for i in T.Parallel(APPEND_CAP):
+                buf[i] = poison[i]
+                idx[i] = -7
+            if in_place:
+                for i in T.Parallel(APPEND_CAP):
+                    buf[i] = T.where(i < N, x[T.min(i, N - 1)], poison[i])
+                    idx[i] = i
+                for j in T.serial(lo, hi):
+                    buf[cnt] = buf[j]
+                    idx[cnt] = idx[j]
+                    cnt = cnt + T.cast(keep(buf[j], T.cast(thr, dtype)), "int32")
+            else:
+                for j in T.serial(lo, hi):
+                    buf[cnt] = x[j]
+                    idx[cnt] = j
+                    cnt = cnt + T.cast(keep(x[j], T.cast(thr, dtype)), "int32")
+            for i in T.Parallel(APPEND_CAP):
+                out[i] = buf[i]
+                out_idx[i] = idx[i]
+            count[0] = cnt
+
+    return append
+
+
+def test_append_idiom_is_recognised_and_rendered_with_a_scalar_fallback():
+    from kernforge.codegen.passes.append import match_append
+    from kernforge.codegen import ir
+    k = append_kernel("float32", "gt", False).ir
+    loops = [n for n in ir.walk(k.body) if isinstance(n, ir.For)]
+    assert [match_append(n) is not None for n in loops] == [True]
+    src = CpuBackend().source(append_kernel("bfloat16", "gt", True).ir, None)
+    assert "defined(__AVX512F__) && defined(__AVX512BW__)" in src
+    assert "kf::append_lanes" in src and "#pragma omp simd" in src
+    assert "cnt[0] <= j" in src  # in-place compaction: vector path only while the counter trails
+
+
+def test_append_idiom_not_matched_when_the_counter_is_read_elsewhere():
+    from kernforge.codegen.passes.append import match_append
+    from kernforge.codegen import ir
+
+    @T.prim_func
+    def uses_cnt(x: T.Tensor((64,), "float32"), out: T.Tensor((64,), "int32")):
+        with T.Kernel(1, threads=1) as bx:
+            buf = T.alloc_shared((64,), "int32")
+            cnt = T.alloc_var("int32", 0)
+            for j in T.serial(64):
+                buf[cnt] = cnt + j
+                cnt = cnt + T.cast(x[j] > 0, "int32")
+            for i in T.Parallel(64):
+                out[i] = buf[i]
+
+    loops = [n for n in ir.walk(uses_cnt.ir.body) if isinstance(n, ir.For)]
+    assert all(match_append(n) is None for n in loops)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("pred", ["gt", "ne", "all"])
+@pytest.mark.parametrize("in_place", [False, True])
+@given(data=st.data())
+@settings(max_examples=6, deadline=None)
+def test_append_idiom_matches_the_interpreter_bit_for_bit(dtype, pred, in_place, data):
+    n = data.draw(st.integers(1, 300))
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    # in place, the counter may start behind the loop (vector path) or ahead (scalar fallback)
+    c0 = data.draw(st.integers(0, lo + 20 if in_place else 150))
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    np_dt = LOW.get(dtype, np.dtype(dtype))
+    if dtype == "int32":
+        x = rng.integers(-5, 6, n).astype(np.int32)
+        poison = np.full(APPEND_CAP, -123456, np.int32)
+    else:
+        x = rng.standard_normal(n).astype(np.float32)
+        x[rng.random(n) < 0.1] = 0.0
+        x[rng.random(n) < 0.05] = np.nan
+        x = x.astype(np_dt)
+        poison = np.full(APPEND_CAP, np.nan, np.float32).astype(np_dt)
+    thr = float(data.draw(st.sampled_from([-1.0, 0.0, 0.5, 3.0])))
+    args = [x, poison, np.zeros(APPEND_CAP, np_dt), np.zeros(APPEND_CAP, np.int32),
+            np.full(1, -1, np.int32), lo, hi, c0, thr]
+    cpu, ref = run_both(append_kernel, dict(dtype=dtype, pred=pred, in_place=in_place), args, (2, 3, 4))
+    for got, want in zip(cpu, ref):
+        assert got.tobytes() == want.tobytes()
+    if in_place and c0 > lo:
+        return  # the counter starts ahead of the reads: only the interpreter comparison applies
+    v = x[lo:hi].astype(np.float64)
+    t = float(np.array(thr, np.float32).astype(np_dt))
+    kept = {"gt": v > t, "all": v == v, "ne": (v != t) & (v >= 0)}[pred]
+    assert int(cpu[2][0]) == c0 + int(np.count_nonzero(kept))
+    sel = np.flatnonzero(kept)
+    assert np.array_equal(cpu[1][c0:c0 + sel.size], (lo + sel).astype(np.int32))

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "append.h"
 #include "arena.h"
 #include "atomic.h"
 #include "convert.h"

@@ -66,6 +66,7 @@ class StreamProcessor:
             raise UnsupportedFeatureError("tokenizer", "token-id chunks; decode to text first")
         self._gen = generator
         self._parser = OutputParser(options)
+        self._feed, self._event = self._parser.feed, generator.event  # bound once for the per-token path
         self._closed = False
         self._done = False
         self._started = False
@@ -90,12 +91,12 @@ class StreamProcessor:
             # The per-token path, kept to a few attribute reads: it runs once per
             # backend chunk. `_streaming` means started and neither finished nor closed.
             self._completion_tokens += chunk.token_count or 0
-            events = self._parser.feed(chunk.content)
+            events = self._feed(chunk.content)
             if len(events) == 1:
-                return self._gen.event(events[0])
+                return self._event(events[0])
             out: list = []
             for ev in events:
-                out += self._gen.event(ev)
+                out += self._event(ev)
             return out
         return self._push_slow(chunk)
 

@@ -47,7 +47,8 @@ class _Builder:
         """Append pre-split pieces; `marks` are the special pieces' offsets within them."""
         base = len(self.parts)
         self.parts.extend(parts)
-        self.marks.extend(base + m for m in marks)
+        for m in marks:  # a few marks at most: a loop beats building a generator
+            self.marks.append(base + m)
 
     def finish(self):
         starts = list(accumulate(map(len, self.parts), initial=0))

@@ -11,12 +11,17 @@ Usage: python benchmarks/bench_recipe.py [--repeat N] [--json]
 """
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import deepseek_recipe as P
 
-import kernforge.recipe as K
-from kernforge.recipe.dsml import arguments_to_parameters
+# Measure this checkout, not whichever kernforge happens to be installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kernforge.recipe as K  # noqa: E402
+from kernforge.recipe.dsml import arguments_to_parameters  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": n, "description": f"The {n} tool.", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
@@ -71,9 +76,11 @@ def short_chat():
     return {"model": "DeepSeek-V4.1-Flash", "messages": [{"role": "user", "content": "Hello!"}]}
 
 
-def raw_output():
+LONG_VALUE = "def f(x):\n    return x * 2  # \"quoted\" \\ backslash\n" * 60
+
+
+def raw_output(long_text=LONG_VALUE):
     d = "｜DSML｜"
-    long_text = "def f(x):\n    return x * 2  # \"quoted\" \\ backslash\n" * 60
     calls = "".join(
         f'<{d}invoke name="write_file">\n<{d}parameter name="city" string="true">{long_text}</{d}parameter>\n'
         f'<{d}parameter name="days" string="false">{k}</{d}parameter>\n</{d}invoke>\n' for k in range(3))
@@ -158,12 +165,19 @@ def main():
         rows.append({"case": f"request->prompt: {name}", "unit": "us/request", "kernforge": ours * 1e6,
                      "deepseek_recipe": peer * 1e6, "ratio": peer / ours})
     raw = raw_output()
-    mb = len(raw.encode()) / 1e6
-    for step in (4, 32, 256):
-        ours, peer = best_times([stream_fn(K, raw, step), stream_fn(P, raw, step)], max(3, args.repeat // 3),
-                                min_time=0.05)
-        rows.append({"case": f"stream parse, {step}-char chunks", "unit": "MB/s",
-                     "kernforge": mb / ours, "deepseek_recipe": mb / peer, "ratio": peer / ours})
+    # The same output in parts, at 32-char chunks: its text (reasoning and content), and
+    # its tool calls with a one-character value instead of the 3 KB one.
+    text_only = raw[:raw.index("\n\n<")]
+    short_values = raw_output("v")
+    streams = [(f"stream parse, {step}-char chunks", raw, step) for step in (4, 32, 256)]
+    streams += [("stream parse, 32-char chunks: reasoning and content only", text_only, 32),
+                ("stream parse, 32-char chunks: tool calls with 1-char values", short_values, 32)]
+    for name, text, step in streams:
+        mb = len(text.encode()) / 1e6
+        ours, peer = best_times([stream_fn(K, text, step), stream_fn(P, text, step)],
+                                max(3, args.repeat // 3), min_time=0.05)
+        rows.append({"case": name, "unit": "MB/s", "kernforge": mb / ours, "deepseek_recipe": mb / peer,
+                     "ratio": peer / ours})
     if args.json:
         print(json.dumps(rows, indent=1))
         return

@@ -78,6 +78,24 @@ class ParseIssue:
 REASONING, CONTENT, BLOCK, INVOKE, VALUE, AFTER, STOPPED = range(7)
 
 _ATTR = re.compile(r'\s+(\w+)="([^"]*)"')
+_CACHED_ATTR_TEXT = 256  # longer attribute texts are parsed without the cache
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_attributes(attr_text: str) -> dict:
+    return dict(_ATTR.findall(attr_text))
+
+
+def _tag_attributes(attr_text: str) -> dict:
+    """A tag's `name="value"` pairs; read-only, as the dict may be shared.
+
+    Agents call the same tools with the same parameters over and over, so the
+    attribute texts repeat and are cached; only short ones, so that the cache
+    stays small whatever the model writes.
+    """
+    if len(attr_text) <= _CACHED_ATTR_TEXT:
+        return _cached_attributes(attr_text)
+    return dict(_ATTR.findall(attr_text))
 
 
 def _held_suffix(buf: str, markers) -> int:
@@ -119,12 +137,16 @@ def _canonical_json(raw: str) -> str:
 class _DialectTags:
     """The complete tag spellings of one DSML dialect."""
 
-    __slots__ = ("block_open", "block_close", "invoke_open", "invoke_close", "param_open", "param_close")
+    __slots__ = ("block_open", "block_close", "invoke_open", "invoke_close", "param_open", "param_close",
+                 "in_block", "in_invoke")
 
     def __init__(self, token: str, d: DsmlNames):
         self.block_open, self.block_close = f"<{token}{d.block}>", f"</{token}{d.block}>"
         self.invoke_open, self.invoke_close = f"<{token}{d.invoke}", f"</{token}{d.invoke}>"
         self.param_open, self.param_close = f"<{token}{d.parameter}", f"</{token}{d.parameter}>"
+        # The tags that may come next inside a block and inside an invoke, in the order tried.
+        self.in_block = (self.invoke_open, self.block_close)
+        self.in_invoke = (self.param_open, self.invoke_close)
 
 
 @functools.lru_cache(maxsize=8)
@@ -347,9 +369,9 @@ class OutputParser:
             if tags is None:  # the prompt opened the block: either dialect may follow
                 expected = [x for dt in self.dialects for x in (dt.invoke_open, dt.block_close)]
             else:
-                expected = (tags.invoke_open, tags.block_close)
+                expected = tags.in_block
         else:
-            expected = (tags.param_open, tags.invoke_close)
+            expected = tags.in_invoke
         for tag in expected:
             if rest.startswith(tag):
                 end = rest.find(">")
@@ -374,7 +396,7 @@ class OutputParser:
         return True
 
     def _on_tag(self, out, tag, attr_text):
-        attrs = dict(_ATTR.findall(attr_text))
+        attrs = _tag_attributes(attr_text)
         if self.tags is None:
             self.tags = next(dt for dt in self.dialects if tag in (dt.invoke_open, dt.block_close))
         tags = self.tags

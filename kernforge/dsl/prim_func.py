@@ -1,6 +1,7 @@
 """``@T.prim_func`` (trace a kernel into IR) and ``@T.tunable`` (declare its tuning space)."""
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import itertools
@@ -117,6 +118,15 @@ def _symbols(params) -> tuple:
                     if isinstance(n, ir.Var) and not any(n is v for v in seen):  # `in` would build ==
                         seen.append(n)
     return tuple(seen)
+
+
+def macro(fn):
+    """A helper a kernel calls while being traced (TileLang's ``T.macro``): its body
+    gets the same source rewrite as a prim_func, so runtime ``if`` and ``alloc_var``
+    assignment work inside it.  Shared pieces of kernels (an online-softmax update,
+    an epilogue) are written once this way."""
+    rewritten = rewrite.rewrite(fn, _HELPERS)
+    return functools.wraps(fn)(rewritten) if rewritten is not None else fn
 
 
 def prim_func(fn=None, *, name: Optional[str] = None):

@@ -157,3 +157,26 @@ def test_slice_length_folds_through_nonlinear_start():
             T.copy(KV[1, off:off + 16, 0:8], t)
     c = next(n for n in ir.walk(main.ir.body) if isinstance(n, ir.Copy))
     assert c.src.extents == (1, 16, 8)
+
+
+@T.macro
+def _clamp_store(dst, i, value, hi):
+    if value > hi:  # a runtime branch inside a macro
+        dst[i] = hi
+    else:
+        dst[i] = value
+
+
+def test_macro_gets_runtime_if_and_runs():
+    import numpy as np
+
+    @T.prim_func
+    def main(A: T.Tensor((8,), "float32"), B: T.Tensor((8,), "float32")):
+        with T.Kernel(1) as bx:
+            for i in T.serial(8):
+                _clamp_store(B, i, A[i], 0.5)
+    assert any(isinstance(n, ir.If) for n in ir.walk(main.ir.body))
+    a = np.linspace(-1, 1, 8).astype(np.float32)
+    b = np.full(8, np.nan, np.float32)
+    kernforge.compile(main)(a, b)
+    np.testing.assert_array_equal(b, np.minimum(a, 0.5))

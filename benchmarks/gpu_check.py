@@ -228,10 +228,12 @@ def gpu_run(specs: dict, problems: list[str], arch: str | None, repeat: int, job
                 inputs = spec.make_inputs(params, 0, "cuda")
                 kernel(*inputs)
                 torch.cuda.synchronize()
+                # which copy path ran: "tma" (sm_90a rings through tensor maps) or "cp.async"
+                row["variant"] = getattr(kernel.launcher, "last_variant", "")
                 if label in CHECKED:
                     expected = spec.reference(inputs, params)
                     spec.check([inputs[i] for i in spec.outputs], expected, inputs, params)
-                    row["status"] = "verified"
+                    row["status"] = f"verified ({row['variant']})" if row["variant"] else "verified"
                 else:
                     outs = [inputs[i] for i in spec.outputs]
                     row["status"] = "ran (timed only)"

@@ -111,10 +111,33 @@ def test_hopper_gemm_and_attention_issue_hgmma(built):
             "m_grouped_fp8_gemm_nt_contiguous[demo]"} <= found
 
 
+TMA_KERNELS = {"gemm", "gemm_nt", "mla_decode[demo]", "mla_decode[small]", "m_grouped_gemm_nt_contiguous[demo]",
+               "m_grouped_gemm_nt_masked[demo]", "m_grouped_fp8_gemm_nt_contiguous[demo]"}
+
+
 def test_pipelined_copies_are_async(built):
+    """sm_80 pipelines use cp.async (LDGSTS); sm_90a ones load through TMA (UTMALDG) and
+    wait on mbarriers (SYNCS), with no cp.async left in the GEMMs."""
+    seen = set()
     for (label, arch, kernel, hot), report, error in built:
-        if label == "gemm":
+        if label == "gemm" and arch == "sm_80":
             assert "LDGSTS" in _sass_or_skip(report["path"])  # cp.async
+        if label in TMA_KERNELS and arch == "sm_90a":
+            sass = _sass_or_skip(report["path"])
+            assert "UTMALDG" in sass and "SYNCS" in sass, label
+            if label.startswith(("gemm", "m_grouped")):
+                assert "LDGSTS" not in sass, label
+            seen.add(label)
+    assert seen == TMA_KERNELS
+
+
+def test_hopper_cp_async_fallback_variant_compiles():
+    """The variant a launch falls back to when its tensors break TMA's alignment rules."""
+    kernel = gemm(512, 512, 512, bm=128, bn=128, bk=32, stages=3, threads=128).ir
+    report = cuda_backend.build_report(kernel, "sm_90a", tma=False)
+    assert not (report["spill_stores"] or report["spill_loads"] or report["local_bytes"])
+    sass = _sass_or_skip(report["path"])
+    assert "LDGSTS" in sass and "UTMALDG" not in sass and "HGMMA" in sass
 
 
 def test_build_report_shape():

@@ -2,7 +2,8 @@
 
 Each case mutates the renderer's output for one of the DSL kernels of
 ``dsl_kernels.py`` (a wrong fragment layout, a missing barrier, an off-by-one
-edge mask, a wrong shuffle lane, a wrong wgmma descriptor) and checks that the
+edge mask, a wrong shuffle lane, a wrong wgmma descriptor, a wrong TMA expect_tx
+byte count, a missing mbarrier wait) and checks that the
 emulated run disagrees with the interpreter or stops with an error.  The
 unmutated copies run through the same harness first, so a failure can only
 come from the planted bug.  All variants share one emulation module (one
@@ -19,6 +20,7 @@ import pytest
 import kernforge
 from kernforge.codegen.render.cuda import render_cuda
 from kernforge.codegen.render.cuda_emu_backend import CudaEmuBackend, EmulatedModule, EmulationError
+from kernforge.codegen.render.cuda_tma import encode_args
 
 from .dsl_kernels import gemm, masked_copy, row_stats
 
@@ -37,6 +39,15 @@ def _swap_a_registers(src):
 
 def _drop_pipeline_barrier(src):
     return re.sub(r"(kf::cp_async_wait<0>\(\);)\s*__syncthreads\(\);", r"\1", src, count=1)
+
+
+def _wrong_expect_tx_bytes(src):
+    return re.sub(r"(mbarrier_arrive_expect_tx\([^;]*, )(\d+)u\)", lambda m: f"{m.group(1)}{int(m.group(2)) - 128}u)",
+                  src, count=1)
+
+
+def _drop_tma_wait(src):
+    return re.sub(r"\n\s*kf::mbarrier_wait_parity\([^;]*;", "", src, count=1)
 
 
 def _swap_b_descriptor_strides(src):
@@ -64,6 +75,7 @@ def _before_kernel(src, text):
 class Case:
     base: str
     mutate: Callable[[str], str]
+    error: str = ""  # when set, the bug must stop the launch with a message matching this
 
 
 BASES = {  # name -> (prim_func, arch)
@@ -76,6 +88,9 @@ BUGS = {
     "mma_fragment_layout": Case("gemm80", _swap_a_registers),
     "wgmma_descriptor_layout": Case("gemm90", _swap_b_descriptor_strides),
     "missing_pipeline_barrier": Case("gemm80", _drop_pipeline_barrier),
+    "tma_wrong_expect_tx_bytes": Case("gemm90", _wrong_expect_tx_bytes,
+                                      r"deadlock: mbarrier wait .* tx bytes outstanding"),
+    "tma_missing_stage_wait": Case("gemm90", _drop_tma_wait),
     "edge_mask_off_by_one": Case("copy", _store_mask_off_by_one),
     "wrong_shuffle_lane": Case("rowstats", _wrong_shuffle_lane),
 }
@@ -105,12 +120,15 @@ def module():
 def _run(module, tag, base, rng):
     """Run variant ``tag`` of ``base``; return (outputs, oracle outputs)."""
     k = module.kernel(tag, timeout_ms=5_000)
+    arch = BASES[base][1]
     if base in ("gemm80", "gemm90"):
         M, N, K = GEMM_SHAPE
         A = rng.standard_normal((M, K)).astype(BF16)
         B = rng.standard_normal((K, N)).astype(BF16)
         C = np.full((M, N), np.nan, np.float32).astype(BF16)
-        k([A, B, C], [], [-(-N // 64), -(-M // 64)])
+        specs = render_cuda(gemm(*GEMM_SHAPE).ir, arch).tensor_maps  # sm_90a: TMA pipeline
+        maps = [encode_args(spec, (A, B, C)[spec.param_index]).packed() for spec in specs]
+        k([A, B, C, *maps], [], [-(-N // 64), -(-M // 64)])
         want = np.full_like(C, np.nan)
         kernforge.compile(gemm(*GEMM_SHAPE), backend="interp")(A, B, want)
         return [C.astype(np.float32)], [want.astype(np.float32)]
@@ -145,8 +163,10 @@ def test_unmutated_copies_pass_the_harness(module, base, rng):
 def test_planted_bug_is_caught(module, bug, rng):
     try:
         got, want = _run(module, bug, BUGS[bug].base, rng)
-    except EmulationError:
+    except EmulationError as e:
+        assert re.search(BUGS[bug].error, str(e)), str(e)
         return  # caught as a deadlock / invalid access
+    assert not BUGS[bug].error, f"planted bug {bug} ran to completion"
     assert not _agree(got, want), f"planted bug {bug} went unnoticed"
 
 

@@ -16,7 +16,9 @@ How the tile program maps onto a thread block (DESIGN.md §1-2):
   ``wgmma`` read them without bank conflicts and without swizzle.
 * copies global -> shared -> 16-byte ``cp.async`` chunks (scalar loads at
   edges); ``T.Pipelined`` -> a ``num_stages``-deep ring of those tiles
-  (:mod:`kernforge.codegen.passes.cuda_pipeline`).
+  (:mod:`kernforge.codegen.passes.cuda_pipeline`), filled on sm_90a by TMA
+  loads completing on one mbarrier per stage (:mod:`cuda_tma`; ``tma=False``
+  renders the cp.async variant the launcher falls back to).
 * gemm -> ``wgmma`` (sm_90a) or ``mma.sync`` m16n8k16 (sm_80, sm_100a), or a
   scalar loop for dtypes and shapes the tensor cores do not take.
 * barriers: inserted where shared memory written since the last barrier is
@@ -41,13 +43,14 @@ from kernforge.codegen.passes import run_pipeline, simplify
 from kernforge.codegen.passes.cuda_fp8_operands import cuda_fp8_operands
 from kernforge.codegen.passes.cuda_layout import LayoutPlan, nodes, plan_layouts
 from kernforge.codegen.passes.cuda_pipeline import PipelinePlan, plan_pipelines
-from kernforge.codegen.render import cuda_gemm, cuda_ops, cuda_reduce
+from kernforge.codegen.render import cuda_gemm, cuda_ops, cuda_reduce, cuda_tma
 from kernforge.codegen.render.base import CRenderer
 from kernforge.codegen.verify import verify
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "templates", "cuda")
 INCLUDE_DIR = os.path.join(TEMPLATE_DIR, "include")
 SMEM_ALIGN = 128
+TENSOR_MAP_CTYPE = "const __grid_constant__ CUtensorMap"
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,9 @@ class CudaProgram:
 
     ``params`` are ``(name, C type)`` in launch order: the kernel's parameters
     (buffers as pointers, scalars by value) then one ``int64_t`` per
-    ``kernel.symbols`` entry."""
+    ``kernel.symbols`` entry, then one ``const __grid_constant__ CUtensorMap`` per
+    entry of ``tensor_maps`` (TMA variant only; the launcher encodes them from the
+    actual tensors with :func:`cuda_tma.encode_args`)."""
 
     source: str
     entry: str
@@ -94,6 +99,12 @@ class CudaProgram:
     threads: int
     dynamic_smem: int
     arch: str
+    tensor_maps: tuple = ()
+
+    @property
+    def variant(self) -> str:
+        """``tma`` when the pipelines load through tensor maps, else ``cp.async``."""
+        return "tma" if self.tensor_maps else "cp.async"
 
 
 # scalar parameters narrower than 32 bits travel as 32-bit values (the launch packs 4/8-byte slots)
@@ -108,12 +119,14 @@ class CudaRenderer(CRenderer):
     name = "cuda"
     tid = "kf_tid"
 
-    def __init__(self, kernel: ir.Kernel, arch: Arch):
+    def __init__(self, kernel: ir.Kernel, arch: Arch, tma: bool = True):
         super().__init__()
         self.k = kernel
         self.arch = arch
         self.plan: LayoutPlan = plan_layouts(kernel, arch.wgmma)
         self.pipes: PipelinePlan = plan_pipelines(kernel, self.plan.staged)
+        self.tma_loops, self.tensor_maps = cuda_tma.plan_tma(self) if tma and arch.wgmma else ({}, [])
+        self.mbarrier_offsets: dict[ir.For, int] = {}
         self.lines: list[str] = []
         self.depth = 1
         self.var_override: dict[ir.Var, str] = {}
@@ -224,6 +237,9 @@ class CudaRenderer(CRenderer):
                 self.smem_offsets[b] = off
                 off += -(-prod(b.static_shape()) * b.dtype.itemsize * self.pipes.stages.get(b, 1)
                          // SMEM_ALIGN) * SMEM_ALIGN
+        for loop in self.tma_loops:
+            self.mbarrier_offsets[loop] = off
+            off += -(-8 * loop.num_stages // SMEM_ALIGN) * SMEM_ALIGN
         scratch = max((cuda_reduce.reduce_scratch_floats(self, r) for r in nodes(self.k.body)
                        if isinstance(r, ir.Reduce)), default=0)
         if scratch:
@@ -246,6 +262,7 @@ class CudaRenderer(CRenderer):
                 out.append((p.name + "_arg" if p.dtype in _SCALAR_ABI else p.name,
                             _SCALAR_ABI.get(p.dtype, self.ctype(p.dtype))))
         out += [(f"kf_dim_{s.name}", "int64_t") for s in self.k.symbols]
+        out += [(t.name, TENSOR_MAP_CTYPE) for t in self.tensor_maps]
         return out
 
     def prologue(self) -> None:
@@ -267,6 +284,8 @@ class CudaRenderer(CRenderer):
                       f"reinterpret_cast<{self.ctype(b.dtype)}*>(kf_smem + {off});")
         if self.scratch_offset >= 0:
             self.emit(f"float* const kf_scratch = reinterpret_cast<float*>(kf_smem + {self.scratch_offset});")
+        for i, off in enumerate(self.mbarrier_offsets.values()):
+            self.emit(f"uint64_t* const kf_bars{i} = reinterpret_cast<uint64_t*>(kf_smem + {off});")
         if self.scan_scratch_offset >= 0:
             self.emit(f"unsigned char* const kf_scan_scratch = kf_smem + {self.scan_scratch_offset};")
 
@@ -276,6 +295,8 @@ class CudaRenderer(CRenderer):
         self.stmt(self.k.body)
         for kind in set(self.plan.gemm_kind.values()):
             self.headers.add({"wgmma": "kf/wgmma.cuh", "mma": "kf/mma.cuh", "scalar": "kf/common.cuh"}[kind])
+        if self.tma_loops:
+            self.headers.add("kf/tma.cuh")
         if self.pipes.prefetch or any(isinstance(n, ir.Copy) for n in nodes(self.k.body)):
             self.headers.add("kf/cp_async.cuh")
         self.headers |= {"kf/reduce.cuh", "kf/atomic.cuh"}
@@ -287,7 +308,8 @@ class CudaRenderer(CRenderer):
             name=self.k.name, arch=self.arch.name, threads=self.k.threads, dynamic_smem=self.smem_bytes,
             headers=sorted(self.headers - {"kf/common.cuh"}), entry=entry,
             params=", ".join(f"{t} {n}" for n, t in params), body=self.lines)
-        return CudaProgram(source, entry, params, self.k.threads, self.smem_bytes, self.arch.name)
+        return CudaProgram(source, entry, params, self.k.threads, self.smem_bytes, self.arch.name,
+                           tuple(self.tensor_maps))
 
     # -- statements -----------------------------------------------------------------
     def stmt(self, s: ir.Stmt) -> None:
@@ -302,8 +324,12 @@ HANDLERS: dict[type, Callable] = {
 }
 
 
-def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None) -> CudaProgram:
-    """Render ``kernel`` for ``arch`` (``sm_80``, ``sm_90a``, ``sm_100a``; default sm_90a)."""
+def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True) -> CudaProgram:
+    """Render ``kernel`` for ``arch`` (``sm_80``, ``sm_90a``, ``sm_100a``; default sm_90a).
+
+    On sm_90a, ``tma`` (default) loads qualifying pipelined copies with TMA; ``tma=False``
+    renders the cp.async variant, which the launchers run when a launch's tensors do not
+    meet TMA's alignment rules (``cuda_tma.encode_args``)."""
     verify(kernel)
     target = arch_info(arch)
-    return CudaRenderer(run_pipeline(kernel, PIPELINE), target).render()
+    return CudaRenderer(run_pipeline(kernel, PIPELINE), target, tma).render()

@@ -8,6 +8,7 @@ tests that check which instructions a kernel really uses.
 """
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import shutil
@@ -16,7 +17,9 @@ import sys
 from typing import Optional, Sequence
 
 from kernforge.codegen import ir
-from kernforge.codegen.render.cuda import ARCHS, INCLUDE_DIR, CudaProgram, arch_info, render_cuda
+from kernforge.codegen.render.cuda import (ARCHS, INCLUDE_DIR, TENSOR_MAP_CTYPE, CudaProgram, arch_info,
+                                           render_cuda)
+from kernforge.codegen.render.cuda_tma import TensorMapArgs, encode_args
 from kernforge.jit.backend import BackendError, register
 
 # Part of every cache key: bump when the device library's semantics change without its text changing
@@ -34,7 +37,8 @@ def compile_options(arch: str) -> tuple[str, ...]:
 def _compile(program: CudaProgram, kernel: ir.Kernel, load: bool):
     from kernforge import runtime
 
-    tag = f"{kernel.name}_{program.arch}"
+    # the variant is part of the artifact name: "<kernel>_sm_90a_tma" holds the TMA pipelines
+    tag = f"{kernel.name}_{program.arch}" + ("_tma" if program.tensor_maps else "")
     fn = runtime.compile if load else runtime.compile_without_load
     return fn(tag, program.source, backend="cuda", options=compile_options(program.arch),
               include_dirs=(INCLUDE_DIR,), dependency_signature=DEPENDENCY_SIGNATURE)
@@ -45,9 +49,10 @@ def emit_source(kernel: ir.Kernel, arch: Optional[str] = None) -> str:
     return render_cuda(kernel, arch).source
 
 
-def build_report(kernel: ir.Kernel, arch: Optional[str] = None) -> dict:
-    """Compile without a GPU and report the cache entry and ptxas' resource usage."""
-    program = render_cuda(kernel, arch)
+def build_report(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True) -> dict:
+    """Compile without a GPU and report the cache entry and ptxas' resource usage
+    (``tma=False``: the sm_90a cp.async variant)."""
+    program = render_cuda(kernel, arch, tma=tma)
     result = _compile(program, kernel, load=False)
     usage = result.resource_usage.get(program.entry)
     if usage is None:
@@ -100,13 +105,77 @@ def device_arch() -> str:
     return name
 
 
-class CudaLauncher:
-    """Launches one compiled kernel: pointers and scalars by value, then the symbol values."""
+_DATA_TYPE = {1: "CU_TENSOR_MAP_DATA_TYPE_UINT8", 2: "CU_TENSOR_MAP_DATA_TYPE_UINT16",
+              4: "CU_TENSOR_MAP_DATA_TYPE_UINT32", 8: "CU_TENSOR_MAP_DATA_TYPE_UINT64"}
 
-    def __init__(self, kernel: ir.Kernel, program: CudaProgram, function):
+
+def _driver():
+    """cuda-bindings' driver module, imported on first use (rendering and compiling need no GPU)."""
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _ok(result, what: str):
+    """The values of a cuda-bindings result tuple; BackendError on a failure code."""
+    driver = _driver()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise BackendError(f"{what} failed: {err}")
+    return values[0] if len(values) == 1 else values
+
+
+def encode_tensor_map(args: TensorMapArgs):
+    """``cuTensorMapEncodeTiled`` for one map: tiles, no interleave, no swizzle, out-of-bounds
+    elements read as zero (``FLOAT_OOB_FILL_NONE``); the data type only sets the element size
+    (the copy moves bits)."""
+    d = _driver()
+    return _ok(d.cuTensorMapEncodeTiled(
+        getattr(d.CUtensorMapDataType, _DATA_TYPE[args.elem_bytes]), args.rank, args.address, list(args.dims),
+        list(args.strides_bytes), list(args.box), [1] * args.rank,
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
+
+
+def launch_with_tensor_maps(function, values: Sequence, tensor_maps: Sequence, *, grid, block, smem_bytes: int):
+    """``cuLaunchKernelEx`` with 128-byte ``CUtensorMap`` parameters after the plain ones
+    (the runtime's ``CudaFunction.launch`` passes only pointers and scalars)."""
+    from kernforge.runtime.args import convert
+
+    d = _driver()
+    plain = convert(function.argtypes, tuple(values), "cuda", function.name)
+    if smem_bytes > 48 * 1024:
+        _ok(d.cuFuncSetAttribute(function.handle,
+                                 d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes),
+            "cuFuncSetAttribute")
+    config = d.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = (tuple(grid) + (1, 1))[:3]
+    config.blockDimX, config.blockDimY, config.blockDimZ = (tuple(block) + (1, 1))[:3]
+    config.sharedMemBytes = smem_bytes
+    config.hStream = d.CUstream(0)
+    addresses = [ctypes.addressof(v) for v in plain] + [int(t.getPtr()) for t in tensor_maps]
+    pointers = (ctypes.c_void_p * len(addresses))(*addresses)
+    _ok(d.cuLaunchKernelEx(config, function.handle, ctypes.addressof(pointers), 0), f"launch {function.name}")
+
+
+class CudaLauncher:
+    """Launches one compiled kernel: pointers and scalars by value, then the symbol values,
+    then (TMA variant) the tensor maps encoded from this call's tensors.
+
+    When a tensor breaks TMA's rules (``cuda_tma.encode_args`` gives the reason: a data
+    address or row stride not a multiple of 16 bytes, a non-unit inner stride) the call runs
+    the cp.async variant from ``fallback()`` (rendered with ``tma=False``, compiled on first
+    need); ``last_variant`` / ``last_fallback_reason`` say what ran and why."""
+
+    def __init__(self, kernel: ir.Kernel, program: CudaProgram, function, fallback=None):
         self.kernel = kernel
         self.program = program
         self.function = function
+        self._fallback = fallback
+        self._fallback_launcher: Optional[CudaLauncher] = None
+        self.last_variant = ""
+        self.last_fallback_reason = ""
 
     def __call__(self, args: Sequence, dims: Sequence[int], grid: Sequence[int]) -> None:
         values = []
@@ -118,8 +187,22 @@ class CudaLauncher:
         values += [int(d) for d in dims]
         if any(g <= 0 for g in grid):
             return  # an empty grid launches nothing (cuLaunch rejects 0-sized grids)
-        self.function.launch(values, grid=tuple(int(g) for g in grid), block=(self.program.threads,),
-                             smem_bytes=self.program.dynamic_smem)
+        grid, block = tuple(int(g) for g in grid), (self.program.threads,)
+        if not self.program.tensor_maps:
+            self.function.launch(values, grid=grid, block=block, smem_bytes=self.program.dynamic_smem)
+            self.last_variant = "cp.async"
+            return
+        maps = [encode_args(spec, args[spec.param_index]) for spec in self.program.tensor_maps]
+        reasons = [m for m in maps if isinstance(m, str)]
+        if reasons:
+            if self._fallback_launcher is None:
+                self._fallback_launcher = self._fallback()
+            self._fallback_launcher(args, dims, grid)
+            self.last_variant, self.last_fallback_reason = "cp.async", "; ".join(reasons)
+            return
+        launch_with_tensor_maps(self.function, values, [encode_tensor_map(m) for m in maps], grid=grid, block=block,
+                                smem_bytes=self.program.dynamic_smem)
+        self.last_variant = "tma"
 
 
 class CudaBackend:
@@ -129,11 +212,16 @@ class CudaBackend:
     def source(self, kernel: ir.Kernel, arch: Optional[str] = None) -> str:
         return emit_source(kernel, arch)
 
-    def build(self, kernel: ir.Kernel, arch: Optional[str] = None) -> CudaLauncher:
-        program = render_cuda(kernel, arch or device_arch())
+    def build(self, kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True) -> CudaLauncher:
+        """Compile the kernel; with TMA pipelines (sm_90a) the cp.async variant is compiled
+        only when a launch's tensors need it (see :class:`CudaLauncher`)."""
+        arch = arch or device_arch()
+        program = render_cuda(kernel, arch, tma=tma)
         module = _compile(program, kernel, load=True)
-        kinds = tuple("ptr" if t.endswith("*") else _ARG_KIND[t] for _, t in program.params)
-        return CudaLauncher(kernel, program, module.get_function(program.entry, argtypes=kinds, restype="void"))
+        kinds = tuple("ptr" if t.endswith("*") else _ARG_KIND[t] for _, t in program.params if t != TENSOR_MAP_CTYPE)
+        fallback = (lambda: self.build(kernel, arch, tma=False)) if program.tensor_maps else None
+        return CudaLauncher(kernel, program, module.get_function(program.entry, argtypes=kinds, restype="void"),
+                            fallback)
 
 
 register("cuda", CudaBackend)

@@ -16,7 +16,11 @@ Launch ABI of the generated host entry (``templates/cuda/emu_launch.cpp.j2``)::
 
 ``args[i]`` points at kernel parameter i (buffers: their data; scalars: one
 value of the scalar's dtype), ``dims`` holds ``kernel.symbols`` in order and
-``grid`` the launch grid.  A nonzero return carries ``kf_emu_last_error()``.
+``grid`` the launch grid.  A TMA kernel (sm_90a pipelines) takes one more
+``args`` entry per tensor map after the kernel parameters: an int64 vector
+(:meth:`cuda_tma.TensorMapArgs.packed`) that the entry encodes with
+``kf_emu::encode_tensor_map``, the arguments the GPU launcher gives
+``cuTensorMapEncodeTiled``.  A nonzero return carries ``kf_emu_last_error()``.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import ctypes
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import jinja2
 import numpy as np
@@ -63,7 +67,7 @@ def arch_number(arch: str) -> int:
 
 @dataclass(frozen=True)
 class HostParam:
-    """How the host entry passes one kernel parameter: ``kind`` is buffer, scalar or symbol."""
+    """How the host entry passes one kernel parameter: ``kind`` is buffer, scalar, symbol or tensormap."""
 
     ctype: str
     kind: str
@@ -72,6 +76,7 @@ class HostParam:
 def call_args(params: Sequence[HostParam]) -> str:
     """The C argument list that unpacks ``args``/``dims`` into by-value parameters."""
     out, arg, dim = [], 0, 0
+    maps = 0
     for p in params:
         if p.kind == "buffer":
             out.append(f"static_cast<{p.ctype}>(args[{arg}])")
@@ -82,6 +87,9 @@ def call_args(params: Sequence[HostParam]) -> str:
         elif p.kind == "symbol":
             out.append(f"static_cast<{p.ctype}>(dims[{dim}])")
             dim += 1
+        elif p.kind == "tensormap":
+            out.append(f"kf_tmaps[{maps}]")
+            maps += 1
         else:
             raise ValueError(f"unknown parameter kind {p.kind!r}")
     return ", ".join(out)
@@ -90,8 +98,10 @@ def call_args(params: Sequence[HostParam]) -> str:
 def emu_source(kernel_source: str, *, name: str, entry: str, params: Sequence[HostParam], threads: int,
                grid_rank: int) -> str:
     """The kernel's CUDA source followed by its generated host entry."""
+    from_args = [p for p in params if p.kind != "symbol"]  # in args[] order
+    maps = [i for i, p in enumerate(from_args) if p.kind == "tensormap"]
     wrapper = _ENV.get_template("emu_launch.cpp.j2").render(
-        name=name, entry=entry, threads=threads, grid_rank=grid_rank, call_args=call_args(params))
+        name=name, entry=entry, threads=threads, grid_rank=grid_rank, call_args=call_args(params), tmap_args=maps)
     return kernel_source.rstrip() + "\n\n" + wrapper
 
 
@@ -135,7 +145,8 @@ class EmulatedKernel:
         self._entry.restype = ctypes.c_int
 
     def __call__(self, args: Sequence[np.ndarray], dims: Sequence[int], grid: Sequence[int]) -> None:
-        """``args``: numpy arrays (buffers) and 0-d numpy arrays (scalars, already in their dtype)."""
+        """``args``: numpy arrays (buffers) and 0-d numpy arrays (scalars, already in their dtype),
+        then the packed tensor maps of a TMA kernel."""
         if not 1 <= len(grid) <= 3:
             raise ValueError(f"cuda-emu: grid must have 1 to 3 extents, got {tuple(grid)}")
         pointers = (ctypes.c_void_p * max(1, len(args)))(*[a.ctypes.data for a in args])
@@ -150,12 +161,15 @@ class EmulatedKernel:
 def host_params(kernel: ir.Kernel, program) -> list[HostParam]:
     """Classify the rendered kernel's parameters (kernel params, then symbols)."""
     n = len(kernel.params)
-    if len(program.params) != n + len(kernel.symbols):
+    maps = len(program.tensor_maps)
+    if len(program.params) != n + len(kernel.symbols) + maps:
         raise ValueError(f"cuda-emu: rendered kernel has {len(program.params)} parameters, expected "
-                         f"{n} + {len(kernel.symbols)} symbols")
+                         f"{n} + {len(kernel.symbols)} symbols + {maps} tensor maps")
     out = []
     for i, (_, ctype) in enumerate(program.params):
-        if i >= n:
+        if i >= n + len(kernel.symbols):
+            out.append(HostParam(ctype, "tensormap"))
+        elif i >= n:
             out.append(HostParam(ctype, "symbol"))
         elif isinstance(kernel.params[i], ir.Buffer):
             out.append(HostParam(ctype, "buffer"))
@@ -172,11 +186,22 @@ _SCALAR_NP = {"int32_t": np.int32, "uint32_t": np.uint32, "int64_t": np.int64, "
 
 
 class EmuLauncher:
-    """The Launcher contract (kernforge.jit.backend) over an :class:`EmulatedKernel`."""
+    """The Launcher contract (kernforge.jit.backend) over an :class:`EmulatedKernel`.
 
-    def __init__(self, kernel: ir.Kernel, emulated: EmulatedKernel, params: Sequence[HostParam]):
+    A TMA kernel (``tensor_maps``) gets its tensor maps encoded from the actual arrays on
+    every call; when an array breaks TMA's rules (``cuda_tma.encode_args`` says why) the
+    call runs the cp.async variant from ``fallback()`` instead, built on first need, and
+    ``last_variant`` records which variant ran, as the GPU launcher does."""
+
+    def __init__(self, kernel: ir.Kernel, emulated: EmulatedKernel, params: Sequence[HostParam],
+                 tensor_maps: Sequence = (), fallback: Optional[Callable[[], "EmuLauncher"]] = None):
         self.kernel = kernel
         self.emulated = emulated
+        self.tensor_maps = tuple(tensor_maps)
+        self._fallback = fallback
+        self._fallback_launcher: Optional[EmuLauncher] = None
+        self.last_variant = ""
+        self.last_fallback_reason = ""
         self.scalar_np = {}
         for p, hp in zip(kernel.params, params):
             if not isinstance(p, ir.Buffer):
@@ -188,10 +213,21 @@ class EmuLauncher:
                 self.scalar_np[p.name] = np_type
 
     def __call__(self, args: Sequence, dims: Sequence[int], grid: Sequence[int]) -> None:
+        from kernforge.codegen.render.cuda_tma import encode_args
+
         packed = []
         for p, a in zip(self.kernel.params, args):
             packed.append(a if isinstance(p, ir.Buffer) else np.array(a, dtype=self.scalar_np[p.name]))
-        self.emulated(packed, dims, grid)
+        maps = [encode_args(spec, args[spec.param_index]) for spec in self.tensor_maps]
+        reasons = [m for m in maps if isinstance(m, str)]
+        if reasons:
+            if self._fallback_launcher is None:
+                self._fallback_launcher = self._fallback()
+            self._fallback_launcher(args, dims, grid)
+            self.last_variant, self.last_fallback_reason = "cp.async", "; ".join(reasons)
+            return
+        self.emulated(packed + [m.packed() for m in maps], dims, grid)
+        self.last_variant = "tma" if maps else "cp.async"
 
 
 class CudaEmuBackend:
@@ -200,10 +236,10 @@ class CudaEmuBackend:
     # How tools must label a passing check on this backend: never "GPU verified".
     verified_label = "CUDA semantics verified on host emulation"
 
-    def _render(self, kernel: ir.Kernel, arch: Optional[str]):
+    def _render(self, kernel: ir.Kernel, arch: Optional[str], tma: bool = True):
         from kernforge.codegen.render.cuda import render_cuda
 
-        program = render_cuda(kernel, arch or DEFAULT_ARCH)
+        program = render_cuda(kernel, arch or DEFAULT_ARCH, tma=tma)
         source = emu_source(program.source, name=kernel.name, entry=program.entry,
                             params=host_params(kernel, program), threads=program.threads, grid_rank=len(kernel.grid))
         return program, source
@@ -211,11 +247,15 @@ class CudaEmuBackend:
     def source(self, kernel: ir.Kernel, arch: Optional[str] = None) -> str:
         return self._render(kernel, arch)[1]
 
-    def build(self, kernel: ir.Kernel, arch: Optional[str] = None) -> EmuLauncher:
-        program, source = self._render(kernel, arch)
-        module = EmulatedModule(f"emu_{kernel.name}_{program.arch}", source, dynamic_smem=program.dynamic_smem,
-                                arch=program.arch)
-        return EmuLauncher(kernel, module.kernel(kernel.name), host_params(kernel, program))
+    def build(self, kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True) -> EmuLauncher:
+        """Build the kernel; on sm_90a with TMA pipelines, the cp.async variant is built
+        only when a launch needs it (module tag ``..._cpasync``)."""
+        program, source = self._render(kernel, arch, tma)
+        tag = f"emu_{kernel.name}_{program.arch}" + ("" if tma or program.arch != "sm_90a" else "_cpasync")
+        module = EmulatedModule(tag, source, dynamic_smem=program.dynamic_smem, arch=program.arch)
+        fallback = (lambda: self.build(kernel, arch, tma=False)) if program.tensor_maps else None
+        return EmuLauncher(kernel, module.kernel(kernel.name), host_params(kernel, program), program.tensor_maps,
+                           fallback)
 
 
 backends.register("cuda-emu", CudaEmuBackend)

@@ -15,6 +15,7 @@ from kernforge import dtypes
 from kernforge.codegen import arith, ir
 from kernforge.codegen.layouts import AccumLayout, RowLayout
 from kernforge.codegen.passes.cuda_layout import nodes
+from kernforge.codegen.render import cuda_tma
 
 I32 = dtypes.int32
 
@@ -404,6 +405,9 @@ def try_async_copy(R, c: ir.Copy, commit: bool = True) -> bool:
 
 def render_pipelined(R, loop: ir.For) -> None:
     """A ``num_stages``-deep ring: stage ``(k - start) % S`` of each prefetched tile holds iteration k."""
+    if loop in R.tma_loops:
+        render_tma_pipelined(R, loop)
+        return
     S = loop.num_stages
     copies = R.pipes.prefetch[loop]
     start, v = R.expr(loop.start), R.var_name(loop.var)
@@ -448,4 +452,50 @@ def render_pipelined(R, loop: ir.For) -> None:
         R.stmt(x)
     R.close()
     R.emit("kf::cp_async_wait<0>();")
+    R.pend_w = R.pend_r = True
+
+
+def render_tma_pipelined(R, loop: ir.For) -> None:
+    """The same ring filled by TMA: stage s has mbarrier ``bars[s]``; iteration k waits on its
+    stage's barrier with parity ``((k - start) / S) & 1`` (the stage's n-th fill completes phase n)."""
+    S = loop.num_stages
+    tiles = R.tma_loops[loop]
+    bars = f"kf_bars{list(R.mbarrier_offsets).index(loop)}"
+    start, v = R.expr(loop.start), R.var_name(loop.var)
+    end = R.fresh("end")
+    R.nonneg_vars.add(loop.var)
+    R.before(True, True)
+    R.emit(f"const int32_t {end} = {start} + {R.cast_to(loop.extent, I32)};")
+    cuda_tma.render_init(R, bars, S)
+
+    def issue(k_expr: str, stage_expr: str) -> None:
+        kv = R.fresh("k")
+        R.emit(f"const int32_t {kv} = {k_expr};")
+        R.open(f"if ({kv} < {end})")
+        R.var_override[loop.var] = kv
+        cuda_tma.render_issue(R, tiles, stage_expr, f"{bars} + ({stage_expr})")
+        del R.var_override[loop.var]
+        R.close()
+
+    for s in range(S - 1):
+        R.open("")
+        issue(f"{start} + {s}", str(s))
+        R.close()
+    R.open(f"for (int32_t {v} = {start}; {v} < {end}; ++{v})")
+    R.emit(f"kf::mbarrier_wait_parity({bars} + ({v} - {start}) % {S}, (uint32_t)((({v} - {start}) / {S}) & 1));")
+    # every thread is done with the stage refilled next (generic reads/writes before async-proxy writes)
+    R.emit("kf::fence_proxy_async(); __syncthreads();")
+    R.pend_w = R.pend_r = False
+    R.open("")
+    issue(f"{v} + {S - 1}", f"({v} - {start} + {S - 1}) % {S}")
+    R.close()
+    copies = [t.copy for t in tiles]
+    for c in copies:
+        b = c.dst.buffer
+        R.emit(f"{R.ctype(b.dtype)}* const {b.name} = {b.name}_ring + (({v} - {start}) % {S}) * "
+               f"{prod(b.static_shape())};")
+    rest = [x for x in (loop.body.body if isinstance(loop.body, ir.Seq) else (loop.body,)) if x not in copies]
+    for x in rest:
+        R.stmt(x)
+    R.close()
     R.pend_w = R.pend_r = True

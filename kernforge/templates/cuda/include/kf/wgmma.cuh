@@ -29,11 +29,12 @@
 // wgmma_fence(): `wgmma.fence.sync.aligned;` orders prior register/shared accesses before the next wgmma.
 // wgmma_commit(): `wgmma.commit_group.sync.aligned;` closes the current group of wgmma ops.
 // wgmma_wait<N>(): `wgmma.wait_group.sync.aligned N;` waits until at most N groups are pending.
-// fence_proxy_async(): `fence.proxy.async.shared::cta;` makes this thread's earlier generic-proxy
+// fence_proxy_async() (kf/fence.cuh): `fence.proxy.async.shared::cta;` makes this thread's earlier generic-proxy
 //   shared-memory writes (plain stores, cp.async) visible to the async proxy (wgmma operand reads);
 //   call it in every writing thread before the __syncthreads() that precedes the wgmma.
 #pragma once
 #include "kf/common.cuh"
+#include "kf/fence.cuh"
 
 #ifndef KF_HOST_EMULATION
 namespace kf {
@@ -52,7 +53,6 @@ KF_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n
 template <int N> KF_DEVICE void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-KF_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 template <int N, int TRANS_A, int TRANS_B>
 KF_DEVICE void wgmma_m64nNk16_f32_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);

@@ -117,3 +117,31 @@ inline void tma_load(void* dst, const CUtensorMap* map, const int32_t* coords, c
 }
 
 }  // namespace kf_emu
+
+namespace kf_emu {
+
+// The host entry's form of encode_tensor_map: `packed` is {rank, elem_bytes, address,
+// dims[rank] (innermost first), strides_bytes[rank - 1], box[rank]} (kernforge's
+// cuda_tma.TensorMapArgs.packed()).  Returns false with the reason in launch_error().
+inline bool encode_tensor_map_packed(CUtensorMap* out, const int64_t* packed) {
+  const int64_t rank = packed[0];
+  if (rank < 1 || rank > 5) {
+    snprintf(launch_error().message, sizeof launch_error().message, "tensor map: rank %lld out of 1..5",
+             (long long)rank);
+    return false;
+  }
+  uint64_t dims[5], strides[4];
+  uint32_t box[5];
+  for (int64_t i = 0; i < rank; ++i) dims[i] = uint64_t(packed[3 + i]);
+  for (int64_t i = 0; i + 1 < rank; ++i) strides[i] = uint64_t(packed[3 + rank + i]);
+  for (int64_t i = 0; i < rank; ++i) box[i] = uint32_t(packed[3 + 2 * rank - 1 + i]);
+  const char* err = encode_tensor_map(out, uint32_t(rank), uint32_t(packed[1]),
+                                      reinterpret_cast<const void*>(packed[2]), dims, strides, box, 0);
+  if (err) {
+    snprintf(launch_error().message, sizeof launch_error().message, "tensor map: %s", err);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace kf_emu

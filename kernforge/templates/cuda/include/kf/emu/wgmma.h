@@ -112,7 +112,6 @@ KF_DEVICE uint64_t make_smem_desc(const void* ptr, uint32_t lbo_bytes, uint32_t 
 KF_DEVICE void wgmma_fence() {}
 KF_DEVICE void wgmma_commit() { kf_emu::wgmma_commit(); }
 template <int N> KF_DEVICE void wgmma_wait() { kf_emu::wgmma_wait(N); }
-KF_DEVICE void fence_proxy_async() {}
 
 template <int N, int TRANS_A, int TRANS_B>
 KF_DEVICE void wgmma_m64nNk16_f32_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {

@@ -1,0 +1,164 @@
+"""The sm_90a TMA path without a GPU: which loops use it, the kernel ABI (tensor maps after the
+symbols), cuTensorMapEncodeTiled's arguments and the launch marshalling through a recording
+stand-in for cuda-bindings' driver, and the launch-time fallback to the cp.async variant."""
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import torch
+
+from kernforge.codegen.render import cuda_backend
+from kernforge.codegen.render.cuda import TENSOR_MAP_CTYPE, render_cuda
+from kernforge.codegen.render.cuda_tma import TensorMapSpec, encode_args
+from tests.backends.test_cuda_semantics import gemm
+
+
+def test_only_sm_90a_pipelines_load_through_tma():
+    kernel = gemm().ir
+    hopper = render_cuda(kernel, "sm_90a")
+    assert hopper.variant == "tma"
+    assert [(t.buffer, t.box) for t in hopper.tensor_maps] == [("A", (8, 8)), ("B", (8, 8))]
+    assert hopper.params[-2:] == [("kf_tmap_A_0", TENSOR_MAP_CTYPE), ("kf_tmap_B_1", TENSOR_MAP_CTYPE)]
+    src = hopper.source
+    assert "kf::tma_load_2d(" in src and "kf::mbarrier_wait_parity(" in src and "cp_async_cg_16" not in src
+    assert f"{TENSOR_MAP_CTYPE} kf_tmap_A_0" in src
+    for program in (render_cuda(kernel, "sm_80"), render_cuda(kernel, "sm_100a"), render_cuda(kernel, "sm_90a", tma=False)):
+        assert program.variant == "cp.async" and "CUtensorMap" not in program.source
+        assert "kf::cp_async_cg_16" in program.source
+
+
+def test_a_strided_inner_axis_keeps_cp_async():
+    import kernforge.dsl as T
+
+    M, K, sk = T.symbolic("M"), T.symbolic("K"), T.symbolic("sk")
+
+    @T.prim_func
+    def strided(A: T.StridedTensor((M, K), (sk, 2), "bfloat16"), C: T.Tensor((M, 64), "float32")):
+        with T.Kernel(T.ceildiv(M, 64), threads=128) as bx:
+            A_s = T.alloc_shared((64, 64), "bfloat16")
+            for k in T.Pipelined(T.ceildiv(K, 64), num_stages=2):
+                T.copy(A[bx * 64, k * 64], A_s)
+                for i, j in T.Parallel(64, 64):
+                    C[bx * 64 + i, j] = C[bx * 64 + i, j] + A_s[i, j]
+
+    assert render_cuda(strided.ir, "sm_90a").variant == "cp.async"
+
+
+def test_encode_args_reverse_the_axes_and_check_16_byte_rules():
+    spec = TensorMapSpec("kf_tmap_B_0", 1, "B", (1, 8, 8), 2)
+    b = torch.randn(3, 40, 64).bfloat16()
+    args = encode_args(spec, b)
+    assert (args.rank, args.elem_bytes, args.address) == (3, 2, b.data_ptr())
+    assert args.dims == (64, 40, 3) and args.strides_bytes == (128, 40 * 128) and args.box == (8, 8, 1)
+    assert list(args.packed()) == [3, 2, b.data_ptr(), 64, 40, 3, 128, 5120, 8, 8, 1]
+    assert "stride of 36 elements" in encode_args(spec, torch.randn(3, 40, 36).bfloat16())
+    assert "innermost stride is 2" in encode_args(spec, torch.randn(3, 40, 128).bfloat16()[:, :, ::2])
+    off = torch.randn(3 * 40 * 64 + 1).bfloat16()[1:].view(3, 40, 64)
+    assert "not 16-byte aligned" in encode_args(spec, off)
+    assert "empty" in encode_args(spec, torch.empty(0, 40, 64).bfloat16())
+
+
+class _Map:
+    """A stand-in CUtensorMap: 128 bytes whose address the launch must pass."""
+
+    def __init__(self, args):
+        self.args = args
+        self.storage = (ctypes.c_ubyte * 128)()
+
+    def getPtr(self):
+        return ctypes.addressof(self.storage)
+
+
+class _Names:
+    def __getattr__(self, name):
+        return name
+
+
+class _RecordingDriver:
+    CUresult = SimpleNamespace(CUDA_SUCCESS=0)
+    CUtensorMapDataType = CUtensorMapInterleave = CUtensorMapSwizzle = _Names()
+    CUtensorMapL2promotion = CUtensorMapFloatOOBfill = CUfunction_attribute = _Names()
+
+    def __init__(self, n_params):
+        self.n_params = n_params
+        self.encoded, self.maps, self.launches, self.attributes = [], [], [], []
+
+    def cuTensorMapEncodeTiled(self, *args):
+        self.encoded.append(args)
+        self.maps.append(_Map(args))
+        return 0, self.maps[-1]
+
+    def cuFuncSetAttribute(self, *args):
+        self.attributes.append(args)
+        return (0,)
+
+    def CUlaunchConfig(self):
+        return SimpleNamespace()
+
+    def CUstream(self, handle):
+        return ("stream", handle)
+
+    def cuLaunchKernelEx(self, config, handle, params, extra):
+        """Records the kernelParams slots (their storage lives only during the call)."""
+        slots = list((ctypes.c_void_p * self.n_params).from_address(params))
+        self.launches.append((config, handle, slots, [ctypes.c_void_p.from_address(p).value for p in slots]))
+        return (0,)
+
+
+class _Function:
+    name = "kf_kf_test_gemm"
+    handle = "function-handle"
+
+    def __init__(self, kinds):
+        self.argtypes = kinds
+
+
+def _launcher(monkeypatch, kernel, fallback=None):
+    program = render_cuda(kernel, "sm_90a")
+    kinds = tuple("ptr" for _, t in program.params if t != TENSOR_MAP_CTYPE)
+    driver = _RecordingDriver(len(program.params))
+    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
+    return cuda_backend.CudaLauncher(kernel, program, _Function(kinds), fallback), driver
+
+
+def test_launch_encodes_one_map_per_tma_buffer_and_passes_them_after_the_plain_params(monkeypatch):
+    kernel = gemm(M=96, N=80, K=72).ir
+    launch, driver = _launcher(monkeypatch, kernel)
+    a, b, c = torch.randn(96, 72).bfloat16(), torch.randn(72, 80).bfloat16(), torch.empty(96, 80).bfloat16()
+    launch([a, b, c], [], [2, 2])
+    assert launch.last_variant == "tma"
+    common = ([1, 1], "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_NONE",
+              "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")
+    assert driver.encoded == [
+        ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, a.data_ptr(), [72, 96], [144], [8, 8], *common),
+        ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, b.data_ptr(), [80, 72], [160], [8, 8], *common),
+    ]
+    (config, handle, slots, values), = driver.launches
+    assert handle == "function-handle"
+    assert (config.gridDimX, config.gridDimY, config.gridDimZ) == (2, 2, 1)
+    assert (config.blockDimX, config.sharedMemBytes) == (128, render_cuda(kernel, "sm_90a").dynamic_smem)
+    assert values[:3] == [a.data_ptr(), b.data_ptr(), c.data_ptr()]
+    # the kernel's two CUtensorMap parameters point at the encoded maps' 128 bytes, in order
+    assert slots[3:] == [ctypes.addressof(m.storage) for m in driver.maps] and driver.attributes == []
+
+
+def test_a_misaligned_tensor_runs_the_cp_async_variant(monkeypatch):
+    kernel = gemm(M=96, N=80, K=72).ir
+    calls = []
+
+    def fallback():
+        return lambda args, dims, grid: calls.append((args, list(dims), list(grid)))
+
+    launch, driver = _launcher(monkeypatch, kernel, fallback)
+    a = torch.randn(96 * 72 + 1).bfloat16()[1:].view(96, 72)  # data address 2 bytes past alignment
+    args = [a, torch.randn(72, 80).bfloat16(), torch.empty(96, 80).bfloat16()]
+    launch(args, [], [2, 2])
+    assert launch.last_variant == "cp.async" and "A's data address is not 16-byte aligned" in launch.last_fallback_reason
+    assert calls == [(args, [], [2, 2])] and driver.encoded == [] and driver.launches == []
+
+
+def test_empty_grid_launches_nothing(monkeypatch):
+    launch, driver = _launcher(monkeypatch, gemm(M=96, N=80, K=72).ir)
+    launch([torch.empty(0, 72).bfloat16(), torch.randn(72, 80).bfloat16(), torch.empty(0, 80).bfloat16()], [], [2, 0])
+    assert driver.encoded == [] and driver.launches == []

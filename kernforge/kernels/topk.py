@@ -84,8 +84,8 @@ def _next_pow2(n: int) -> int:
            compaction=["group_serial", "tile_scan"])
 def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                 sorted_values: bool = False, return_value: bool = True, tile: int = 1024,
-                group: int = 8, slack: int = 2048, compaction: str = "group_serial",
-                bucket_refine: bool = True, mask_append: bool = True, threads: int = 256):
+                group: int = 16, slack: int = 2048, compaction: str = "group_serial",
+                bucket_refine: bool = True, mask_append: bool = False, threads: int = 256):
     """Top-``k`` of every row of ``x[:, :end[row]]``.
 
     ``compaction`` chooses how a tile's survivors are appended to the buffer;

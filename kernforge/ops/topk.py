@@ -125,18 +125,17 @@ def kernel_params(backend: str, k: int, dtype: str, index_dtype: str, sorted_val
                   return_value: bool) -> dict:
     """The kernel parameters this op uses for one call (shared with the benchmarks).
 
-    CPU: 1024-element tiles in groups of 8 (a survivor-free group costs one vector
-    compare), a buffer slack of ``max(2048, 2k)`` and the 8-lane mask append for
-    float32 (the scalar append for bfloat16, whose 16-bit gathers are slow), measured on
-    ``benchmarks/bench_topk.py``; the interpreter gets small tiles (its cost is per
+    CPU: 1024-element tiles in groups of 16 (a survivor-free group costs one vector
+    compare; a group with survivors is one 16-lane chunk of the append loop, which the
+    CPU backend compresses with AVX-512) and a buffer slack of ``max(2048, 2k)``,
+    measured on ``benchmarks/bench_topk.py``; the interpreter gets small tiles (its cost is per
     statement); GPUs scan whole tiles with the parallel compaction."""
     common = dict(k=k, dtype=dtype, index_dtype=index_dtype, sorted_values=sorted_values,
                   return_value=return_value, compaction=_COMPACTION.get(backend, "tile_scan"))
     if backend == "interp":
         return dict(common, tile=256, group=8, slack=256)
     if backend == "cpu":
-        return dict(common, tile=1024, group=8, slack=max(2048, 2 * k),
-                    mask_append=dtype == "float32")
+        return dict(common, tile=1024, group=16, slack=max(2048, 2 * k), mask_append=False)
     # GPUs: the buffers (six arrays of k + tile + slack) must fit one block's shared memory
     small = k <= 1024
     return dict(common, tile=2048 if small else 1024, group=32, slack=2048 if small else 1024)

@@ -48,16 +48,22 @@ def run(kernel, x, end, offset, k, dtype, itype, rv=True):
     return nan, idx, val
 
 
-@pytest.mark.parametrize("compaction,dtype,k,itype,sorted_values", [
-    ("group_serial", torch.float32, 16, torch.int64, True),
-    ("group_serial", torch.bfloat16, 33, torch.int32, False),
-    ("tile_scan", torch.float32, 33, torch.int32, False),
+# group 16 without the mask append is the CPU default: each group with survivors is one
+# 16-lane chunk of the append idiom (AVX-512 compress), and every buffer compaction is
+# an in-place append loop (vector path under the trailing-counter guard)
+@pytest.mark.parametrize("compaction,dtype,k,itype,sorted_values,extra", [
+    ("group_serial", torch.float32, 16, torch.int64, True, dict(mask_append=True)),
+    ("group_serial", torch.bfloat16, 33, torch.int32, False, dict(mask_append=True)),
+    ("group_serial", torch.float32, 16, torch.int64, True, dict(group=16, mask_append=False)),
+    ("group_serial", torch.float32, 40, torch.int32, False, dict(group=16, mask_append=False)),
+    ("group_serial", torch.bfloat16, 33, torch.int64, False, dict(group=16, mask_append=False)),
+    ("tile_scan", torch.float32, 33, torch.int32, False, {}),
 ])
-def test_both_compactions_match_reference_on_cpu(compaction, dtype, k, itype, sorted_values):
+def test_both_compactions_match_reference_on_cpu(compaction, dtype, k, itype, sorted_values, extra):
     if "cpu" not in BACKENDS:
         pytest.skip("cpu backend not available (no g++)")
     pf = K.topk_select(k=k, dtype=_name(dtype), index_dtype=_name(itype),
-                       sorted_values=sorted_values, compaction=compaction, **SMALL)
+                       sorted_values=sorted_values, compaction=compaction, **dict(SMALL, **extra))
     kernel = kernforge.compile(pf, backend="cpu")
     x, end, offset = rows(dtype)
     nan, idx, val = run(kernel, x, end, offset, k, dtype, itype)
@@ -105,7 +111,7 @@ def test_factory_rejects_bad_parameters():
     with pytest.raises(ValueError, match="multiple of group"):
         K.topk_select(k=4, tile=100, group=16, compaction="tile_scan")
     with pytest.raises(ValueError, match="8-bit group masks"):
-        K.topk_select(k=4, group=16)
+        K.topk_select(k=4, group=16, mask_append=True)
 
 
 def _cuda_backend():

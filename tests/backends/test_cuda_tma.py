@@ -79,6 +79,8 @@ class _RecordingDriver:
     CUresult = SimpleNamespace(CUDA_SUCCESS=0)
     CUtensorMapDataType = CUtensorMapInterleave = CUtensorMapSwizzle = _Names()
     CUtensorMapL2promotion = CUtensorMapFloatOOBfill = CUfunction_attribute = _Names()
+    cuuint64_t = staticmethod(lambda v: ("u64", v))
+    cuuint32_t = staticmethod(lambda v: ("u32", v))
 
     def __init__(self, n_params):
         self.n_params = n_params
@@ -128,11 +130,13 @@ def test_launch_encodes_one_map_per_tma_buffer_and_passes_them_after_the_plain_p
     a, b, c = torch.randn(96, 72).bfloat16(), torch.randn(72, 80).bfloat16(), torch.empty(96, 80).bfloat16()
     launch([a, b, c], [], [2, 2])
     assert launch.last_variant == "tma"
-    common = ([1, 1], "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_NONE",
+    u64 = lambda *v: [("u64", x) for x in v]  # noqa: E731
+    u32 = lambda *v: [("u32", x) for x in v]  # noqa: E731
+    common = (u32(1, 1), "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_NONE",
               "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")
     assert driver.encoded == [
-        ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, a.data_ptr(), [72, 96], [144], [8, 8], *common),
-        ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, b.data_ptr(), [80, 72], [160], [8, 8], *common),
+        ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, a.data_ptr(), u64(72, 96), u64(144), u32(8, 8), *common),
+        ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, b.data_ptr(), u64(80, 72), u64(160), u32(8, 8), *common),
     ]
     (config, handle, slots, values), = driver.launches
     assert handle == "function-handle"
@@ -162,3 +166,19 @@ def test_empty_grid_launches_nothing(monkeypatch):
     launch, driver = _launcher(monkeypatch, gemm(M=96, N=80, K=72).ir)
     launch([torch.empty(0, 72).bfloat16(), torch.randn(72, 80).bfloat16(), torch.empty(0, 80).bfloat16()], [], [2, 0])
     assert driver.encoded == [] and driver.launches == []
+
+
+def test_the_installed_cuda_bindings_accepts_the_encode_arguments():
+    """Argument conversion happens before the driver is reached: without a GPU the call may only
+    fail for want of the driver, never on the types of its arguments."""
+    import pytest
+
+    pytest.importorskip("cuda.bindings.driver")
+    t = torch.randn(96, 72).bfloat16()
+    args = encode_args(TensorMapSpec("kf_tmap_A_0", 0, "A", (8, 8), 2), t)
+    try:
+        cuda_backend.encode_tensor_map(args)
+    except TypeError as e:
+        raise AssertionError(f"cuda-bindings rejected the argument types: {e}") from e
+    except Exception:  # no driver library / no device here
+        pass

@@ -56,8 +56,9 @@ def test_misaligned_data_address_runs_the_cp_async_variant(rng):
     assert "not 16-byte aligned" in launcher.last_fallback_reason
 
 
-def _block_sum(M, K, BM=16, BK=64, dtype="float32"):
-    """out[m, j] = sum_k A[m, k*BK + j]: a pipelined tile no gemm reads (row-major TMA boxes)."""
+def _block_sum(M, K, BM=16, BK=64, dtype="float32", repeats=1):
+    """out[m, j] = repeats * sum_k A[m, k*BK + j]: a pipelined tile no gemm reads (row-major TMA
+    boxes); with repeats > 1 the ring is entered again (its mbarriers invalidated and re-initialised)."""
     import kernforge.dsl as T
 
     @T.prim_func
@@ -66,19 +67,20 @@ def _block_sum(M, K, BM=16, BK=64, dtype="float32"):
             A_s = T.alloc_shared((BM, BK), dtype)
             acc = T.alloc_fragment((BM, BK), "float32")
             T.clear(acc)
-            for k in T.Pipelined(T.ceildiv(K, BK), num_stages=3):
-                T.copy(A[bx * BM, k * BK], A_s)
-                for i, j in T.Parallel(BM, BK):
-                    acc[i, j] = acc[i, j] + A_s[i, j]
+            for r in T.serial(repeats):
+                for k in T.Pipelined(T.ceildiv(K, BK), num_stages=3):
+                    T.copy(A[bx * BM, k * BK], A_s)
+                    for i, j in T.Parallel(BM, BK):
+                        acc[i, j] = acc[i, j] + A_s[i, j]
             T.copy(acc, out[bx * BM, 0])
 
     return block_sum
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float8_e4m3"])
-def test_row_major_tma_boxes_match_the_interpreter(dtype, rng):
+@pytest.mark.parametrize("dtype,repeats", [("float32", 1), ("float8_e4m3", 1), ("float32", 3)])
+def test_row_major_tma_boxes_match_the_interpreter(dtype, repeats, rng):
     M, K = 37, 336  # ragged rows and a partial last column block
-    pf = _block_sum(M, K, dtype=dtype)
+    pf = _block_sum(M, K, dtype=dtype, repeats=repeats)
     program = render_cuda(pf.ir, "sm_90a")
     assert [t.box for t in program.tensor_maps] == [(16, 64)]
     np_dtype = np.float32 if dtype == "float32" else ml_dtypes.float8_e4m3fn

@@ -130,9 +130,11 @@ def encode_tensor_map(args: TensorMapArgs):
     elements read as zero (``FLOAT_OOB_FILL_NONE``); the data type only sets the element size
     (the copy moves bits)."""
     d = _driver()
+    u64, u32 = d.cuuint64_t, d.cuuint32_t  # cuda-bindings takes its own integer wrappers in these lists
     return _ok(d.cuTensorMapEncodeTiled(
-        getattr(d.CUtensorMapDataType, _DATA_TYPE[args.elem_bytes]), args.rank, args.address, list(args.dims),
-        list(args.strides_bytes), list(args.box), [1] * args.rank,
+        getattr(d.CUtensorMapDataType, _DATA_TYPE[args.elem_bytes]), args.rank, args.address,
+        [u64(x) for x in args.dims], [u64(x) for x in args.strides_bytes], [u32(x) for x in args.box],
+        [u32(1)] * args.rank,
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")

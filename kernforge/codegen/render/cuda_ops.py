@@ -498,4 +498,5 @@ def render_tma_pipelined(R, loop: ir.For) -> None:
     for x in rest:
         R.stmt(x)
     R.close()
+    cuda_tma.render_inval(R, bars, S)
     R.pend_w = R.pend_r = True

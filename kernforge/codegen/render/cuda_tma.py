@@ -142,11 +142,21 @@ def plan_tma(R) -> tuple[dict, list[TensorMapSpec]]:
 
 def render_init(R, bars: str, stages: int) -> None:
     """One mbarrier per stage, one arrival (the elected thread's expect_tx) per phase."""
-    R.emit("__syncthreads();  // nobody still waits on these barriers' previous use")
     R.open(f"if ({R.tid} == 0)")
     R.emit(f"for (int kf_s = 0; kf_s < {stages}; ++kf_s) kf::mbarrier_init({bars} + kf_s, 1);")
+    R.emit("kf::mbarrier_init_fence();")
     R.close()
     R.emit("__syncthreads();")
+
+
+def render_inval(R, bars: str, stages: int) -> None:
+    """After the loop: once every thread is past its last wait, the barriers are invalidated, so
+    that entering the loop again initialises fresh objects (re-initialising a live mbarrier is
+    undefined)."""
+    R.emit("__syncthreads();")
+    R.open(f"if ({R.tid} == 0)")
+    R.emit(f"for (int kf_s = 0; kf_s < {stages}; ++kf_s) kf::mbarrier_inval({bars} + kf_s);")
+    R.close()
 
 
 def render_issue(R, tiles: list[TmaTile], stage_expr: str, bar: str) -> None:

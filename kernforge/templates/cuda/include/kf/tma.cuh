@@ -3,7 +3,12 @@
 // Exact semantics (PTX ISA, "mbarrier" and "cp.async.bulk.tensor"):
 //  * mbarrier_init(bar, count): `mbarrier.init.shared::cta.b64 [bar], count;`
 //    the 8-byte shared object `bar` expects `count` arrivals per phase, tx-count 0,
-//    current phase 0.  Other threads may use it after a __syncthreads().
+//    current phase 0.
+//  * mbarrier_init_fence(): `fence.mbarrier_init.release.cluster;` makes the initialising
+//    thread's mbarrier.init visible to the async proxy (the copy engine's complete_tx);
+//    other threads may use the barriers after it and a __syncthreads().
+//  * mbarrier_inval(bar): `mbarrier.inval.shared::cta.b64 [bar];` ends the object's life as a
+//    barrier (required before its memory is initialised again); no thread may still wait on it.
 //  * mbarrier_arrive_expect_tx(bar, bytes):
 //    `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], bytes;` adds `bytes` to the
 //    phase's expected transaction count, then arrives once.  The phase completes when
@@ -35,6 +40,12 @@ KF_DEVICE uint32_t tma_smem_addr(const void* p) { return static_cast<uint32_t>(_
 
 KF_DEVICE void mbarrier_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(tma_smem_addr(bar)), "r"(count) : "memory");
+}
+
+KF_DEVICE void mbarrier_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+KF_DEVICE void mbarrier_inval(uint64_t* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(tma_smem_addr(bar)) : "memory");
 }
 
 KF_DEVICE void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
@@ -82,6 +93,8 @@ KF_DEVICE void tma_load_4d(void* dst, const CUtensorMap* map, int32_t c0, int32_
 namespace kf {
 
 KF_DEVICE void mbarrier_init(uint64_t* bar, uint32_t count) { kf_emu::mbarrier_init(bar, count); }
+KF_DEVICE void mbarrier_init_fence() {}  // one memory view on the host
+KF_DEVICE void mbarrier_inval(uint64_t* bar) { kf_emu::mbarrier_inval(bar); }
 KF_DEVICE void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) { kf_emu::mbarrier_arrive(bar, 1, bytes); }
 KF_DEVICE void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) { kf_emu::mbarrier_wait_parity(bar, parity); }
 

@@ -86,6 +86,15 @@ inline void mbarrier_init(const void* bar, uint32_t count) {
   b->copies->clear();
 }
 
+// mbarrier.inval: the object stops being a barrier (a later use fails as uninitialised)
+// until the next mbarrier.init.
+inline void mbarrier_inval(const void* bar) {
+  Lock g(g_mbarriers.mu);
+  Mbarrier& b = find_locked(smem_addr(bar), "mbarrier.inval");
+  if (b.copies->size()) fail("mbarrier.inval: %zu bulk copies still attached", b.copies->size());
+  b.addr = UINT32_MAX;
+}
+
 inline void mbarrier_expect_tx(const void* bar, uint32_t bytes) {
   Lock g(g_mbarriers.mu);
   find_locked(smem_addr(bar), "mbarrier.expect_tx").tx += bytes;

@@ -7,7 +7,7 @@ Usage::
     python benchmarks/bench_topk.py --backend cpu --repeat 9 --markdown
     python benchmarks/bench_topk.py --quick --cpu-time  # one thread each, CPU seconds
 
-Reports, per shape, both medians, the speedup (torch / ours) and our effective
+Our runs and torch's are interleaved.  Reports, per shape, both medians, the speedup (torch / ours) and our effective
 bandwidth (input bytes read over the valid range + output bytes, DeepSelect's
 metric) against the machine's streaming read bandwidth measured in the same run
 (``torch.sum`` over a buffer far larger than the last-level cache).
@@ -46,13 +46,21 @@ DEEPSELECT = [
 
 
 def median_time(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = CLOCK()
+    return median_times([fn], repeat)[0]
+
+
+def median_times(fns, repeat: int) -> list[float]:
+    """Median time of each of ``fns``, their runs interleaved (a b a b ...), so that
+    load from other processes on the machine hits every side alike."""
+    for fn in fns:
         fn()
-        times.append(CLOCK() - t)
-    return statistics.median(times)
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times):
+            t = CLOCK()
+            fn()
+            ts.append(CLOCK() - t)
+    return [statistics.median(ts) for ts in times]
 
 
 def stream_read_bandwidth(repeat: int) -> float:
@@ -67,9 +75,9 @@ def bench_shape(row, backend: str, repeat: int) -> dict:
     label, b, n, k, dtype, itype, sorted_values, rv = row
     g = torch.Generator().manual_seed(0)
     x = torch.randn((b, n), generator=g).to(dtype)
-    ours = median_time(lambda: topk(x, k, sorted=sorted_values, indices_type=itype, return_value=rv,
-                                    backend=backend), repeat)
-    ref = median_time(lambda: torch.topk(x, k, dim=1, sorted=sorted_values), repeat)
+    ours, ref = median_times([lambda: topk(x, k, sorted=sorted_values, indices_type=itype, return_value=rv,
+                                           backend=backend),
+                              lambda: torch.topk(x, k, dim=1, sorted=sorted_values)], repeat)
     moved = x.numel() * x.element_size() + b * k * (torch.empty((), dtype=itype).element_size()
                                                      + (x.element_size() if rv else 0))
     return dict(label=label, shape=f"{dtype_name(dtype)} [{b}, {n}] k={k}",

@@ -270,3 +270,50 @@ def test_run_pipeline_rejects_a_pass_that_breaks_the_ir():
 
     with pytest.raises(PassError, match="drop_allocations"):
         run_pipeline(tiled_copy().ir, [drop_allocations])
+
+
+# ---------------------------------------------------------------- append idiom recogniser
+
+
+def _append_loops(variant: str):
+    """One loop of the append idiom, or a near miss of it (``variant``)."""
+    dt = "int64" if variant == "wide" else "float32"
+
+    @T.prim_func
+    def k(x: T.Tensor((64,), dt), g: T.Tensor((64,), dt), out: T.Tensor((64,), dt)):
+        with T.Kernel(1, threads=1) as bx:
+            buf = T.alloc_shared((64,), dt)
+            other = T.alloc_shared((64,), dt)
+            cnt = T.alloc_var("int32", 0)
+            for j in T.serial(64):
+                if variant == "global":
+                    g[cnt] = x[j]
+                elif variant == "twice":
+                    buf[cnt] = x[j]
+                    buf[cnt] = x[j] + x[j]
+                elif variant == "shifted_read":
+                    buf[cnt] = buf[T.min(j + 1, 63)]
+                elif variant == "in_place":
+                    buf[cnt] = buf[j]
+                    other[cnt] = x[j]
+                else:
+                    buf[cnt] = x[j]
+                cnt = cnt + T.cast(x[j] > T.cast(0, dt), "int32")
+            for i in T.Parallel(64):
+                out[i] = buf[i] + other[i]
+
+    return [n for n in ir.walk(k.ir.body) if isinstance(n, ir.For)]
+
+
+@pytest.mark.parametrize("variant,matched,trailing", [
+    ("plain", True, False), ("in_place", True, True), ("global", False, None), ("twice", False, None),
+    ("shifted_read", False, None), ("wide", False, None),
+])
+def test_append_recogniser_accepts_only_the_exact_idiom(variant, matched, trailing):
+    from kernforge.codegen.passes.append import match_append
+    (loop,) = _append_loops(variant)
+    found = match_append(loop)
+    assert (found is not None) == matched
+    if matched:
+        assert found.needs_trailing_counter == trailing
+        assert len(found.stores) == (2 if variant == "in_place" else 1)

@@ -656,3 +656,28 @@ def test_append_idiom_matches_the_interpreter_bit_for_bit(dtype, pred, in_place,
     assert int(cpu[2][0]) == c0 + int(np.count_nonzero(kept))
     sel = np.flatnonzero(kept)
     assert np.array_equal(cpu[1][c0:c0 + sel.size], (lo + sel).astype(np.int32))
+
+
+def test_append_idiom_scalar_fallback_without_avx512_matches_the_interpreter():
+    """The same source built with AVX-512 switched off takes the `#else` path (the plain
+    loop) and must give the same bytes as the interpreter."""
+    from kernforge import runtime
+    from kernforge.codegen.render import cpu as cpu_render
+    from kernforge.codegen.render.cpu_backend import CpuLauncher
+
+    kernel = append_kernel("bfloat16", "gt", True).ir
+    src = CpuBackend().source(kernel, None)
+    module = runtime.compile("cpu_append_noavx512", src, backend="cpu",
+                             options=CpuBackend.options + ("-mno-avx512f",), include_dirs=(CpuBackend.include_dir,))
+    scalar = CpuLauncher(kernel, module.get_function(cpu_render.entry_symbol(kernel)))
+    rng = np.random.default_rng(5)
+    n = 300
+    x = rng.standard_normal(n).astype(np.float32).astype(ml_dtypes.bfloat16)
+    poison = np.full(APPEND_CAP, np.nan, np.float32).astype(ml_dtypes.bfloat16)
+    args = [x, poison, np.zeros(APPEND_CAP, ml_dtypes.bfloat16), np.zeros(APPEND_CAP, np.int32),
+            np.full(1, -1, np.int32), 3, 290, 1, 0.25]
+    got = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    scalar(got, [n])
+    _, ref = run_both(append_kernel, dict(dtype="bfloat16", pred="gt", in_place=True), args, (2, 3, 4))
+    for g, want in zip((got[2], got[3], got[4]), ref):
+        assert g.tobytes() == want.tobytes()

@@ -47,7 +47,7 @@ def test_kernel_entry_grid_and_parameters():
     assert "const kf_bf16* A = static_cast<const kf_bf16*>(args[0]);" in src  # read-only -> const
     assert "float* C = static_cast<float*>(args[2]);" in src
     assert "const int32_t M = static_cast<int32_t>(dims[0]);" in src
-    assert "#pragma omp parallel" in src and "#pragma omp for collapse(2)" in src
+    assert "#pragma omp parallel if (kf_grid0 * kf_grid1 > 1)" in src and "#pragma omp for collapse(2)" in src
     # blockIdx.x varies fastest, as on a GPU: by is the outer loop
     assert src.index("for (int32_t by = 0; by < kf_grid1; ++by)") < src.index("for (int32_t bx = 0; bx < kf_grid0")
     assert "((M + 31) / 32)" in src  # non-negative: plain division, no floor helper

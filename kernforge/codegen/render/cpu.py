@@ -2,7 +2,8 @@
 
 How each construct maps onto a CPU (see docs/backends/cpu.md):
 
-* the grid is an OpenMP ``parallel for collapse(n)`` over blocks; a block runs
+* the grid is an OpenMP ``parallel for collapse(n)`` over blocks (a one-block
+  grid stays on the calling thread: ``parallel if``); a block runs
   start to finish on one thread, so statements outside ``Parallel`` simply run
   once and on-chip buffers are private per-thread storage;
 * shared/fragment tiles (and large locals) live in a 64-byte-aligned
@@ -113,6 +114,7 @@ class CpuRenderer(CRenderer):
             "grid_invalid": " || ".join(f"{g} < 0 || {g} > 2147483647" for g in grid_names),
             "err_grid": ERR_GRID, "err_alloc": ERR_ALLOC,
             "grid_rank": rank,
+            "grid_total": " * ".join(grid_names) or "1",
             "schedule": self.schedule,
             "block_loops": [f"for (int32_t {self.names[v]} = 0; {self.names[v]} < {g}; ++{self.names[v]})"
                             for v, g in reversed(list(zip(k.block_vars, grid_names)))],

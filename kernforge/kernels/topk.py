@@ -34,7 +34,6 @@ import functools
 import torch
 
 import kernforge.dsl as T
-from kernforge import dtypes
 from kernforge.kernels.registry import KernelSpec, Problem, register
 
 #: written over a whole row of indices when that row holds a NaN and the caller

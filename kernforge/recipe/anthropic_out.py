@@ -5,22 +5,14 @@ Thinking streams as `thinking_delta` in its own block, closed with a
 """
 import json
 
+from kernforge.recipe.events import StreamEvent, compact_json
+
 STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens",
                 "content_filter": "refusal"}
 
 
-class MessagesStreamEvent:
-    __slots__ = ("data",)
-
-    def __init__(self, data: dict):
-        self.data = data
-
-    @property
-    def type(self) -> str:
-        return self.data["type"]
-
-    def to_json(self) -> str:
-        return json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
+class MessagesStreamEvent(StreamEvent):
+    __slots__ = ()
 
 
 def _usage(prompt, cache_hit, output):
@@ -148,7 +140,7 @@ class MessagesResponse:
         return self.message
 
     def to_json(self) -> str:
-        return json.dumps(self.message, ensure_ascii=False, separators=(",", ":"))
+        return compact_json(self.message)
 
     @staticmethod
     def sse_event_name(event) -> str:

@@ -1,7 +1,7 @@
 """Parser events → Chat Completions `chat.completion.chunk` objects, and their accumulation."""
-import json
 import time
 
+from .events import compact_json as _dumps
 from .parser import ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallStart
 
 
@@ -40,8 +40,6 @@ class ChatCompletionChunk:
         return _dumps(self._data)
 
 
-def _dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def _delta(ev) -> dict:
@@ -165,7 +163,7 @@ class ChatCompletionResponse:
                 "usage": self.usage, "system_fingerprint": self.fingerprint}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        return _dumps(self.to_dict())
 
     @staticmethod
     def sse_event_name(chunk) -> str | None:

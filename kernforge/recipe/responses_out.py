@@ -1,23 +1,14 @@
 """Parser events → OpenAI Responses stream events, numbered by `sequence_number`."""
-import json
+
+from kernforge.recipe.events import StreamEvent, compact_json
 import time
 
 STATUS = {"stop": "completed", "tool_calls": "completed", "length": "incomplete",
           "content_filter": "incomplete"}
 
 
-class ResponsesStreamEvent:
-    __slots__ = ("data",)
-
-    def __init__(self, data: dict):
-        self.data = data
-
-    @property
-    def type(self) -> str:
-        return self.data["type"]
-
-    def to_json(self) -> str:
-        return json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
+class ResponsesStreamEvent(StreamEvent):
+    __slots__ = ()
 
 
 class ResponsesChunkGenerator:
@@ -175,7 +166,7 @@ class ResponsesResponse:
         return self.response
 
     def to_json(self) -> str:
-        return json.dumps(self.response, ensure_ascii=False, separators=(",", ":"))
+        return compact_json(self.response)
 
     @staticmethod
     def sse_event_name(event) -> str:

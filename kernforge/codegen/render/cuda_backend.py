@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 from kernforge.codegen import ir
 from kernforge.codegen.render.cuda import (ARCHS, INCLUDE_DIR, TENSOR_MAP_CTYPE, CudaProgram, arch_info,
                                            render_cuda)
-from kernforge.codegen.render.cuda_tma import TensorMapArgs, encode_args
+from kernforge.codegen.render.cuda_tma import TensorMapArgs, TensorMapLaunch
 from kernforge.jit.backend import BackendError, register
 
 # Part of every cache key: bump when the device library's semantics change without its text changing
@@ -161,7 +161,7 @@ def launch_with_tensor_maps(function, values: Sequence, tensor_maps: Sequence, *
     _ok(d.cuLaunchKernelEx(config, function.handle, ctypes.addressof(pointers), 0), f"launch {function.name}")
 
 
-class CudaLauncher:
+class CudaLauncher(TensorMapLaunch):
     """Launches one compiled kernel: pointers and scalars by value, then the symbol values,
     then (TMA variant) the tensor maps encoded from this call's tensors.
 
@@ -194,13 +194,8 @@ class CudaLauncher:
             self.function.launch(values, grid=grid, block=block, smem_bytes=self.program.dynamic_smem)
             self.last_variant = "cp.async"
             return
-        maps = [encode_args(spec, args[spec.param_index]) for spec in self.program.tensor_maps]
-        reasons = [m for m in maps if isinstance(m, str)]
-        if reasons:
-            if self._fallback_launcher is None:
-                self._fallback_launcher = self._fallback()
-            self._fallback_launcher(args, dims, grid)
-            self.last_variant, self.last_fallback_reason = "cp.async", "; ".join(reasons)
+        maps = self.maps_or_fallback(self.program.tensor_maps, args, dims, grid)
+        if maps is None:
             return
         launch_with_tensor_maps(self.function, values, [encode_tensor_map(m) for m in maps], grid=grid, block=block,
                                 smem_bytes=self.program.dynamic_smem)

@@ -35,6 +35,7 @@ import numpy as np
 
 from kernforge.codegen import ir
 from kernforge.codegen.render.base import CRenderer
+from kernforge.codegen.render.cuda_tma import TensorMapLaunch
 from kernforge.jit import backend as backends
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates" / "cuda"
@@ -185,7 +186,7 @@ _SCALAR_NP = {"int32_t": np.int32, "uint32_t": np.uint32, "int64_t": np.int64, "
               "int16_t": np.int16, "uint16_t": np.uint16, "bool": np.bool_}
 
 
-class EmuLauncher:
+class EmuLauncher(TensorMapLaunch):
     """The Launcher contract (kernforge.jit.backend) over an :class:`EmulatedKernel`.
 
     A TMA kernel (``tensor_maps``) gets its tensor maps encoded from the actual arrays on
@@ -213,18 +214,11 @@ class EmuLauncher:
                 self.scalar_np[p.name] = np_type
 
     def __call__(self, args: Sequence, dims: Sequence[int], grid: Sequence[int]) -> None:
-        from kernforge.codegen.render.cuda_tma import encode_args
-
         packed = []
         for p, a in zip(self.kernel.params, args):
             packed.append(a if isinstance(p, ir.Buffer) else np.array(a, dtype=self.scalar_np[p.name]))
-        maps = [encode_args(spec, args[spec.param_index]) for spec in self.tensor_maps]
-        reasons = [m for m in maps if isinstance(m, str)]
-        if reasons:
-            if self._fallback_launcher is None:
-                self._fallback_launcher = self._fallback()
-            self._fallback_launcher(args, dims, grid)
-            self.last_variant, self.last_fallback_reason = "cp.async", "; ".join(reasons)
+        maps = self.maps_or_fallback(self.tensor_maps, args, dims, grid)
+        if maps is None:
             return
         self.emulated(packed + [m.packed() for m in maps], dims, grid)
         self.last_variant = "tma" if maps else "cp.async"

@@ -221,3 +221,23 @@ def encode_args(spec: TensorMapSpec, tensor) -> Union[TensorMapArgs, str]:
     if any(d >= 1 << 32 for d in dims):
         return f"{spec.buffer} has a dimension of 2^32 elements or more"
     return TensorMapArgs(len(shape), esize, int(address), dims, tuple(out_strides), tuple(reversed(spec.box)))
+
+
+class TensorMapLaunch:
+    """What the GPU and the emulation launchers share about TMA kernels: encode this
+    launch's tensor maps, or (when an argument breaks TMA's alignment rules) run the
+    explicitly rendered cp.async variant instead and record why.  Subclasses provide
+    ``_fallback()`` (build that variant's launcher) and set ``_fallback_launcher = None``,
+    ``last_variant`` and ``last_fallback_reason``."""
+
+    def maps_or_fallback(self, specs, args, dims, grid) -> Optional[list]:
+        """The encoded maps, or None after the cp.async variant has run."""
+        maps = [encode_args(spec, args[spec.param_index]) for spec in specs]
+        reasons = [m for m in maps if isinstance(m, str)]
+        if not reasons:
+            return maps
+        if self._fallback_launcher is None:
+            self._fallback_launcher = self._fallback()
+        self._fallback_launcher(args, dims, grid)
+        self.last_variant, self.last_fallback_reason = "cp.async", "; ".join(reasons)
+        return None

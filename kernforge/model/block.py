@@ -59,9 +59,13 @@ def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
     """X'_k = post_k y + sum_j comb[j, k] X_j (comb rows are sources, columns destinations)."""
     if nx.is_deterministic():
         mixed = nx.sum_terms([comb[:, :, j, :, None] * x[:, :, j, None, :] for j in range(x.shape[2])])
-    else:
-        mixed = torch.einsum("bsjk,bsjd->bskd", comb, x)
-    return post[..., None] * y[:, :, None, :] + mixed
+        return post[..., None] * y[:, :, None, :] + mixed
+    # In place, one source copy at a time: no [b, s, M, M, D] product and no batched 4x4 GEMM
+    # (torch runs those as one tiny matmul per token).
+    out = post[..., None] * y[:, :, None, :]
+    for j in range(x.shape[2]):
+        out.addcmul_(comb[:, :, j, :, None], x[:, :, j, None, :])
+    return out
 
 
 def hc_head(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,

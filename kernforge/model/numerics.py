@@ -174,6 +174,22 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
 
     A stable sort makes the choice a function of the row's values alone, so a
     prefill row (padded with -inf) and a decode row pick the same entries.
+    Sorting whole rows is slow (the indexer scores 256 entries per query), so
+    rows whose k-th largest value is not tied with an unpicked score take the
+    k picks of `torch.topk`, re-sorted among themselves (stable, by index), which
+    yields the same list; only rows with a tie at the boundary sort in full.
     """
+    if k >= scores.shape[-1] or scores.numel() == 0:
+        return _stable_topk(scores, k)
+    values, picks = torch.topk(scores, k, dim=-1)
+    tied = ((scores >= values[..., -1:]).sum(-1) != k) | scores.isnan().any(-1)  # a tie at the k-th value
+    picks = picks.sort(dim=-1).values  # ascending index, so the stable sort below breaks ties by it
+    out = picks.gather(-1, _stable_topk(scores.gather(-1, picks), k))
+    if tied.any():
+        out[tied] = _stable_topk(scores[tied], k)
+    return out
+
+
+def _stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
     return order[..., :k]

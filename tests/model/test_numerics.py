@@ -79,3 +79,21 @@ def test_topk_breaks_ties_towards_lower_index_and_ignores_padding():
     s = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, -math.inf, -math.inf]])
     assert nx.topk_indices(s, 3).tolist() == [[1, 2, 4]]
     assert nx.topk_indices(s[:, :5], 4).tolist() == nx.topk_indices(s, 4).tolist() == [[1, 2, 4, 0]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 40), k_frac=st.floats(0.0, 1.0), levels=st.integers(2, 6), seed=st.integers(0, 2**31 - 1))
+def test_topk_matches_a_python_stable_ranking_with_ties_infs_and_nans(n, k_frac, levels, seed):
+    """The fast path (torch.topk on untied rows) must give the exact list of a stable descending sort."""
+    g = torch.Generator().manual_seed(seed)
+    k = 1 + int(k_frac * (n - 1))
+    s = torch.randint(0, levels, (6, n), generator=g).double() - 1.0  # few levels: many ties
+    s[s == levels - 2] = -math.inf
+    s[0] = torch.randn(n, generator=g, dtype=torch.float64)  # an untied row
+    s[1, int(torch.randint(0, n, (1,), generator=g))] = math.nan
+
+    def rank(v: float) -> float:  # torch orders NaN above everything when sorting descending
+        return math.inf if math.isnan(v) else v
+
+    want = [sorted(range(n), key=lambda i: (-rank(row[i]), i))[:k] for row in s.tolist()]
+    assert nx.topk_indices(s, k).tolist() == want

@@ -4,9 +4,12 @@ Pairs (ratio = subject / peer):
 - rebuild_cache(tail=exact bound) and tail=W vs a full rebuild (same P tokens);
 - deterministic (batch-invariant) forward vs the default forward;
 - one decode step vs one prefill token (per-token cost);
-- per-token cost at the 8 x 1024 capacity vs a 1 x 256 forward.
+- per-token cost at the 8 x 1024 capacity vs a 1 x 256 forward;
+- one full-capacity forward (8 x 1024, fresh caches): wall time next to the
+  process CPU time it used (`--capacity-only` runs just this row, e.g. to time an
+  older checkout of the package, put first on PYTHONPATH, in alternation with this one).
 
-Usage: python benchmarks/bench_model.py [--threads N] [--repeats R] [--json]
+Usage: python benchmarks/bench_model.py [--threads N] [--repeats R] [--json] [--capacity-only]
 """
 
 from __future__ import annotations
@@ -31,16 +34,37 @@ def _time(fn, repeats: int) -> float:
     return statistics.median(samples)
 
 
+def _time_wall_and_cpu(fn, repeats: int) -> tuple[float, float]:
+    """Medians of wall and process CPU seconds; on a shared machine CPU time is the steadier one."""
+    fn()  # warm-up
+    walls, cpus = [], []
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    return statistics.median(walls), statistics.median(cpus)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--capacity-only", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     model = random_model(tiny(), seed=0)
     rows = []
+
+    cap = torch.randint(0, 512, (8, 1024), generator=g)
+    with torch.inference_mode():
+        wall, cpu = _time_wall_and_cpu(lambda: model(cap), args.repeats)
+    rows.append(("forward 8x1024 wall (inference_mode)", wall, "same forward, process CPU time", cpu))
+    if args.capacity_only:
+        _report(rows, args)
+        return
 
     ids = torch.randint(0, 512, (1, 1000), generator=g)
     length = ids.shape[1]
@@ -57,7 +81,6 @@ def main() -> None:
         det = _time(lambda: model(small), args.repeats)
     rows.append(("forward 4x64 deterministic", det, "forward 4x64 default", base))
 
-    cap = torch.randint(0, 512, (8, 1024), generator=g)
     t_cap = _time(lambda: model(cap), max(1, args.repeats // 2))
     one = torch.randint(0, 512, (1, 256), generator=g)
     t_one = _time(lambda: model(one), args.repeats)
@@ -74,6 +97,10 @@ def main() -> None:
     rows.append(("decode step (batch 1, pos 512)", t_dec, "prefill per token (1x512)",
                  _time(lambda: model(prompt), args.repeats) / 512))
 
+    _report(rows, args)
+
+
+def _report(rows, args) -> None:
     if args.json:
         print(json.dumps([dict(zip(("case", "seconds", "peer", "peer_seconds"), r)) for r in rows]))
         return

@@ -22,7 +22,7 @@ from kernforge.model.primitives import RMSNorm, RopeTable
 def hc_mixes(x: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
     """m = (fn . flat(X)) * rms(flat(X))^-1 -> [b, s, rows of fn]."""
     flat = x.flatten(2)
-    return nx.linear(flat, fn.to(x.dtype)) * nx.rsqrt(nx.mean(flat * flat, -1, keepdim=True) + norm_eps)
+    return nx.linear(flat, fn.to(x.dtype)) * nx.rsqrt(nx.mean_square(flat, -1, keepdim=True) + norm_eps)
 
 
 def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:

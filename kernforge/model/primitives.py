@@ -73,7 +73,7 @@ class RMSNorm(nn.Module):
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x * (mean(x^2) + eps)^-1/2 over the last dim, without a weight."""
-    return x * nx.rsqrt(nx.mean(x * x, dim=-1, keepdim=True) + eps)
+    return x * nx.rsqrt(nx.mean_square(x, dim=-1, keepdim=True) + eps)
 
 
 def rope_frequencies(rope_dim: int, base: float, yarn_original_len: int = 0, factor: float = 1.0,

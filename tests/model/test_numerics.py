@@ -97,3 +97,15 @@ def test_topk_matches_a_python_stable_ranking_with_ties_infs_and_nans(n, k_frac,
 
     want = [sorted(range(n), key=lambda i: (-rank(row[i]), i))[:k] for row in s.tolist()]
     assert nx.topk_indices(s, k).tolist() == want
+
+
+@pytest.mark.parametrize("det", [False, True])
+def test_mean_square_matches_float64(det):
+    x = torch.randn(3, 7, 1024, generator=torch.Generator().manual_seed(5)) * 3.0
+    x[0, 0] = 0.0  # an all-zero row gives exactly zero
+    ref = (x.double() ** 2).mean(-1, keepdim=True)
+    with deterministic(det):
+        got = nx.mean_square(x, -1, keepdim=True)
+    assert got.shape == (3, 7, 1) and got.dtype == torch.float32
+    assert got[0, 0].item() == 0.0
+    assert torch.allclose(got.double(), ref, rtol=1e-5, atol=0)

@@ -15,6 +15,8 @@ tail replay simply looks shorter.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -25,13 +27,68 @@ from kernforge.model.primitives import Linear, RMSNorm, RopeTable, rms_normalize
 from kernforge.model.quant import fake_quant_fp8
 
 
-def sparse_attention(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]], sink: torch.Tensor,
+@dataclass(frozen=True)
+class WindowBand:
+    """The sliding-window candidates without a [b, s, W, d] copy: query i sees rows i..i+W-1 of `seq`.
+
+    seq [b, s + W - 1, d] holds the W-1 positions before the first query (any
+    values where invalid) followed by the new tokens. A per-query gather would
+    write W copies of every key; instead queries go in blocks of W, each block
+    does one dense product with the 2W rows it can touch, and the band is
+    picked out of (or scattered into) that block. The extra entries only ever
+    meet exact zeros, so the result is the per-query dot products.
+    """
+    seq: torch.Tensor
+    width: int
+
+    def per_query(self) -> torch.Tensor:
+        """The materialised [b, s, W, d] candidates (deterministic mode's tree sums need them)."""
+        return self.seq.unfold(1, self.width, 1).transpose(-1, -2)
+
+    def _blocks(self, s: int) -> tuple[torch.Tensor, int]:
+        """Keys per query block [b, n_blocks, d, 2W] and the block count (queries padded to n_blocks*W)."""
+        w = self.width
+        n_blocks = -(-s // w)
+        seq = nn.functional.pad(self.seq, (0, 0, 0, (n_blocks + 1) * w - self.seq.shape[1]))
+        return seq.unfold(1, 2 * w, w)[:, :n_blocks].contiguous(), n_blocks
+
+    def _band_index(self, b: int, n_blocks: int, h: int) -> torch.Tensor:
+        """Column of key j for block row i: i + j, expanded to [b, n_blocks, W, h, W]."""
+        w = self.width
+        band = torch.arange(w, device=self.seq.device)[:, None] + torch.arange(w, device=self.seq.device)
+        return band[None, None, :, None, :].expand(b, n_blocks, w, h, w)
+
+    def scores(self, q: torch.Tensor) -> torch.Tensor:
+        """q [b, s, h, d] -> q.key for each window slot [b, s, h, W]."""
+        b, s, h, d = q.shape
+        w = self.width
+        keys, n_blocks = self._blocks(s)
+        qb = nn.functional.pad(q, (0, 0, 0, 0, 0, n_blocks * w - s)).reshape(b, n_blocks, w * h, d)
+        dense = torch.matmul(qb, keys).view(b, n_blocks, w, h, 2 * w)
+        picked = dense.gather(-1, self._band_index(b, n_blocks, h))
+        return picked.reshape(b, n_blocks * w, h, w)[:, :s]
+
+    def weighted(self, p: torch.Tensor) -> torch.Tensor:
+        """p [b, s, h, W] -> sum over window slots of p * key, [b, s, h, d]."""
+        b, s, h, _ = p.shape
+        w = self.width
+        keys, n_blocks = self._blocks(s)
+        pb = nn.functional.pad(p, (0, 0, 0, 0, 0, n_blocks * w - s)).view(b, n_blocks, w, h, w)
+        dense = p.new_zeros(b, n_blocks, w, h, 2 * w).scatter_(-1, self._band_index(b, n_blocks, h), pb)
+        out = torch.matmul(dense.view(b, n_blocks, w * h, 2 * w), keys.transpose(-1, -2))
+        return out.view(b, n_blocks * w, h, -1)[:, :s]
+
+
+Candidates = torch.Tensor | WindowBand
+
+
+def sparse_attention(q: torch.Tensor, parts: list[tuple[Candidates, torch.Tensor]], sink: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """o = sum_j p_j v_j with p_j = e^{l_j} / (sum e^{l} + e^{sink_h}), l_j = q.v_j * scale.
 
     q [b, s, h, d]; sink [h]. The candidates come in parts (kv, valid): kv is
     [b, s, c, d] (per query) or [b, c, d] (shared by every query), key = value;
-    valid broadcasts to [b, s, c]. The sink logit is not scaled; it only
+    valid broadcasts to [b, s, c]; or a WindowBand (c = W). The sink logit is not scaled; it only
     enlarges the denominator. Invalid candidates get probability 0.
     """
     logits = torch.cat([_scores(q, kv).masked_fill(~valid[:, :, None], float("-inf")) for kv, valid in parts],
@@ -42,22 +99,30 @@ def sparse_attention(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tens
     p = e / (nx.tree_sum(e, -1, keepdim=True) + nx.exp(sink - top))
     outs, start = [], 0
     for kv, _ in parts:
-        count = kv.shape[-2]
+        count = kv.width if isinstance(kv, WindowBand) else kv.shape[-2]
         outs.append(_weighted(p[..., start:start + count], kv))
         start += count
     return nx.sum_terms(outs)
 
 
-def _scores(q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+def _scores(q: torch.Tensor, kv: Candidates) -> torch.Tensor:
     """q.kv for each head and candidate -> [b, s, h, c]."""
+    if isinstance(kv, WindowBand):
+        if not nx.is_deterministic():
+            return kv.scores(q)
+        kv = kv.per_query()
     if nx.is_deterministic():
         kv = kv[:, :, None] if kv.dim() == 4 else kv[:, None, None]
         return nx.tree_sum(q[:, :, :, None, :] * kv, dim=-1)
     return torch.einsum("bshd,bscd->bshc" if kv.dim() == 4 else "bshd,bcd->bshc", q, kv)
 
 
-def _weighted(p: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+def _weighted(p: torch.Tensor, kv: Candidates) -> torch.Tensor:
     """sum_c p[b, s, h, c] kv[..., c, :] -> [b, s, h, d]."""
+    if isinstance(kv, WindowBand):
+        if not nx.is_deterministic():
+            return kv.weighted(p)
+        kv = kv.per_query()
     if nx.is_deterministic():
         kv = kv[:, :, None] if kv.dim() == 4 else kv[:, None, None]
         return nx.tree_sum(p[..., None] * kv, dim=3)
@@ -121,8 +186,8 @@ class Attention(nn.Module):
         o = self.rope.rotate(o, positions, inverse=True)
         return self.wo_b(self._grouped_wo_a(o))
 
-    def _window_candidates(self, kv: torch.Tensor, start_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """[b, s, W, d] window KV for each new query, oldest first, and its validity [1, s, W]."""
+    def _window_candidates(self, kv: torch.Tensor, start_pos: int) -> tuple[WindowBand, torch.Tensor]:
+        """The window KV of each new query (oldest first) as a band, and its validity [1, s, W]."""
         b, s, _ = kv.shape
         w = self.window
         back = min(start_pos, w - 1)  # earlier positions that still fall in some window
@@ -133,7 +198,8 @@ class Attention(nn.Module):
         seq_ok = torch.cat([old_ok, torch.ones(s, dtype=torch.bool, device=kv.device)])
         idx = back + torch.arange(s, device=kv.device)[:, None] - (w - 1) + torch.arange(w, device=kv.device)
         ok = (idx >= 0) & seq_ok[idx.clamp(min=0)]
-        return seq_kv[:, idx.clamp(min=0)], ok[None]
+        front = seq_kv.new_zeros(b, w - 1 - back, seq_kv.shape[-1])  # slots before position 0: invalid
+        return WindowBand(torch.cat([front, seq_kv], dim=1), w), ok[None]
 
     def _compressed_candidates(self, picks: torch.Tensor | None, positions: torch.Tensor,
                                b: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from kernforge.model import deterministic, random_model, tiny
-from kernforge.model.attention import sparse_attention
+from kernforge.model.attention import WindowBand, sparse_attention
 from kernforge.model.block import hc_post, hc_pre, sinkhorn
 from kernforge.model.primitives import hadamard
 from kernforge.model.quant import fake_quant_fp4
@@ -119,6 +119,27 @@ def test_sparse_attention_with_sink_matches_loop(det):
                 e = torch.exp(v @ q[b, s, h] * 0.3)
                 p = e / (e.sum() + torch.exp(sink[h]))
                 torch.testing.assert_close(got[b, s, h], p @ v, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("det", [False, True])
+@pytest.mark.parametrize("s, w", [(1, 4), (5, 4), (8, 4), (37, 16), (16, 1)])
+def test_window_band_matches_per_query_slices(det, s, w):
+    """The blocked band products equal dot products with each query's own W rows (incl. s % W != 0)."""
+    g = torch.Generator().manual_seed(s * 31 + w)
+    q = torch.randn(2, s, 3, 8, dtype=torch.float64, generator=g)
+    seq = torch.randn(2, s + w - 1, 8, dtype=torch.float64, generator=g)
+    valid = torch.rand(1, s, w, generator=g) > 0.3
+    valid[..., -1] = True
+    sink = torch.randn(3, dtype=torch.float64, generator=g)
+    with deterministic(det):
+        got = sparse_attention(q, [(WindowBand(seq, w), valid)], sink, 0.5)
+    for b in range(2):
+        for t in range(s):
+            v = seq[b, t:t + w][valid[0, t]]
+            for h in range(3):
+                e = torch.exp(v @ q[b, t, h] * 0.5)
+                p = e / (e.sum() + torch.exp(sink[h]))
+                torch.testing.assert_close(got[b, t, h], p @ v, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("layer, length", [(2, 290), (3, 45)])

@@ -85,6 +85,7 @@ class CompiledKernel:
         self._grid = [arith.compile_int(g) for g in self.ir.grid]
         self._shape = {p: [arith.compile_int(d) for d in p.shape] for p in self.ir.buffer_params}
         self._strides = {p: [arith.compile_int(d) for d in p.strides] for p in self.ir.buffer_params}
+        self._plans: dict = {}
         self.launcher = self.backend.build(self.ir, arch)
 
     @property
@@ -96,6 +97,34 @@ class CompiledKernel:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args):
+        params = self.ir.params
+        key = _signature(args)
+        plan = self._plans.get(key) if key is not None else None
+        if plan is None:
+            plan = self._plan(args)
+            if key is not None:
+                if len(self._plans) >= _PLAN_CACHE_SIZE:
+                    self._plans.clear()
+                self._plans[key] = plan
+        dims, grid, out_shapes, use_torch = plan
+        it = iter(args)
+        full = [None if i in self.out_idx else next(it) for i in range(len(params))]
+        for i, shape in zip(self.out_idx, out_shapes):
+            full[i] = self._empty(params[i], shape, use_torch)
+        if all(g > 0 for g in grid):
+            launch_args = [self._device_view(a) if isinstance(p, ir.Buffer) else a
+                           for p, a in zip(params, full)]
+            self.launcher(launch_args, dims, grid)
+        outs = [full[i] for i in self.out_idx]
+        if not outs:
+            return None
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _plan(self, args) -> tuple:
+        """Check every argument against the IR and work out the launch: symbol values,
+        grid and output shapes.  Memoised by the arguments' signature (dtype, shape,
+        strides, device, scalar values), which is everything the checks depend on, so an
+        inference loop that repeats shapes pays for the checks once."""
         params = self.ir.params
         expected = len(params) - len(self.out_idx)
         if len(args) != expected:
@@ -113,21 +142,16 @@ class CompiledKernel:
                 self._bind_buffer(p, a, env)
             else:
                 env[p] = self._check_scalar(p, a)
+        out_shapes = []
         for i in self.out_idx:
-            full[i] = self._allocate(params[i], env, use_torch)
-            self._bind_buffer(params[i], full[i], env)
+            shape = self._out_shape(params[i], env)
+            self._bind_buffer(params[i], self._empty(params[i], shape, use_torch), env)
+            out_shapes.append(shape)
         dims = [env[s] for s in self.ir.symbols]
         grid = [g(env) for g in self._grid]
         if any(g < 0 for g in grid):
             raise ShapeError(f"{self.name}: negative grid {grid} for these shapes")
-        if all(g > 0 for g in grid):
-            launch_args = [self._device_view(a) if isinstance(p, ir.Buffer) else a
-                           for p, a in zip(params, full)]
-            self.launcher(launch_args, dims, grid)
-        outs = [full[i] for i in self.out_idx]
-        if not outs:
-            return None
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return dims, grid, tuple(out_shapes), use_torch
 
     def _bind_buffer(self, p: ir.Buffer, a, env: dict) -> None:
         where = f"{self.name}: parameter {p.name!r}"
@@ -198,12 +222,14 @@ class CompiledKernel:
             raise ArgumentError(f"scalar parameter {p.name!r} ({p.dtype}) got {a!r}")
         return float(a)
 
-    def _allocate(self, p: ir.Buffer, env: dict, use_torch: bool):
+    def _out_shape(self, p: ir.Buffer, env: dict) -> tuple:
         try:
-            shape = tuple(fn(env) for fn in self._shape[p])
+            return tuple(fn(env) for fn in self._shape[p])
         except ir.KernelError:
             raise ShapeError(f"{self.name}: cannot infer the shape {_fmt(p.shape)} of output "
                              f"{p.name!r} from the inputs") from None
+
+    def _empty(self, p: ir.Buffer, shape: tuple, use_torch: bool):
         if use_torch:
             import torch
 
@@ -218,6 +244,24 @@ class CompiledKernel:
 
     def __repr__(self) -> str:
         return f"<CompiledKernel {self.name} backend={self.backend_name}>"
+
+
+_PLAN_CACHE_SIZE = 64
+
+
+def _signature(args) -> Optional[tuple]:
+    """What the argument checks depend on, as a hashable key (None: not memoisable)."""
+    key = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            key.append((a.dtype, a.shape, a.strides))
+        elif _is_torch(a) and hasattr(a, "stride"):
+            key.append((a.dtype, tuple(a.shape), a.stride(), a.device))
+        elif isinstance(a, (bool, int, float)):
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
 
 
 def _fmt(exprs) -> str:

@@ -106,3 +106,29 @@ def test_runtime_if_on_block_uniform_value():
     a = np.zeros(6, np.int32)
     kernforge.compile(k)(a, 4)
     np.testing.assert_array_equal(a, [0, 10, 20, 30, -1, -1])
+
+
+def test_repeated_calls_reuse_the_checks_but_never_skip_them():
+    """The argument checks are memoised by signature: a repeat call with the same shapes
+    skips them, but any change of dtype, shape or stride is checked again."""
+    import torch
+
+    n = T.symbolic("n")
+
+    @T.prim_func
+    def k(A: T.Tensor((n,), "float32"), B: T.Tensor((n,), "float32")):
+        with T.Kernel(1) as bx:
+            for i in T.Parallel(4):
+                if i < A.shape[0]:
+                    B[i] = A[i] + 1.0
+    kern = kernforge.compile(k)
+    a, b = torch.arange(4.0), torch.full((4,), float("nan"))
+    kern(a, b)
+    kern(a, b)
+    assert len(kern._plans) == 1 and torch.equal(b, a + 1)
+    with pytest.raises(kernforge.ShapeError):
+        kern(a, torch.empty(3))
+    with pytest.raises(kernforge.ArgumentError):
+        kern(a.double(), b.double())
+    with pytest.raises(kernforge.ShapeError):
+        kern(torch.arange(8.0)[::2], b)

@@ -210,16 +210,6 @@ def dequantize(data: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) 
 _RUNTIME_SIZES = ("group_rows", "alignment")
 
 
-def _specialise(**params):
-    """Problem params -> kernel: the per-expert row counts only shape ``make_inputs``."""
-    return m_grouped_gemm_nt_contiguous(**{k: v for k, v in params.items()
-                                           if k not in _RUNTIME_SIZES})
-
-
-_specialise.space = m_grouped_gemm_nt_contiguous.space
-_specialise.__name__ = m_grouped_gemm_nt_contiguous.name
-
-
 def contiguous_layout(group_rows: list[int], alignment: int, device="cpu") -> torch.Tensor:
     """``m_indices`` for experts with ``group_rows`` rows: each segment padded with ``-1``
     up to a multiple of ``alignment`` (DeepGEMM's contiguous layout)."""
@@ -286,7 +276,8 @@ SPEC = register(KernelSpec(
     name="m_grouped_gemm_nt_contiguous",
     family="grouped_gemm",
     description="DeepGEMM-style MoE grouped GEMM, contiguous layout (m_indices), bf16 in, fp32 accum",
-    factory=_specialise,
+    factory=m_grouped_gemm_nt_contiguous,
+    runtime_sizes=_RUNTIME_SIZES,
     problems={
         # an expert with no rows, unaligned row counts, N/K not multiples of the tiles
         "small": Problem("small", dict(group_rows=[5, 0, 70, 32], alignment=32, num_groups=4,
@@ -306,16 +297,6 @@ SPEC = register(KernelSpec(
     bytes=_bytes,
     tags=("moe", "gemm"),
 ))
-
-
-
-def _specialise_fp8(**params):
-    return m_grouped_fp8_gemm_nt_contiguous(**{k: v for k, v in params.items()
-                                               if k not in _RUNTIME_SIZES})
-
-
-_specialise_fp8.space = m_grouped_fp8_gemm_nt_contiguous.space
-_specialise_fp8.__name__ = m_grouped_fp8_gemm_nt_contiguous.name
 
 
 def make_inputs_fp8(params: dict, seed: int, device: str = "cpu") -> list:
@@ -343,7 +324,8 @@ SPEC_FP8 = register(KernelSpec(
     name="m_grouped_fp8_gemm_nt_contiguous",
     family="grouped_gemm",
     description="DeepGEMM-style MoE grouped GEMM, fp8 e4m3 with 1x128 / 128x128 float32 scales",
-    factory=_specialise_fp8,
+    factory=m_grouped_fp8_gemm_nt_contiguous,
+    runtime_sizes=_RUNTIME_SIZES,
     problems={
         "small": Problem("small", dict(group_rows=[40, 0, 9], alignment=32, num_groups=3,
                                        N=160, K=200, block_M=32, block_N=64)),
@@ -364,15 +346,6 @@ SPEC_FP8 = register(KernelSpec(
 
 
 _MASKED_RUNTIME_SIZES = ("masked_rows", "max_m")
-
-
-def _specialise_masked(**params):
-    return m_grouped_gemm_nt_masked(**{k: v for k, v in params.items()
-                                       if k not in _MASKED_RUNTIME_SIZES})
-
-
-_specialise_masked.space = m_grouped_gemm_nt_masked.space
-_specialise_masked.__name__ = m_grouped_gemm_nt_masked.name
 
 
 def make_inputs_masked(params: dict, seed: int, device: str = "cpu") -> list:
@@ -400,7 +373,8 @@ SPEC_MASKED = register(KernelSpec(
     name="m_grouped_gemm_nt_masked",
     family="grouped_gemm",
     description="DeepGEMM-style MoE grouped GEMM, masked layout (decode): rows < masked_m[g]",
-    factory=_specialise_masked,
+    factory=m_grouped_gemm_nt_masked,
+    runtime_sizes=_MASKED_RUNTIME_SIZES,
     problems={
         "small": Problem("small", dict(masked_rows=[70, 0, 33], max_m=72, num_groups=3, N=36,
                                        K=40, block_M=32, block_N=32, block_K=32)),

@@ -504,15 +504,6 @@ _RUNTIME_SIZES = ("batch", "seqlens")
 UNUSED_BLOCK = 2147480000   # FlashMLA's tests put this in unused block_table slots
 
 
-def _specialise(**params):
-    """Problem params -> kernel: the runtime sizes only shape ``make_inputs``."""
-    return mla_decode(**{k: v for k, v in params.items() if k not in _RUNTIME_SIZES})
-
-
-_specialise.space = mla_decode.space
-_specialise.__name__ = mla_decode.name
-
-
 def make_cache(seqlens: list[int], page_size: int, heads_kv: int, dim: int, gen: torch.Generator,
                dtype=torch.bfloat16, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """A shuffled paged cache for ``seqlens``: ``(kv_cache [pages, page, h_kv, dim], block_table)``.
@@ -618,7 +609,8 @@ SPEC = register(KernelSpec(
     name="mla_decode",
     family="mla_decode",
     description="FlashMLA-style dense paged MLA decode: online softmax, bf16 in, fp32 accum, out + lse",
-    factory=_specialise,
+    factory=mla_decode,
+    runtime_sizes=_RUNTIME_SIZES,
     problems={
         # V4 tiny test geometry (head_dim 96 = 64 value + 32 rope), MTP with causal mask
         "small": Problem("small", dict(batch=2, seqlens=[37, 5], heads=8, heads_kv=1, seq_q=2,
@@ -641,14 +633,6 @@ SPEC = register(KernelSpec(
 
 
 _SPARSE_RUNTIME_SIZES = ("batch", "num_tokens", "topk_lengths")
-
-
-def _specialise_sparse(**params):
-    return mla_decode_sparse(**{k: v for k, v in params.items() if k not in _SPARSE_RUNTIME_SIZES})
-
-
-_specialise_sparse.space = mla_decode_sparse.space
-_specialise_sparse.__name__ = mla_decode_sparse.name
 
 
 def make_inputs_sparse(params: dict, seed: int, device: str = "cpu") -> list:
@@ -690,7 +674,8 @@ SPEC_SPARSE = register(KernelSpec(
     name="mla_decode_sparse",
     family="mla_decode",
     description="Sparse (index-selected, DSA) MLA decode with topk_length and attention sink",
-    factory=_specialise_sparse,
+    factory=mla_decode_sparse,
+    runtime_sizes=_SPARSE_RUNTIME_SIZES,
     problems={
         "small": Problem("small", dict(batch=2, num_tokens=90, topk_lengths=[24, 11], heads=8,
                                        topk=24, seq_q=2, dim=96, dim_v=64, block_N=16, block_H=8)),

@@ -29,6 +29,9 @@ class KernelSpec:
 
     * ``factory``: a ``@T.tunable`` KernelFactory (or a function of params
       returning a PrimFunc).
+    * ``runtime_sizes``: problem keys that only size the inputs (batch, sequence
+      lengths, rows per expert) and are not compile-time parameters; the spec's
+      ``factory`` drops them, so every tool can pass a problem's params whole.
     * ``problems``: named sizes; ``"small"`` is used by tests and emulation,
       ``"demo"`` by ``kernforge demo``/``run``, ``"bench"`` by benchmarks.
     * ``make_inputs(params, seed, device)`` -> list of torch tensors in the
@@ -52,6 +55,26 @@ class KernelSpec:
     flops: Optional[Callable] = None  # params -> flop count, for reports
     bytes: Optional[Callable] = None  # params -> bytes moved, for reports
     tags: tuple[str, ...] = field(default_factory=tuple)
+    runtime_sizes: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.runtime_sizes:
+            object.__setattr__(self, "factory", _DropSizes(self.factory, self.runtime_sizes))
+
+
+class _DropSizes:
+    """A kernel factory called with a whole problem: the runtime sizes are removed before
+    the compile-time parameters reach it.  Keeps the factory's tuning space visible."""
+
+    def __init__(self, factory: Callable, sizes: tuple[str, ...]):
+        self.factory = factory
+        self.sizes = frozenset(sizes)
+        self.space = getattr(factory, "space", {})
+        self.name = getattr(factory, "name", getattr(factory, "__name__", "kernel"))
+        self.__module__ = getattr(factory, "fn", factory).__module__
+
+    def __call__(self, **params):
+        return self.factory(**{k: v for k, v in params.items() if k not in self.sizes})
 
 
 _SPECS: dict[str, KernelSpec] = {}

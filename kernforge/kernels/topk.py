@@ -449,11 +449,6 @@ def reference(x: torch.Tensor, k: int, end=None, sorted_values: bool = False,
 # ---------------------------------------------------------------- catalogue
 
 
-def topk_problem(batch: int, vocab: int, **kernel_params):
-    """The spec's factory: problem sizes (for inputs) plus the kernel's own parameters."""
-    return topk_select(**kernel_params)
-
-
 def _make_inputs(params, seed, device):
     g = torch.Generator().manual_seed(seed)
     b, n, k = params["batch"], params["vocab"], params["k"]
@@ -505,7 +500,8 @@ register(KernelSpec(
     name="topk_fp32",
     family="topk",
     description="TopK select over float32 rows (the sampler path), values sorted descending",
-    factory=topk_problem,
+    factory=topk_select,
+    runtime_sizes=("batch", "vocab"),
     problems=_problems(dtype="float32", index_dtype="int64", sorted_values=True),
     make_inputs=_make_inputs,
     outputs=(5, 6, 7),
@@ -519,7 +515,8 @@ register(KernelSpec(
     name="topk_bf16",
     family="topk",
     description="TopK select over bfloat16 rows (the DSA lightning-indexer path), int32 indices",
-    factory=topk_problem,
+    factory=topk_select,
+    runtime_sizes=("batch", "vocab"),
     problems=_problems(dtype="bfloat16", index_dtype="int32"),
     make_inputs=_make_inputs,
     outputs=(5, 6, 7),

@@ -86,6 +86,7 @@ class Op(enum.Enum):
     CUMSUM = "cumsum"
     ATOMIC_ADD = "atomic_add"
     ATOMIC_MAX = "atomic_max"
+    ONLINE_SOFTMAX = "online_softmax"
 
 
 COMPARISONS = frozenset({Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE})
@@ -480,6 +481,36 @@ class Atomic(Stmt):
     indices: tuple[Expr, ...]
     value: Expr
     loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class OnlineSoftmax(Stmt):
+    """One tile step of a streaming (online) softmax over the rows of ``scores``.
+
+    ``scores`` (M, N) holds a tile of raw scores (``-inf`` = masked) and receives the
+    tile's unnormalised probabilities; ``row_max`` and ``row_sum`` (M,) are the running
+    max and sum across tiles; ``rescale`` (M,) receives the factor earlier accumulations
+    must be multiplied by.  With ``s = scale_log2`` (the softmax scale times log2(e)):
+
+    * ``m = max(row_max, max_j scores)`` (NaN-propagating), ``shift = 0 if m == -inf else m``
+      (a row that has seen only masked keys stays at ``-inf`` and yields 0, not NaN);
+    * ``rescale = exp2((row_max - shift) * s)``, ``scores = exp2((scores - shift) * s)``;
+    * ``row_sum = row_sum * rescale + sum_j scores``, ``row_max = m``.
+
+    A *composite* op: :func:`kernforge.codegen.passes.composites.expand_online_softmax`
+    spells it in Copy/Reduce/Parallel for backends without a native lowering; the CUDA
+    renderer calls ``kf::online_softmax_step`` (``kf/softmax.cuh``)."""
+
+    scores: Buffer
+    row_max: Buffer
+    row_sum: Buffer
+    rescale: Buffer
+    scale_log2: Expr
+    loc: Optional[SourceLoc] = _LOC
+
+
+#: tile ops that passes.composites can spell in primitive statements
+COMPOSITES = (OnlineSoftmax,)
 
 
 @dataclass(eq=False)

@@ -64,6 +64,9 @@ def _lines(s: ir.Stmt, depth: int) -> list[str]:
         return [f"{pad}{s.op.value} {s.src.name} -> {s.dst.name} dim={s.dim} clear={s.clear}"]
     if isinstance(s, ir.Cumsum):
         return [f"{pad}cumsum {s.src.name} -> {s.dst.name} dim={s.dim} reverse={s.reverse}"]
+    if isinstance(s, ir.OnlineSoftmax):
+        return [f"{pad}online_softmax {s.scores.name} max={s.row_max.name} sum={s.row_sum.name} "
+                f"rescale={s.rescale.name} scale_log2={format_expr(s.scale_log2)}"]
     if isinstance(s, ir.Atomic):
         idx = ", ".join(format_expr(i) for i in s.indices)
         return [f"{pad}{s.op.value} {s.buffer.name}[{idx}] <- {format_expr(s.value)}"]

@@ -6,6 +6,7 @@ hand-built or transformed kernel can never reach a renderer malformed.
 """
 from __future__ import annotations
 
+from kernforge import dtypes
 from kernforge.codegen import ir
 
 
@@ -107,8 +108,30 @@ class _Verifier:
         elif isinstance(s, (ir.Reduce, ir.Cumsum)):
             self.live(s.src, s)
             self.live(s.dst, s)
+        elif isinstance(s, ir.OnlineSoftmax):
+            self.online_softmax(s)
         else:
             self.fail(f"unknown statement {type(s).__name__}", s)
+
+    def online_softmax(self, s: ir.OnlineSoftmax):
+        if self.in_parallel:
+            self.fail("online_softmax inside a parallel loop (it is a whole-tile step)", s)
+        bufs = (s.scores, s.row_max, s.row_sum, s.rescale)
+        for b in bufs:
+            self.live(b, s)
+            if b.scope == ir.Scope.GLOBAL or b.dtype != dtypes.float32:
+                self.fail(f"online_softmax operand {b.name} must be a float32 shared/fragment tile, "
+                          f"is {b.scope.value} {b.dtype}", s)
+        if s.scores.ndim != 2:
+            self.fail(f"online_softmax scores {s.scores.name} must be 2-D, is {s.scores.static_shape()}", s)
+        rows = s.scores.static_shape()[0]
+        for b in bufs[1:]:
+            if b.static_shape() != (rows,):
+                self.fail(f"online_softmax row vector {b.name}{b.static_shape()} does not match the "
+                          f"{rows} rows of {s.scores.name}", s)
+        self.expr(s.scale_log2, s)
+        if not s.scale_log2.dtype.is_float:
+            self.fail(f"online_softmax scale_log2 {s.scale_log2} is {s.scale_log2.dtype}, not a float", s)
 
     def scoped(self, vars_, body):
         self.vars.update(vars_)

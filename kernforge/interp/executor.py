@@ -21,6 +21,7 @@ import numpy as np
 
 from kernforge import dtypes
 from kernforge.codegen import ir
+from kernforge.codegen.passes.composites import expand_online_softmax
 from kernforge.interp.values import Evaluator, convert
 
 _INT_POISON = 0x5A
@@ -43,6 +44,7 @@ class Interpreter:
         self.eval = Evaluator(self)
         self.env: dict = {}
         self.storage: dict = {}
+        self.expansions: dict = {}
 
     # ------------------------------------------------------------------ entry
     def run(self, args, dims, grid) -> None:
@@ -224,6 +226,14 @@ class Interpreter:
             r = {ir.Op.REDUCE_SUM: np.add, ir.Op.REDUCE_MAX: np.maximum,
                  ir.Op.REDUCE_MIN: np.minimum}[s.op](old, r)
         dst[...] = convert(r, cdt)
+
+    def s_OnlineSoftmax(self, s, mask):
+        # the oracle runs the op's definition: the same primitive statements every
+        # backend without a native lowering runs (passes.composites)
+        expanded = self.expansions.get(s)
+        if expanded is None:
+            expanded = self.expansions[s] = expand_online_softmax(s)
+        self.stmt(expanded, mask)
 
     def s_Cumsum(self, s, mask):
         src = self.storage[s.src]

@@ -116,9 +116,7 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
             acc_s = T.alloc_fragment((block_H, block_N), accum)
             acc_o = T.alloc_fragment((block_H, dim_v), accum)
             m = T.alloc_fragment((block_H,), accum)
-            m_prev = T.alloc_fragment((block_H,), accum)
             rescale = T.alloc_fragment((block_H,), accum)
-            row_sum = T.alloc_fragment((block_H,), accum)
             l = T.alloc_fragment((block_H,), accum)
             limit = T.alloc_fragment((block_H,), "int32")
 
@@ -166,8 +164,7 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
                     T.gemm(Q_pe_shared, K_pe_shared, acc_s, transpose_B=True)
                 for i, j in T.Parallel(block_H, block_N):
                     acc_s[i, j] = T.if_then_else(pos0 + j < limit[i], acc_s[i, j], -T.infinity(accum))
-                _online_softmax_step(acc_s, acc_o, m, m_prev, rescale, row_sum, l, P_shared,
-                                     scale_log2, block_H, block_N, dim_v, accum)
+                _online_softmax_step(acc_s, acc_o, m, rescale, l, P_shared, scale_log2, block_H, dim_v)
                 T.gemm(P_shared, KV_shared, acc_o)
 
             if split:
@@ -308,9 +305,7 @@ def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim
             acc_s = T.alloc_fragment((block_H, block_N), accum)
             acc_o = T.alloc_fragment((block_H, dim_v), accum)
             m = T.alloc_fragment((block_H,), accum)
-            m_prev = T.alloc_fragment((block_H,), accum)
             rescale = T.alloc_fragment((block_H,), accum)
-            row_sum = T.alloc_fragment((block_H,), accum)
             l = T.alloc_fragment((block_H,), accum)
             token = T.alloc_fragment((block_N,), "int32")   # gathered row, -1 = empty slot
             if fp8_kv:
@@ -355,8 +350,7 @@ def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim
                     T.gemm(Q_pe_shared, K_pe_shared, acc_s, transpose_B=True)
                 for i, j in T.Parallel(block_H, block_N):
                     acc_s[i, j] = T.if_then_else(token[j] >= 0, acc_s[i, j], -T.infinity(accum))
-                _online_softmax_step(acc_s, acc_o, m, m_prev, rescale, row_sum, l, P_shared,
-                                     scale_log2, block_H, block_N, dim_v, accum)
+                _online_softmax_step(acc_s, acc_o, m, rescale, l, P_shared, scale_log2, block_H, dim_v)
                 T.gemm(P_shared, KV_shared, acc_o)
 
             for i, d in T.Parallel(block_H, dim_v):
@@ -406,25 +400,15 @@ def dequantize_kv_v32(raw: torch.Tensor) -> torch.Tensor:
     return torch.cat([nope.bfloat16(), rope], dim=-1)
 
 
-def _online_softmax_step(acc_s, acc_o, m, m_prev, rescale, row_sum, l, P_shared, scale_log2,
-                         block_H, block_N, dim_v, accum):
+def _online_softmax_step(acc_s, acc_o, m, rescale, l, P_shared, scale_log2, block_H, dim_v):
     """Fold one tile of masked scores (``-inf`` = invisible) into the running max ``m``
     and sum ``l``, rescale ``acc_o``, and leave the tile's probabilities in ``P_shared``
     (rounded to the input dtype, as FlashMLA feeds them to the second product).
 
-    A row that has seen only masked keys keeps ``m = -inf``; its shift is taken as 0
-    so that ``exp2(-inf - shift)`` is 0 rather than NaN."""
-    T.copy(m, m_prev)
-    T.reduce_max(acc_s, m, dim=1, clear=False)
-    for i in T.Parallel(block_H):
-        shift = T.if_then_else(m[i] == -T.infinity(accum), 0.0, m[i])
-        rescale[i] = T.exp2((m_prev[i] - shift) * scale_log2)
-    for i, j in T.Parallel(block_H, block_N):
-        shift = T.if_then_else(m[i] == -T.infinity(accum), 0.0, m[i])
-        acc_s[i, j] = T.exp2((acc_s[i, j] - shift) * scale_log2)
-    T.reduce_sum(acc_s, row_sum, dim=1)
-    for i in T.Parallel(block_H):
-        l[i] = l[i] * rescale[i] + row_sum[i]
+    The step itself is ``T.online_softmax`` (one tile op: CUDA runs ``kf::online_softmax_step``
+    on the accumulator registers); a row that has seen only masked keys keeps ``m = -inf``
+    and gets probabilities 0 rather than NaN."""
+    T.online_softmax(acc_s, m, l, rescale, scale_log2)
     T.copy(acc_s, P_shared)
     for i, d in T.Parallel(block_H, dim_v):
         acc_o[i, d] = acc_o[i, d] * rescale[i]

@@ -117,6 +117,13 @@ class _Planner:
                 if isinstance(src, AccumLayout) and r.dim == 1 and r.dst.ndim == 1 and r.dst not in regs:
                     regs[r.dst] = src.rows
                     changed = True
+            for s in self._nodes(ir.OnlineSoftmax):
+                src = regs.get(s.scores)
+                if isinstance(src, AccumLayout):
+                    for v in (s.row_max, s.row_sum, s.rescale):
+                        if v.scope == ir.Scope.FRAGMENT and v not in regs:
+                            regs[v] = src.rows
+                            changed = True
             for p in self._nodes(ir.Parallel):
                 changed |= self._propagate(p)
             for c in self._nodes(ir.Copy):
@@ -230,6 +237,13 @@ class _Planner:
         if isinstance(s, ir.Cumsum):
             bad |= {b for b in (s.src, s.dst) if b in regs}
             return
+        if isinstance(s, ir.OnlineSoftmax):
+            # registers only as an accumulator with its row vectors; otherwise all in shared memory
+            operands = (s.scores, s.row_max, s.row_sum, s.rescale)
+            lay = regs.get(s.scores)
+            if not (isinstance(lay, AccumLayout) and all(regs.get(v) == lay.rows for v in operands[1:])):
+                bad |= {b for b in operands if b in regs}
+            return
 
     def _check_copy(self, c: ir.Copy, regs, bad: set) -> None:
         s, d = c.src.buffer, c.dst.buffer
@@ -255,7 +269,7 @@ class _Planner:
             if not (same or rows):
                 bad.add(b)
         for n in nodes(p.body):
-            if isinstance(n, (ir.Parallel, ir.Copy, ir.Fill, ir.Gemm, ir.Reduce, ir.Cumsum)):
+            if isinstance(n, (ir.Parallel, ir.Copy, ir.Fill, ir.Gemm, ir.Reduce, ir.Cumsum, ir.OnlineSoftmax)):
                 bad |= {b for b, _ in accesses if b in regs}
 
     @staticmethod

@@ -43,6 +43,8 @@ def _touches(s: ir.Stmt, b: ir.Buffer) -> bool:
             return True
         if isinstance(n, (ir.Reduce, ir.Cumsum)) and b in (n.src, n.dst):
             return True
+        if isinstance(n, ir.OnlineSoftmax) and b in (n.scores, n.row_max, n.row_sum, n.rescale):
+            return True
     return False
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence, TextIO, Union
 
 from kernforge.codegen import ir
+from kernforge.codegen.passes.composites import lower_composites
 from kernforge.codegen.verify import verify
 
 Pass = Callable[[ir.Kernel], ir.Kernel]
@@ -24,10 +25,18 @@ def pass_name(p: Pass) -> str:
     return getattr(p, "__name__", type(p).__name__)
 
 
-def run_pipeline(kernel: ir.Kernel, pipeline: Sequence[Pass], dump: Optional[Dump] = None) -> ir.Kernel:
+def run_pipeline(kernel: ir.Kernel, pipeline: Sequence[Pass], dump: Optional[Dump] = None,
+                 native: tuple[type, ...] = ()) -> ir.Kernel:
     """Apply ``pipeline`` in order.  After each pass the result is verified; ``dump``
-    (a ``callable(name, kernel)`` or a text stream) sees the IR after every pass."""
-    for p in pipeline:
+    (a ``callable(name, kernel)`` or a text stream) sees the IR after every pass.
+
+    Composite tile ops (``ir.COMPOSITES``) whose type is not in ``native`` (the ones the
+    caller's renderer lowers itself) are first expanded into primitive statements by a
+    step named ``lower_composites``."""
+    def lower_composites_step(k: ir.Kernel) -> ir.Kernel:
+        return lower_composites(k, native)
+    lower_composites_step.__name__ = "lower_composites"
+    for p in (lower_composites_step, *pipeline):
         name = pass_name(p)
         kernel = p(kernel)
         try:

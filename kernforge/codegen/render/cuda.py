@@ -43,7 +43,7 @@ from kernforge.codegen.passes import run_pipeline, simplify
 from kernforge.codegen.passes.cuda_fp8_operands import cuda_fp8_operands
 from kernforge.codegen.passes.cuda_layout import LayoutPlan, nodes, plan_layouts
 from kernforge.codegen.passes.cuda_pipeline import PipelinePlan, plan_pipelines
-from kernforge.codegen.render import cuda_gemm, cuda_ops, cuda_reduce, cuda_tma
+from kernforge.codegen.render import cuda_gemm, cuda_ops, cuda_reduce, cuda_softmax, cuda_tma
 from kernforge.codegen.render.base import CRenderer
 from kernforge.codegen.verify import verify
 
@@ -70,6 +70,8 @@ ARCHS = {a.name: a for a in (Arch("sm_80", 80, False, 163 * 1024), Arch("sm_90a"
 DEFAULT_ARCH = "sm_90a"
 # IR -> IR passes before rendering (the analyses cuda_layout/cuda_pipeline then read the result)
 PIPELINE = (simplify, cuda_fp8_operands)
+# composite tile ops this renderer lowers itself (to kf/ device helpers) instead of their expansion
+NATIVE = (ir.OnlineSoftmax,)
 
 
 class CudaRenderError(ir.KernelError):
@@ -140,6 +142,7 @@ class CudaRenderer(CRenderer):
         self.smem_bytes = 0
         self.scratch_offset = -1
         self.scan_scratch_offset = -1
+        self.softmax_scratch_offset = -1
         self.counter = 0
         self.nonneg_vars = set(kernel.block_vars) | set(kernel.symbols)
 
@@ -226,6 +229,10 @@ class CudaRenderer(CRenderer):
             elif isinstance(n, (ir.Reduce, ir.Cumsum)):
                 reads |= self.is_smem(n.src) or self.is_smem(n.dst)
                 writes |= self.is_smem(n.dst)
+            elif isinstance(n, ir.OnlineSoftmax):
+                touched = any(self.is_smem(b) for b in (n.scores, n.row_max, n.row_sum, n.rescale))
+                reads |= touched
+                writes |= touched
         return reads, writes
 
     # -- kernel ---------------------------------------------------------------------
@@ -245,6 +252,11 @@ class CudaRenderer(CRenderer):
         if scratch:
             self.scratch_offset = off
             off += -(-scratch * 4 // SMEM_ALIGN) * SMEM_ALIGN
+        softmax = max((cuda_softmax.scratch_floats(self, s) for s in nodes(self.k.body)
+                       if isinstance(s, ir.OnlineSoftmax)), default=0)
+        if softmax:
+            self.softmax_scratch_offset = off
+            off += -(-softmax * 4 // SMEM_ALIGN) * SMEM_ALIGN
         if any(isinstance(c, ir.Cumsum) and cuda_reduce.block_scan_ok(self, c) for c in nodes(self.k.body)):
             self.scan_scratch_offset = off
             off += 32 * 8
@@ -286,6 +298,8 @@ class CudaRenderer(CRenderer):
             self.emit(f"float* const kf_scratch = reinterpret_cast<float*>(kf_smem + {self.scratch_offset});")
         for i, off in enumerate(self.mbarrier_offsets.values()):
             self.emit(f"uint64_t* const kf_bars{i} = reinterpret_cast<uint64_t*>(kf_smem + {off});")
+        if self.softmax_scratch_offset >= 0:
+            self.emit(f"float* const kf_softmax_scratch = reinterpret_cast<float*>(kf_smem + {self.softmax_scratch_offset});")
         if self.scan_scratch_offset >= 0:
             self.emit(f"unsigned char* const kf_scan_scratch = kf_smem + {self.scan_scratch_offset};")
 
@@ -297,6 +311,8 @@ class CudaRenderer(CRenderer):
             self.headers.add({"wgmma": "kf/wgmma.cuh", "mma": "kf/mma.cuh", "scalar": "kf/common.cuh"}[kind])
         if self.tma_loops:
             self.headers.add("kf/tma.cuh")
+        if any(isinstance(n, ir.OnlineSoftmax) for n in nodes(self.k.body)):
+            self.headers.add("kf/softmax.cuh")
         if self.pipes.prefetch or any(isinstance(n, ir.Copy) for n in nodes(self.k.body)):
             self.headers.add("kf/cp_async.cuh")
         self.headers |= {"kf/reduce.cuh", "kf/atomic.cuh"}
@@ -321,6 +337,7 @@ HANDLERS: dict[type, Callable] = {
     ir.Atomic: cuda_ops.render_atomic, ir.If: cuda_ops.render_if, ir.For: cuda_ops.render_for,
     ir.Parallel: cuda_ops.render_parallel, ir.Copy: cuda_ops.render_copy, ir.Fill: cuda_ops.render_fill,
     ir.Gemm: cuda_gemm.render_gemm, ir.Reduce: cuda_reduce.render_reduce, ir.Cumsum: cuda_reduce.render_cumsum,
+    ir.OnlineSoftmax: cuda_softmax.render_online_softmax,
 }
 
 
@@ -332,4 +349,4 @@ def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True)
     meet TMA's alignment rules (``cuda_tma.encode_args``)."""
     verify(kernel)
     target = arch_info(arch)
-    return CudaRenderer(run_pipeline(kernel, PIPELINE), target, tma).render()
+    return CudaRenderer(run_pipeline(kernel, PIPELINE, native=NATIVE), target, tma).render()

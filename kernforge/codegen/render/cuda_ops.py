@@ -15,7 +15,7 @@ from kernforge import dtypes
 from kernforge.codegen import arith, ir
 from kernforge.codegen.layouts import AccumLayout, RowLayout
 from kernforge.codegen.passes.cuda_layout import nodes
-from kernforge.codegen.render import cuda_tma
+from kernforge.codegen.render import cuda_radix, cuda_tma
 
 I32 = dtypes.int32
 
@@ -145,6 +145,8 @@ def render_parallel(R, p: ir.Parallel) -> None:
         R.stmt(p.body)
         for _ in p.vars:
             R.close()
+        return
+    if cuda_radix.try_histogram(R, p):
         return
     driver = _driver(R, p)
     if driver is None and any(isinstance(n, (ir.Store, ir.Atomic)) and n.buffer.scope == ir.Scope.LOCAL

@@ -12,6 +12,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "runtime.h"
 
@@ -106,6 +107,19 @@ inline T warp_reduce(unsigned mask, T v, const char* what, F&& op) {
   return acc;
 }
 
+// __match_any_sync: the lanes (within `mask`) whose value has the same bits as the caller's.
+template <class T>
+inline uint32_t match_any(unsigned mask, T v) {
+  static_assert(std::is_integral<T>::value && (sizeof(T) == 4 || sizeof(T) == 8),
+                "__match_any_sync takes 32- or 64-bit integers");
+  check_mask(mask, "__match_any_sync");
+  const uint64_t mine = to_bits(v);
+  auto rows = exchange(&mine, 1);
+  uint32_t same = 0;
+  for (uint32_t l = 0; l < my_warp().lanes; ++l) same |= uint32_t(rows[l][0] == mine) << l;
+  return same & mask;
+}
+
 // __syncthreads_count/and/or: count the predicate across the block at the barrier.
 inline uint32_t block_count(bool pred) {
   Block& b = *ctx().block;
@@ -148,6 +162,10 @@ inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
 template <class T>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   return kf_emu::shfl(kf_emu::ShflMode::bfly, mask, v, uint32_t(lane_mask), width, "__shfl_xor_sync");
+}
+template <class T>
+inline unsigned __match_any_sync(unsigned mask, T v) {
+  return kf_emu::match_any(mask, v);
 }
 inline unsigned __ballot_sync(unsigned mask, int p) {
   return kf_emu::vote(mask, p != 0, "__ballot_sync", [mask](uint32_t b) { return b & mask; });

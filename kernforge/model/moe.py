@@ -80,11 +80,25 @@ class MoE(nn.Module):
         self.shared_experts = Expert(config.hidden_size, config.moe_intermediate_size, config.swiglu_limit)
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """Shared expert plus, for each distinct expert a token is routed to, that expert's weighted output.
+
+        A hash table may name one expert twice for a token (possible with random
+        tables; the official one lists distinct experts). DeepSeek's reference
+        then adds that expert ONCE: it runs `y[idx] += expert(x[idx], ...)`, and
+        an indexed `+=` with a repeated row writes the row back once instead of
+        accumulating. Both slots carry the same weight (same score, same
+        normaliser), so the token gets w_e * expert_e(x) one time, and the
+        duplicate still counts twice in the normalising sum. Here that is done
+        explicitly: each (token, expert) pair is one row, with the weight of the
+        first slot naming the expert.
+        """
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         weights, indices = self.gate(x, token_ids.reshape(-1))
         y = torch.zeros_like(x)
         for e in torch.unique(indices).tolist():  # ascending: a token sums its experts in index order
-            rows, slot = torch.where(indices == e)
+            hit = indices == e
+            rows = hit.any(dim=1).nonzero().squeeze(1)
+            slot = hit[rows].to(torch.int8).argmax(dim=1)  # first slot naming e (argmax returns the first)
             y[rows] += self.experts[e](x[rows], weights[rows, slot, None])
         return (y + self.shared_experts(x)).reshape(shape)

@@ -202,6 +202,42 @@ def test_moe_matches_per_token_formula(model, layer):
     assert clamped > 0
 
 
+def test_moe_hash_table_naming_one_expert_twice_adds_it_once(model):
+    """DeepSeek's `y[idx] += expert(x[idx], ...)` writes a repeated row back once, so a token whose
+    hash row names expert e twice gets w_e * expert_e(x) once (w_e = 1.5 * s_e / (2 s_e)), not twice."""
+    moe = model.layers[1].ffn
+    assert moe.gate.hash
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(2, 6, 256, dtype=torch.float64, generator=g)
+    ids = torch.arange(12).reshape(2, 6) + 100
+    table = moe.gate.tid2eid.clone()
+    rows = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(12)])
+    rows[::2, 1] = rows[::2, 0]  # every other token: the same expert in both slots
+    try:
+        moe.gate.tid2eid[ids.flatten()] = rows
+        got = moe(x, ids)
+    finally:
+        moe.gate.tid2eid.copy_(table)
+
+    def expert(e, v):
+        gate, up = e.w1.weight @ v, e.w3.weight @ v
+        return e.w2.weight @ (F.silu(gate.clamp(max=10)) * up.clamp(-10, 10))
+
+    for t in range(12):
+        v = x.flatten(0, 1)[t]
+        score = torch.sqrt(F.softplus(moe.gate.weight @ v))
+        chosen = rows[t]
+        w = score[chosen] / score[chosen].sum() * 1.5
+        distinct = {int(e): wi for wi, e in zip(w, chosen)}  # a repeated expert keeps one (equal) weight
+        want = sum(wi * expert(moe.experts[e], v) for e, wi in distinct.items()) + expert(moe.shared_experts, v)
+        torch.testing.assert_close(got.flatten(0, 1)[t], want, rtol=1e-10, atol=1e-10)
+        if t % 2 == 0:
+            e = int(chosen[0])
+            assert len(distinct) == 1 and abs(float(distinct[e]) - 0.75) < 1e-12
+            twice = want + distinct[e] * expert(moe.experts[e], v)
+            assert (got.flatten(0, 1)[t] - twice).abs().max() > 1e-3  # adding it twice would be caught
+
+
 def test_sinkhorn_matches_spec_iteration_and_is_near_doubly_stochastic():
     logits = torch.randn(50, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(10))
     c = sinkhorn(logits, 20, 1e-6)

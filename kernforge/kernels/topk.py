@@ -79,12 +79,13 @@ def _next_pow2(n: int) -> int:
 
 
 @T.tunable(tile=[512, 1024, 2048], group=[8, 16, 32], slack=[1024, 2048, 4096], bucket_refine=[True, False],
-           mask_append=[True, False],
+           mask_append=[True, False], prescan=[0, 32, 128],
            compaction=["group_serial", "tile_scan"])
 def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                 sorted_values: bool = False, return_value: bool = True, tile: int = 1024,
                 group: int = 16, slack: int = 2048, compaction: str = "group_serial",
-                bucket_refine: bool = True, mask_append: bool = False, threads: int = 256):
+                bucket_refine: bool = True, mask_append: bool = False, prescan: int = 0,
+                threads: int = 256):
     """Top-``k`` of every row of ``x[:, :end[row]]``.
 
     ``compaction`` chooses how a tile's survivors are appended to the buffer;
@@ -93,13 +94,24 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
     one element at a time (cheap on a CPU, where survivors are rare);
     ``"tile_scan"`` computes every survivor's slot with a two-level prefix sum
     over the tile and scatters in parallel (the data-parallel form for GPUs and
-    the vectorised interpreter)."""
+    the vectorised interpreter).
+
+    ``prescan`` (group_serial without mask append only; 0 = off) streams the row in
+    chunks of that many tiles: a first pass over a chunk computes its keys and group
+    maxima, a second appends from the groups that beat the threshold.  Before the
+    first chunk's appends the threshold starts at the k-th largest group maximum of
+    that chunk (k groups each hold an element at least that large, so it is a lower
+    bound of the row's k-th key whatever the data): on random rows the buffer then
+    sees about k log(N / (prescan * tile)) + k survivors instead of k log(N / cap)."""
     if dtype not in _KEY_DTYPE:
         raise ValueError(f"topk_select: dtype must be float32 or bfloat16, got {dtype!r}")
     if compaction not in ("group_serial", "tile_scan"):
         raise ValueError(f"topk_select: unknown compaction {compaction!r}")
     if compaction == "group_serial" and mask_append and group != 8:
         raise ValueError(f"topk_select: group_serial compaction uses 8-bit group masks, got group {group}")
+    if prescan and (compaction != "group_serial" or mask_append or prescan * (tile // group) < k):
+        raise ValueError(f"topk_select: prescan needs group_serial compaction without mask append and "
+                         f"at least k group maxima per chunk (prescan * tile / group >= {k})")
     if tile % group:
         raise ValueError(f"topk_select: tile {tile} is not a multiple of group {group}")
     kdt = _KEY_DTYPE[dtype]
@@ -147,7 +159,8 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
             ntiles = T.alloc_var("int32", (length + (tile - 1)) // tile)
             exact = T.alloc_var("int32", 1)
             if serial:
-                sub_key = T.alloc_shared((cap,), kdt)
+                # (also takes the start threshold's candidate group maxima)
+                sub_key = T.alloc_shared((max(cap, prescan * ngroups),), kdt)
                 hot = T.alloc_shared((ngroups,), "int32")
                 gmax = T.alloc_fragment((ngroups,), kdt)
                 bits_ = T.alloc_fragment((ngroups, group), "int32")
@@ -156,6 +169,11 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                 nsub = T.alloc_var("int32", 0)
                 kept = T.alloc_var("int32", 0)
                 equal = T.alloc_var("int32", 0)
+                if prescan:
+                    # one chunk's group maxima: group g of the chunk's tile u at u * ngroups + g
+                    gmax_c = T.alloc_shared((prescan * ngroups,), kdt)
+                    ctiles = T.alloc_var("int32", 0)
+                    cbase = T.alloc_var("int32", 0)
             else:
                 old_key = T.alloc_shared((cap,), kdt)
                 old_idx = T.alloc_shared((cap,), "int32")
@@ -166,6 +184,61 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                 gstart = T.alloc_shared((ngroups,), "int32")
 
             for t in T.serial(ntiles + 1):
+                if prescan:
+                    if (t % prescan == 0) & (t < ntiles):
+                        # ---- chunk pass: group maxima of tiles t .. t + prescan - 1 (keys are
+                        # not kept: the append pass recomputes them for the few hot groups)
+                        ctiles = T.min(ntiles - t, prescan)
+                        for u in T.serial(ctiles):
+                            if (t + u + 1) * tile <= length:
+                                for g, j in T.Parallel(ngroups, group):
+                                    keys[g, j] = _ordered_key(x[row, (t + u) * tile + g * group + j], kdt, bits)
+                            else:
+                                # the row's last tile stays in `xt` for the append pass
+                                T.copy(x[row, (t + u) * tile], xt)
+                                for g, j in T.Parallel(ngroups, group):
+                                    keys[g, j] = T.where((t + u) * tile + g * group + j < length,
+                                                         _ordered_key(xt[g * group + j], kdt, bits), T.cast(0, kdt))
+                            T.reduce_max(keys, gmax, dim=1)
+                            for g in T.Parallel(ngroups):
+                                gmax_c[u * ngroups + g] = gmax[g]
+                        if (t == 0) & (ctiles * ngroups >= k):
+                            # start threshold: just below the k-th largest group maximum of the
+                            # first chunk (top digit over all maxima, second over its bucket)
+                            prefix = T.cast(0, kdt)
+                            need = k
+                            for p, (shift, width) in enumerate(digits[:2]):
+                                nb = 1 << width
+                                mask = T.cast(nb - 1, kdt)
+                                ghist4 = T.alloc_shared((4, nb), "int32")
+                                ghist = T.alloc_shared((nb,), "int32")
+                                gabove = T.alloc_shared((nb,), "int32")
+                                greached = T.alloc_fragment((nb,), "int32")
+                                T.clear(ghist4)
+                                if p == 0:
+                                    for i in T.serial(ctiles * ngroups):
+                                        ghist4[i & 3, T.cast((gmax_c[i] >> shift) & mask, "int32")] = \
+                                            ghist4[i & 3, T.cast((gmax_c[i] >> shift) & mask, "int32")] + 1
+                                else:
+                                    for i in T.serial(nsub):
+                                        ghist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] = \
+                                            ghist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] + 1
+                                T.reduce_sum(ghist4, ghist, dim=0)
+                                T.cumsum(ghist, gabove, reverse=True)
+                                for b in T.Parallel(nb):
+                                    greached[b] = T.where(gabove[b] >= need, 1, 0)
+                                T.reduce_sum(greached, nreached)
+                                if nreached[0] < nb:
+                                    need = need - gabove[nreached[0]]
+                                prefix = prefix | (T.cast(nreached[0] - 1, kdt) << shift)
+                                if p == 0:
+                                    nsub = 0
+                                    for i in T.serial(ctiles * ngroups):
+                                        sub_key[nsub] = gmax_c[i]
+                                        nsub = nsub + T.cast((gmax_c[i] >> shift) == (prefix >> shift), "int32")
+                            # at least k group maxima are >= prefix, so the row's k-th key is too
+                            thr = T.where(prefix == T.cast(0, kdt), T.cast(0, kdt), prefix - T.cast(1, kdt))
+                    cbase = (t % prescan) * ngroups
                 # ---- refine: radix-select the k-th key of the buffer, keep exactly k
                 if (cnt > cap - tile) | ((t == ntiles) & (cnt > k)):
                     prefix = T.cast(0, kdt)
@@ -257,7 +330,28 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                         thr = prefix
 
                 # ---- stream one tile: keys, group maxima, append survivors in index order
-                if t < ntiles:
+                if prescan:
+                    if t < ntiles:
+                        # maxima from the chunk pass; keys recomputed for the hot groups only
+                        nhot = 0
+                        for g in T.serial(ngroups):
+                            hot[nhot] = g
+                            nhot = nhot + T.cast(gmax_c[cbase + g] > thr, "int32")
+                        if (t + 1) * tile <= length:
+                            for h in T.serial(nhot):
+                                for j in T.serial(group):
+                                    cand_key[cnt] = _ordered_key(x[row, t * tile + hot[h] * group + j], kdt, bits)
+                                    cand_idx[cnt] = t * tile + hot[h] * group + j
+                                    cnt = cnt + T.cast(_ordered_key(x[row, t * tile + hot[h] * group + j], kdt, bits)
+                                                       > thr, "int32")
+                        else:
+                            for h in T.serial(nhot):
+                                for j in T.serial(group):
+                                    cand_key[cnt] = _ordered_key(xt[hot[h] * group + j], kdt, bits)
+                                    cand_idx[cnt] = t * tile + hot[h] * group + j
+                                    cnt = cnt + T.cast((_ordered_key(xt[hot[h] * group + j], kdt, bits) > thr)
+                                                       & (t * tile + hot[h] * group + j < length), "int32")
+                elif t < ntiles:
                     if (t + 1) * tile <= length:
                         for g, j in T.Parallel(ngroups, group):
                             keys[g, j] = _ordered_key(x[row, t * tile + g * group + j], kdt, bits)

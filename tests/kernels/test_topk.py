@@ -75,6 +75,51 @@ def test_both_compactions_match_reference_on_cpu(compaction, dtype, k, itype, so
     assert torch.equal(val[live].view(bits), ref_v[live].view(bits))
 
 
+# prescan: the start threshold from the first chunk's group maxima must keep the result
+# exact on every row (ascending, ties, all equal, -inf, NaN, short `end`); chunks of 2
+# tiles (several chunks per row, k above the chunk's group count: no start threshold),
+# 8 (one start threshold, then refinements) and 16 (the whole row is one chunk)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("prescan,dtype,k,itype,sorted_values", [
+    (2, torch.float32, 16, torch.int64, True),
+    (8, torch.float32, 1, torch.int64, False),
+    (8, torch.bfloat16, 33, torch.int32, False),
+    (16, torch.float32, 64, torch.int32, True),
+    (16, torch.bfloat16, 128, torch.int64, False),
+])
+def test_prescan_start_threshold_matches_reference(backend, prescan, dtype, k, itype, sorted_values):
+    pf = K.topk_select(k=k, dtype=_name(dtype), index_dtype=_name(itype), sorted_values=sorted_values,
+                       compaction="group_serial", tile=64, group=8, slack=64, prescan=prescan)
+    kernel = kernforge.compile(pf, backend=backend)
+    x, end, offset = rows(dtype)
+    if backend == "interp":  # the interpreter's cost is per statement: fewer rows
+        x, end, offset = x[1:4], end[1:4], offset[1:4]
+    nan, idx, val = run(kernel, x, end, offset, k, dtype, itype)
+    ref_v, ref_i, ref_nan = K.reference(x, k, end, sorted_values, offset, -9, -5.5, itype)
+    assert torch.equal(nan, ref_nan)
+    assert torch.equal(idx, ref_i)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    live = ref_nan == 0
+    assert torch.equal(val[live].view(bits), ref_v[live].view(bits))
+
+
+def test_prescan_k_equal_to_the_row_and_unaligned_lengths():
+    """k = vocab (every element wins) and a vocab that is no multiple of the tile or group."""
+    if "cpu" not in BACKENDS:
+        pytest.skip("cpu backend not available (no g++)")
+    g = torch.Generator().manual_seed(5)
+    for vocab, k in ((64, 64), (203, 64), (203, 200)):
+        x = torch.randn((3, vocab), generator=g)
+        end = torch.tensor([vocab, vocab - 1, min(k, vocab)], dtype=torch.int32)
+        offset = torch.zeros(3, dtype=torch.int32)
+        pf = K.topk_select(k=k, dtype="float32", index_dtype="int64", compaction="group_serial",
+                           tile=64, group=8, slack=64, prescan=32)
+        nan, idx, val = run(kernforge.compile(pf, backend="cpu"), x, end, offset, k, torch.float32, torch.int64)
+        ref_v, ref_i, _ = K.reference(x, k, end, False, offset, -9, -5.5)
+        assert torch.equal(idx, ref_i), (vocab, k)
+        assert torch.equal(val.view(torch.int32), ref_v.view(torch.int32)), (vocab, k)
+
+
 @pytest.mark.parametrize("compaction", ["group_serial", "tile_scan"])
 def test_interpreter_runs_both_compactions(compaction):
     pf = K.topk_select(k=8, dtype="float32", index_dtype="int64", compaction=compaction, return_value=False,
@@ -112,6 +157,10 @@ def test_factory_rejects_bad_parameters():
         K.topk_select(k=4, tile=100, group=16, compaction="tile_scan")
     with pytest.raises(ValueError, match="8-bit group masks"):
         K.topk_select(k=4, group=16, mask_append=True)
+    with pytest.raises(ValueError, match="prescan"):
+        K.topk_select(k=4, prescan=8, compaction="tile_scan")
+    with pytest.raises(ValueError, match="prescan"):
+        K.topk_select(k=600, tile=64, group=8, prescan=8)  # 64 group maxima per chunk < k
 
 
 def _cuda_backend():

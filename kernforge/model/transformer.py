@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from kernforge.model import numerics as nx
-from kernforge.model.block import Block, hc_head
+from kernforge.model.block import Block, Streams, hc_head
 from kernforge.model.config import ModelConfig
 from kernforge.model.primitives import Embedding, Linear, RMSNorm, RopeTable, rope_frequencies
 
@@ -67,10 +67,10 @@ class MTPBlock(Block):
 
     def forward(self, streams: torch.Tensor, start_pos: int, token_ids: torch.Tensor,
                 embed: Embedding) -> torch.Tensor:
-        """Final-layer streams [b,s,M,D] and the ids of the NEXT tokens -> MTP output streams."""
-        e = self.enorm(embed(token_ids))
-        x = self.e_proj(e)[:, :, None] + self.h_proj(self.hnorm(streams))
-        return super().forward(x, start_pos, token_ids)
+        """Final-layer streams [b,s,M,D] and the ids of the NEXT tokens -> MTP output streams (M copies)."""
+        e = self.e_proj(self.enorm(embed(token_ids)))
+        xs = [e + self.h_proj(self.hnorm(x)) for x in streams.unbind(2)]
+        return super().forward(xs, start_pos, token_ids)
 
 
 class Transformer(nn.Module):
@@ -119,31 +119,38 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def forward_hidden(self, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
         """Run the main blocks; returns the final hyper-connection streams [b, s, M, D]."""
+        return torch.stack(self._run_blocks(input_ids, start_pos), dim=2)
+
+    def _run_blocks(self, input_ids: torch.Tensor, start_pos: int) -> Streams:
         self._check_call(input_ids, start_pos, self.next_pos)
         input_ids = input_ids.long()
         if start_pos == 0:
             self.reset_cache()
             self.batch_size = input_ids.shape[0]
         with self._numerics():
-            x = self.embed(input_ids)[:, :, None].expand(-1, -1, self.config.hc_mult, -1)
+            xs = [self.embed(input_ids)] * self.config.hc_mult  # M equal copies; nothing writes into them
             for layer in self.layers:
-                x = layer(x, start_pos, input_ids)
+                xs = layer(xs, start_pos, input_ids)
         self.next_pos = start_pos + input_ids.shape[1]
-        return x
+        return xs
 
     @torch.no_grad()
     def logits(self, streams: torch.Tensor, hc_fn=None, hc_scale=None, hc_base=None, norm=None) -> torch.Tensor:
-        """Collapse streams, normalise, project with the (shared) head -> [b, s, vocab]."""
+        """Collapse streams [b, s, M, D], normalise, project with the (shared) head -> [b, s, vocab]."""
+        return self._head(list(streams.unbind(2)), hc_fn, hc_scale, hc_base, norm)
+
+    def _head(self, xs: Streams, hc_fn=None, hc_scale=None, hc_base=None, norm=None) -> torch.Tensor:
         c = self.config
         hc_fn = self.hc_head_fn if hc_fn is None else hc_fn
         hc_scale = self.hc_head_scale if hc_scale is None else hc_scale
         hc_base = self.hc_head_base if hc_base is None else hc_base
         with self._numerics():
-            u = hc_head(streams, hc_fn, hc_scale, hc_base, c.rms_norm_eps, c.hc_eps)
+            u = hc_head(xs, hc_fn, hc_scale, hc_base, c.rms_norm_eps, c.hc_eps)
             return self.head((norm or self.norm)(u))
 
+    @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
-        return self.logits(self.forward_hidden(input_ids, start_pos))
+        return self._head(self._run_blocks(input_ids, start_pos))
 
     @torch.no_grad()
     def mtp_logits(self, streams: torch.Tensor, next_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
@@ -160,9 +167,9 @@ class Transformer(nn.Module):
         if start_pos == 0:
             mtp.attn.reset_cache()
         with self._numerics():
-            x = mtp(streams, start_pos, next_ids.long(), self.embed)
+            xs = mtp(streams, start_pos, next_ids.long(), self.embed)
         self.mtp_next_pos = start_pos + next_ids.shape[1]
-        return self.logits(x, mtp.hc_head_fn, mtp.hc_head_scale, mtp.hc_head_base, mtp.norm)
+        return self._head(xs, mtp.hc_head_fn, mtp.hc_head_scale, mtp.hc_head_base, mtp.norm)
 
     # Caches --------------------------------------------------------------------
     def reset_cache(self, keep_compressed: bool = False) -> None:
@@ -198,7 +205,7 @@ class Transformer(nn.Module):
         """
         length = tokens.shape[1]
         if tail is None or tail >= length:
-            self.forward_hidden(tokens, 0)
+            self._run_blocks(tokens, 0)
             return
         if tail <= 0:
             raise ValueError(f"tail must be positive, got {tail}")
@@ -211,4 +218,4 @@ class Transformer(nn.Module):
                                      f"of {length} tokens needs {length // comp.ratio} persisted")
         self.reset_cache(keep_compressed=True)
         self.next_pos = length - tail
-        self.forward_hidden(tokens[:, length - tail:], length - tail)
+        self._run_blocks(tokens[:, length - tail:], length - tail)

@@ -258,8 +258,8 @@ def test_hyper_connection_pre_and_post_match_formula(model):
     g = torch.Generator().manual_seed(11)
     x = torch.randn(1, 2, 4, 256, dtype=torch.float64, generator=g)
     y = torch.randn(1, 2, 256, dtype=torch.float64, generator=g)
-    u, post, comb = hc_pre(x, blk.hc_attn_fn, blk.hc_attn_scale, blk.hc_attn_base, 20, 1e-6, 1e-6)
-    out = hc_post(y, x, post, comb)
+    u, post, comb = hc_pre(list(x.unbind(2)), blk.hc_attn_fn, blk.hc_attn_scale, blk.hc_attn_base, 20, 1e-6, 1e-6)
+    out = torch.stack(hc_post(y, list(x.unbind(2)), post, comb), dim=2)
     a, beta = blk.hc_attn_scale, blk.hc_attn_base
     for s in range(2):
         flat = x[0, s].flatten()

@@ -123,6 +123,12 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
     cap = -(-cap // 64) * 64
     digits = _DIGITS[dtype]
     serial = compaction == "group_serial"
+    # the start threshold selects over maxima of `fold` groups each: still >= 4k of them, so
+    # it stays close to the row's k-th key, at 1/fold of the histogram work
+    fold = 1
+    while fold < 16 and prescan * ngroups // (2 * fold) >= 4 * k:
+        fold *= 2
+    nsets = prescan * ngroups // fold
 
     B = T.symbolic("batch")
     V = T.symbolic("vocab")
@@ -160,7 +166,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
             exact = T.alloc_var("int32", 1)
             if serial:
                 # (also takes the start threshold's candidate group maxima)
-                sub_key = T.alloc_shared((max(cap, prescan * ngroups),), kdt)
+                sub_key = T.alloc_shared((max(cap, nsets),), kdt)
                 hot = T.alloc_shared((ngroups,), "int32")
                 gmax = T.alloc_fragment((ngroups,), kdt)
                 bits_ = T.alloc_fragment((ngroups, group), "int32")
@@ -173,6 +179,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                     # one chunk's group maxima: group g of the chunk's tile u at u * ngroups + g
                     gmax_c = T.alloc_shared((prescan * ngroups,), kdt)
                     ctiles = T.alloc_var("int32", 0)
+                    smax = T.alloc_shared((nsets,), kdt)
                     cbase = T.alloc_var("int32", 0)
             else:
                 old_key = T.alloc_shared((cap,), kdt)
@@ -202,9 +209,17 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                             T.reduce_max(keys, gmax, dim=1)
                             for g in T.Parallel(ngroups):
                                 gmax_c[u * ngroups + g] = gmax[g]
-                        if (t == 0) & (ctiles * ngroups >= k):
-                            # start threshold: just below the k-th largest group maximum of the
-                            # first chunk (top digit over all maxima, second over its bucket)
+                        if t == 0:
+                            # start threshold: just below the k-th largest maximum of `nsets`
+                            # disjoint sets of `fold` groups each (group i, i + nsets, ...; groups
+                            # beyond the row count as empty, maximum 0), radix-selected on the top
+                            # digit over all maxima, then the second over its bucket
+                            for i in T.Parallel(nsets):
+                                smax[i] = T.where(i < ctiles * ngroups, gmax_c[i], T.cast(0, kdt))
+                            for r in T.serial(fold - 1):
+                                for i in T.Parallel(nsets):
+                                    smax[i] = T.max(smax[i], T.where((r + 1) * nsets + i < ctiles * ngroups,
+                                                                     gmax_c[(r + 1) * nsets + i], T.cast(0, kdt)))
                             prefix = T.cast(0, kdt)
                             need = k
                             for p, (shift, width) in enumerate(digits[:2]):
@@ -216,9 +231,9 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                 greached = T.alloc_fragment((nb,), "int32")
                                 T.clear(ghist4)
                                 if p == 0:
-                                    for i in T.serial(ctiles * ngroups):
-                                        ghist4[i & 3, T.cast((gmax_c[i] >> shift) & mask, "int32")] = \
-                                            ghist4[i & 3, T.cast((gmax_c[i] >> shift) & mask, "int32")] + 1
+                                    for i in T.serial(nsets):
+                                        ghist4[i & 3, T.cast((smax[i] >> shift) & mask, "int32")] = \
+                                            ghist4[i & 3, T.cast((smax[i] >> shift) & mask, "int32")] + 1
                                 else:
                                     for i in T.serial(nsub):
                                         ghist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] = \
@@ -233,10 +248,10 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                 prefix = prefix | (T.cast(nreached[0] - 1, kdt) << shift)
                                 if p == 0:
                                     nsub = 0
-                                    for i in T.serial(ctiles * ngroups):
-                                        sub_key[nsub] = gmax_c[i]
-                                        nsub = nsub + T.cast((gmax_c[i] >> shift) == (prefix >> shift), "int32")
-                            # at least k group maxima are >= prefix, so the row's k-th key is too
+                                    for i in T.serial(nsets):
+                                        sub_key[nsub] = smax[i]
+                                        nsub = nsub + T.cast((smax[i] >> shift) == (prefix >> shift), "int32")
+                            # at least k disjoint sets have a maximum >= prefix, so the row's k-th key is too
                             thr = T.where(prefix == T.cast(0, kdt), T.cast(0, kdt), prefix - T.cast(1, kdt))
                     cbase = (t % prescan) * ngroups
                 # ---- refine: radix-select the k-th key of the buffer, keep exactly k

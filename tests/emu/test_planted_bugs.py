@@ -66,6 +66,18 @@ def _wrong_shuffle_lane(src):
     return _before_kernel(src, helper).replace("kf::quad_allreduce<kf::SumOp>(kf_v)", "kf_bug_quad_sum(kf_v)")
 
 
+def _wrong_softmax_shuffle_lane(src):
+    # the online softmax's row statistics live in kf::online_softmax_step (kf/softmax.cuh); the
+    # planted copy hands each quad the running sum of the next row (lane ^ 4 instead of its own)
+    helper = ("template <int MT, int NT, int WM, int WN, int WARPS>\n"
+              "__device__ inline void kf_bug_online_softmax_step(float (&x)[MT * NT * 4], float (&m)[MT * 2],\n"
+              "    float (&l)[MT * 2], float (&r)[MT * 2], float scale_log2, float* scratch) {\n"
+              "  kf::online_softmax_step<MT, NT, WM, WN, WARPS>(x, m, l, r, scale_log2, scratch);\n"
+              "  for (int s = 0; s < MT * 2; ++s) l[s] = __shfl_xor_sync(0xffffffffu, l[s], 4);\n"
+              "}\n")
+    return _before_kernel(src.replace("kf::online_softmax_step<", "kf_bug_online_softmax_step<"), helper)
+
+
 def _before_kernel(src, text):
     i = src.index('extern "C" __global__')
     return src[:i] + text + src[i:]
@@ -176,7 +188,7 @@ def test_planted_bug_is_caught(module, bug, rng):
 LIBRARY_BUGS = {
     "mla_mma_fragment_layout": _swap_a_registers,
     "mla_missing_pipeline_barrier": _drop_pipeline_barrier,
-    "mla_wrong_shuffle_lane": _wrong_shuffle_lane,
+    "mla_wrong_shuffle_lane": _wrong_softmax_shuffle_lane,
 }
 
 

@@ -31,13 +31,11 @@ def run_pipeline(kernel: ir.Kernel, pipeline: Sequence[Pass], dump: Optional[Dum
     (a ``callable(name, kernel)`` or a text stream) sees the IR after every pass.
 
     Composite tile ops (``ir.COMPOSITES``) whose type is not in ``native`` (the ones the
-    caller's renderer lowers itself) are first expanded into primitive statements by a
-    step named ``lower_composites``."""
-    def lower_composites_step(k: ir.Kernel) -> ir.Kernel:
-        return lower_composites(k, native)
-    lower_composites_step.__name__ = "lower_composites"
-    for p in (lower_composites_step, *pipeline):
-        name = pass_name(p)
+    caller's renderer lowers itself) are first expanded into primitive statements; when
+    there were any, that step is verified and dumped as ``lower_composites``."""
+    expanded = lower_composites(kernel, native)
+    steps = [("lower_composites", lambda k: expanded)] if expanded is not kernel else []
+    for name, p in steps + [(pass_name(p), p) for p in pipeline]:
         kernel = p(kernel)
         try:
             verify(kernel)

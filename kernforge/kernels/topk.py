@@ -21,11 +21,15 @@ order): among elements whose keys equal the k-th key, the **lowest indices
 win**.  Unsorted output comes out in ascending index order (so
 ``sorted_index`` costs nothing); ``sorted_values`` sorts the k winners by
 value descending, equal values by ascending index (rank sort up to 1024
-winners, a bitonic network above).
+winners, a bitonic network above; or a stable LSD radix sort, the CPU's choice).
 
 Work is ``O(N)`` streaming plus radix selects over ``O(k log(N/k))``
 candidates for a random visit order; the threshold is exact (monotone), never
-a guess, so adversarial (ascending) rows only cost more refinements.
+a guess, so adversarial (ascending) rows only cost more refinements.  With
+``prescan`` (the CPU's configuration) a first pass over a chunk of tiles keeps
+only group maxima, and the threshold starts at a lower bound taken from them
+(see ``topk_select``): about ``k`` survivors on random rows instead of
+``k log(N/k)``, and the second pass touches only the groups that beat it.
 """
 from __future__ import annotations
 
@@ -79,12 +83,12 @@ def _next_pow2(n: int) -> int:
 
 
 @T.tunable(tile=[512, 1024, 2048], group=[8, 16, 32], slack=[1024, 2048, 4096], bucket_refine=[True, False],
-           mask_append=[True, False], prescan=[0, 32, 128],
+           mask_append=[True, False], prescan=[0, 32, 128], sort=["network", "radix"],
            compaction=["group_serial", "tile_scan"])
 def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                 sorted_values: bool = False, return_value: bool = True, tile: int = 1024,
                 group: int = 16, slack: int = 2048, compaction: str = "group_serial",
-                bucket_refine: bool = True, mask_append: bool = False, prescan: int = 0,
+                bucket_refine: bool = True, mask_append: bool = False, prescan: int = 0, sort: str = "network",
                 threads: int = 256):
     """Top-``k`` of every row of ``x[:, :end[row]]``.
 
@@ -102,7 +106,13 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
     first chunk's appends the threshold starts at the k-th largest group maximum of
     that chunk (k groups each hold an element at least that large, so it is a lower
     bound of the row's k-th key whatever the data): on random rows the buffer then
-    sees about k log(N / (prescan * tile)) + k survivors instead of k log(N / cap)."""
+    sees about k log(N / (prescan * tile)) + k survivors instead of k log(N / cap).
+
+    ``sort`` orders the winners for ``sorted_values``: ``"network"`` (rank sort up to
+    1024 winners, bitonic above; data-parallel, for GPUs and the interpreter) or
+    ``"radix"`` (a stable LSD radix sort, 8-bit digits: O(k) serial work, for a CPU)."""
+    if sort not in ("network", "radix"):
+        raise ValueError(f"topk_select: unknown sort {sort!r}")
     if dtype not in _KEY_DTYPE:
         raise ValueError(f"topk_select: dtype must be float32 or bfloat16, got {dtype!r}")
     if compaction not in ("group_serial", "tile_scan"):
@@ -418,7 +428,32 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                         cnt = cnt + gstart[ngroups - 1]
 
             # ---- epilogue: the buffer holds min(length, k) winners in index order
-            if sorted_values:
+            if sorted_values and sort == "radix":
+                # stable LSD radix sort of the cnt winners on the inverted key (value descending);
+                # the buffer is in index order, so equal values stay in ascending index order.
+                # An even number of 8-bit passes ping-pongs back into cand_key / cand_idx.
+                rs_key = T.alloc_shared((k,), kdt)
+                rs_idx = T.alloc_shared((k,), "int32")
+                rhist = T.alloc_shared((256,), "int32")
+                rpos = T.alloc_shared((256,), "int32")
+                for p in range(bits // 8):
+                    src_key, src_idx, dst_key, dst_idx = ((cand_key, cand_idx, rs_key, rs_idx) if p % 2 == 0
+                                                          else (rs_key, rs_idx, cand_key, cand_idx))
+                    T.clear(rhist)
+                    for i in T.serial(cnt):
+                        rhist[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")] = \
+                            rhist[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")] + 1
+                    T.cumsum(rhist, rpos)
+                    for b in T.Parallel(256):
+                        rpos[b] = rpos[b] - rhist[b]
+                    for i in T.serial(cnt):
+                        dst_key[rpos[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")]] = \
+                            src_key[i]
+                        dst_idx[rpos[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")]] = \
+                            src_idx[i]
+                        rpos[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")] = \
+                            rpos[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")] + 1
+            elif sorted_values:
                 # padding ranks last: key 0 is below every real key, and the indices differ
                 for i in T.Parallel(pow2):
                     if i >= cnt:

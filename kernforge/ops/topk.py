@@ -128,7 +128,8 @@ def kernel_params(backend: str, k: int, dtype: str, index_dtype: str, sorted_val
     CPU: 1024-element tiles in groups of 16 (a survivor-free group costs one vector
     compare; a group with survivors is one 16-lane chunk of the append loop, which the
     CPU backend compresses with AVX-512), a buffer slack of ``max(2048, 2k)`` and
-    chunks of 128 tiles whose group maxima set the start threshold (``prescan``),
+    chunks of 128 tiles whose group maxima set the start threshold (``prescan``), and a
+    radix sort of the winners for sorted output,
     measured on ``benchmarks/bench_topk.py``; the interpreter gets small tiles (its cost is per
     statement); GPUs scan whole tiles with the parallel compaction."""
     common = dict(k=k, dtype=dtype, index_dtype=index_dtype, sorted_values=sorted_values,
@@ -136,7 +137,8 @@ def kernel_params(backend: str, k: int, dtype: str, index_dtype: str, sorted_val
     if backend == "interp":
         return dict(common, tile=256, group=8, slack=256)
     if backend == "cpu":
-        return dict(common, tile=1024, group=16, slack=max(2048, 2 * k), mask_append=False, prescan=128)
+        return dict(common, tile=1024, group=16, slack=max(2048, 2 * k), mask_append=False, prescan=128,
+                    sort="radix")
     # GPUs: the buffers (six arrays of k + tile + slack) must fit one block's shared memory
     small = k <= 1024
     return dict(common, tile=2048 if small else 1024, group=32, slack=2048 if small else 1024)

@@ -75,7 +75,8 @@ def test_both_compactions_match_reference_on_cpu(compaction, dtype, k, itype, so
     assert torch.equal(val[live].view(bits), ref_v[live].view(bits))
 
 
-# prescan: the start threshold from the first chunk's group maxima must keep the result
+# prescan (with the CPU's radix sort of the winners for sorted output):
+# the start threshold from the first chunk's group maxima must keep the result
 # exact on every row (ascending, ties, all equal, -inf, NaN, short `end`); chunks of 2
 # tiles (several chunks per row, k above the chunk's group count: no start threshold),
 # 8 (one start threshold, then refinements) and 16 (the whole row is one chunk)
@@ -89,7 +90,8 @@ def test_both_compactions_match_reference_on_cpu(compaction, dtype, k, itype, so
 ])
 def test_prescan_start_threshold_matches_reference(backend, prescan, dtype, k, itype, sorted_values):
     pf = K.topk_select(k=k, dtype=_name(dtype), index_dtype=_name(itype), sorted_values=sorted_values,
-                       compaction="group_serial", tile=64, group=8, slack=64, prescan=prescan)
+                       compaction="group_serial", tile=64, group=8, slack=64, prescan=prescan,
+                       sort="radix")
     kernel = kernforge.compile(pf, backend=backend)
     x, end, offset = rows(dtype)
     if backend == "interp":  # the interpreter's cost is per statement: fewer rows
@@ -113,9 +115,9 @@ def test_prescan_k_equal_to_the_row_and_unaligned_lengths():
         end = torch.tensor([vocab, vocab - 1, min(k, vocab)], dtype=torch.int32)
         offset = torch.zeros(3, dtype=torch.int32)
         pf = K.topk_select(k=k, dtype="float32", index_dtype="int64", compaction="group_serial",
-                           tile=64, group=8, slack=64, prescan=32)
+                           tile=64, group=8, slack=64, prescan=32, sorted_values=True, sort="radix")
         nan, idx, val = run(kernforge.compile(pf, backend="cpu"), x, end, offset, k, torch.float32, torch.int64)
-        ref_v, ref_i, _ = K.reference(x, k, end, False, offset, -9, -5.5)
+        ref_v, ref_i, _ = K.reference(x, k, end, True, offset, -9, -5.5)
         assert torch.equal(idx, ref_i), (vocab, k)
         assert torch.equal(val.view(torch.int32), ref_v.view(torch.int32)), (vocab, k)
 
@@ -157,6 +159,8 @@ def test_factory_rejects_bad_parameters():
         K.topk_select(k=4, tile=100, group=16, compaction="tile_scan")
     with pytest.raises(ValueError, match="8-bit group masks"):
         K.topk_select(k=4, group=16, mask_append=True)
+    with pytest.raises(ValueError, match="sort"):
+        K.topk_select(k=4, sort="bogo")
     with pytest.raises(ValueError, match="prescan"):
         K.topk_select(k=4, prescan=8, compaction="tile_scan")
     with pytest.raises(ValueError, match="prescan"):

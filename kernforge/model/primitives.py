@@ -134,14 +134,22 @@ class RopeTable(nn.Module):
 
 
 def hadamard(x: torch.Tensor) -> torch.Tensor:
-    """Sylvester-ordered Walsh-Hadamard transform over the last dim, scaled by n^-1/2."""
+    """Sylvester-ordered Walsh-Hadamard transform over the last dim, scaled by n^-1/2.
+
+    log2(n) butterfly stages (a, b) -> (a + b, a - b), each written into one of
+    two scratch buffers in turn, so a stage costs one pass and no allocation.
+    """
     n = x.shape[-1]
     if n & (n - 1):
         raise ValueError(f"Hadamard size must be a power of two, got {n}")
-    lead = x.shape[:-1]
+    src = x.reshape(-1, n)
+    scratch = [torch.empty_like(src), torch.empty_like(src)]
     h = 1
     while h < n:
-        y = x.reshape(*lead, n // (2 * h), 2, h)
-        x = torch.stack([y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]], dim=-2).reshape(*lead, n)
+        dst = scratch[0]
+        pairs, out = src.view(-1, n // (2 * h), 2, h), dst.view(-1, n // (2 * h), 2, h)
+        torch.add(pairs[:, :, 0], pairs[:, :, 1], out=out[:, :, 0])
+        torch.sub(pairs[:, :, 0], pairs[:, :, 1], out=out[:, :, 1])
+        src, scratch = dst, scratch[::-1]
         h *= 2
-    return x * n ** -0.5
+    return (src * n ** -0.5).view(x.shape)

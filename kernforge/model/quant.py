@@ -89,12 +89,26 @@ def fake_quant_fp8(x: torch.Tensor, block: int = 64) -> torch.Tensor:
 def round_e2m1(x: torch.Tensor) -> torch.Tensor:
     """Round |x| <= 6 to the e2m1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}, ties to even codes.
 
-    The grid spacing is 0.5 below 2, 1 below 4 and 2 above; torch.round
-    rounds halves to even, which matches the even mantissa code at every tie.
+    The grid spacing is 0.5 below 2, 1 below 4 and 2 above: half the largest
+    power of two <= |x|, clamped to [0.5, 2]. torch.round rounds halves to
+    even, which matches the even mantissa code at every tie. The spacing comes
+    from the exponent bits, not from comparisons and torch.where (which is
+    ~10x slower than arithmetic per element on the CPU).
     """
     a = x.abs()
-    q = torch.where(a < 2, torch.round(a * 2) / 2, torch.where(a < 4, torch.round(a), torch.round(a / 2) * 2))
-    return torch.copysign(q, x)
+    step = (_pow2_floor(a) * 0.5).clamp_(0.5, 2.0)
+    return torch.copysign(torch.round(a / step) * step, x)
+
+
+_EXPONENT_BITS = {torch.float32: (torch.int32, 0x7F800000), torch.float64: (torch.int64, 0x7FF0000000000000)}
+
+
+def _pow2_floor(a: torch.Tensor) -> torch.Tensor:
+    """Largest power of two <= a for a >= 0 (0 for zero and subnormals): a with its mantissa bits cleared."""
+    if a.dtype not in _EXPONENT_BITS:
+        raise TypeError(f"FP4 rounding supports float32 and float64, got {a.dtype}")
+    int_type, mask = _EXPONENT_BITS[a.dtype]
+    return (a.view(int_type) & mask).view(a.dtype)
 
 
 def fake_quant_fp4(x: torch.Tensor, block: int = FP4_BLOCK) -> torch.Tensor:

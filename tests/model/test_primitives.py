@@ -49,8 +49,12 @@ def _sylvester(n: int) -> np.ndarray:
 @pytest.mark.parametrize("n", [1, 2, 32, 128])
 def test_hadamard_matches_sylvester_matrix(n):
     x = torch.randn(3, 5, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    before = x.clone()
     expect = x.numpy() @ _sylvester(n).T / math.sqrt(n)
     np.testing.assert_allclose(hadamard(x).numpy(), expect, rtol=1e-12, atol=1e-12)
+    assert torch.equal(x, before)  # the butterfly works in scratch buffers, never in its input
+    strided = x.transpose(0, 1)  # non-contiguous input
+    np.testing.assert_allclose(hadamard(strided).numpy(), expect.transpose(1, 0, 2), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="power of two"):
         hadamard(torch.zeros(4, 24))
 
@@ -82,6 +86,26 @@ def test_round_e2m1_ties_match_ml_dtypes():
     v = np.arange(-6.0, 6.0001, 0.125, dtype=np.float32)
     expect = v.astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
     np.testing.assert_array_equal(round_e2m1(torch.from_numpy(v)).numpy(), expect)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_round_e2m1_matches_ml_dtypes_on_random_and_tiny_values(dtype):
+    g = np.random.default_rng(4)
+    v = np.concatenate([g.uniform(-6, 6, 20000), g.uniform(-6, 6, 200) * 1e-30,  # incl. float32 subnormals
+                        np.nextafter([2.0, 4.0, 1.75, 3.5, 5.0], 0), np.nextafter([2.0, 4.0, 1.75, 3.5, 5.0], 9),
+                        [0.0, -0.0, 0.25, 6.0, -6.0]]).astype(dtype)
+    grid = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    dist = np.abs(np.abs(v.astype(np.float64))[:, None] - grid)
+    nearest = dist == dist.min(1, keepdims=True)
+    code = np.where(nearest.sum(1) > 1, np.argmax(nearest & (np.arange(8) % 2 == 0), 1), np.argmax(nearest, 1))
+    expect = np.copysign(grid[code], v).astype(dtype)  # nearest grid point, ties to the even code
+    if dtype == np.float32:  # ml_dtypes agrees (it rounds float64 input via float32, so only here)
+        np.testing.assert_array_equal(v.astype(ml_dtypes.float4_e2m1fn).astype(dtype), expect)
+    got = round_e2m1(torch.from_numpy(v)).numpy()
+    np.testing.assert_array_equal(got, expect)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(expect))
+    with pytest.raises(TypeError, match="float32 and float64"):
+        round_e2m1(torch.ones(3, dtype=torch.bfloat16))
 
 
 def test_dequantize_fp8_uses_one_scale_per_128_tile():

@@ -87,6 +87,7 @@ class Op(enum.Enum):
     ATOMIC_ADD = "atomic_add"
     ATOMIC_MAX = "atomic_max"
     ONLINE_SOFTMAX = "online_softmax"
+    RADIX_FIND_BUCKET = "radix_find_bucket"
 
 
 COMPARISONS = frozenset({Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE})
@@ -509,8 +510,29 @@ class OnlineSoftmax(Stmt):
     loc: Optional[SourceLoc] = _LOC
 
 
+@dataclass(frozen=True, eq=False, repr=False)
+class RadixFindBucket(Stmt):
+    """Which bucket of a radix-select digit histogram holds the ``need``-th largest key.
+
+    ``hist`` (nb,) holds the count of keys per digit value; ``above`` (nb,) receives the
+    suffix counts ``above[b] = hist[b] + ... + hist[nb - 1]``; ``need`` and ``bucket`` are
+    one-element locals.  With ``reached`` = the number of ``b`` with ``above[b] >= need``
+    (the buckets whose suffix count reaches ``need``, a prefix since ``above`` never grows):
+    ``bucket = reached - 1`` (``-1`` when fewer than ``need`` keys were counted) and, when
+    ``reached < nb``, ``need -= above[reached]`` (the rank inside the bucket).
+
+    A composite op (:func:`kernforge.codegen.passes.composites.expand_radix_find_bucket`);
+    the CUDA renderer calls ``kf::radix_find_bucket`` (``kf/radix.cuh``)."""
+
+    hist: Buffer
+    above: Buffer
+    need: Buffer
+    bucket: Buffer
+    loc: Optional[SourceLoc] = _LOC
+
+
 #: tile ops that passes.composites can spell in primitive statements
-COMPOSITES = (OnlineSoftmax,)
+COMPOSITES = (OnlineSoftmax, RadixFindBucket)
 
 
 @dataclass(eq=False)

@@ -67,6 +67,9 @@ def _lines(s: ir.Stmt, depth: int) -> list[str]:
     if isinstance(s, ir.OnlineSoftmax):
         return [f"{pad}online_softmax {s.scores.name} max={s.row_max.name} sum={s.row_sum.name} "
                 f"rescale={s.rescale.name} scale_log2={format_expr(s.scale_log2)}"]
+    if isinstance(s, ir.RadixFindBucket):
+        return [f"{pad}radix_find_bucket {s.hist.name} -> {s.above.name} need={s.need.name} "
+                f"bucket={s.bucket.name}"]
     if isinstance(s, ir.Atomic):
         idx = ", ".join(format_expr(i) for i in s.indices)
         return [f"{pad}{s.op.value} {s.buffer.name}[{idx}] <- {format_expr(s.value)}"]

@@ -110,6 +110,8 @@ class _Verifier:
             self.live(s.dst, s)
         elif isinstance(s, ir.OnlineSoftmax):
             self.online_softmax(s)
+        elif isinstance(s, ir.RadixFindBucket):
+            self.radix_find_bucket(s)
         else:
             self.fail(f"unknown statement {type(s).__name__}", s)
 
@@ -132,6 +134,22 @@ class _Verifier:
         self.expr(s.scale_log2, s)
         if not s.scale_log2.dtype.is_float:
             self.fail(f"online_softmax scale_log2 {s.scale_log2} is {s.scale_log2.dtype}, not a float", s)
+
+    def radix_find_bucket(self, s: ir.RadixFindBucket):
+        if self.in_parallel:
+            self.fail("radix_find_bucket inside a parallel loop (it is a whole-tile step)", s)
+        for b in (s.hist, s.above, s.need, s.bucket):
+            self.live(b, s)
+            if b.dtype != dtypes.int32:
+                self.fail(f"radix_find_bucket operand {b.name} must be int32, is {b.dtype}", s)
+        for b in (s.hist, s.above):
+            if b.scope == ir.Scope.GLOBAL or b.ndim != 1:
+                self.fail(f"radix_find_bucket histogram {b.name} must be a 1-D shared/fragment tile", s)
+        if s.hist.static_shape() != s.above.static_shape() or s.hist is s.above:
+            self.fail(f"radix_find_bucket: {s.above.name} must be a distinct tile shaped like {s.hist.name}", s)
+        for b in (s.need, s.bucket):
+            if b.scope != ir.Scope.LOCAL or b.static_shape() != (1,):
+                self.fail(f"radix_find_bucket: {b.name} must be a T.alloc_var", s)
 
     def scoped(self, vars_, body):
         self.vars.update(vars_)

@@ -12,6 +12,7 @@ from kernforge.dsl.math import (abs, cast, ceil, ceildiv, exp, exp2, floor, if_t
                                 isnan, log, log2, max, max_value, min, min_value, pow, reinterpret,
                                 rsqrt, sqrt, tanh, where)
 from kernforge.dsl.prim_func import KernelFactory, PrimFunc, macro, prim_func, tunable
+from kernforge.dsl.radix import radix_find_bucket
 from kernforge.dsl.reduce import cumsum, reduce_max, reduce_min, reduce_sum
 from kernforge.dsl.softmax import online_softmax
 from kernforge.dsl.types import Buffer, StridedTensor, Tensor, dynamic, symbolic
@@ -24,7 +25,7 @@ __all__ = [
     "atomic_max", "bfloat16", "bool_", "cast", "ceil", "ceildiv", "clear", "copy", "cumsum",
     "dynamic", "exp", "exp2", "fill", "float16", "float32", "float64", "float8_e4m3", "floor",
     "gemm", "if_then_else", "infinity", "int16", "int32", "int64", "int8", "isnan", "log", "log2",
-    "macro", "max", "max_value", "min", "min_value", "online_softmax", "pow", "prim_func", "reduce_max", "reduce_min",
+    "macro", "max", "max_value", "min", "min_value", "online_softmax", "pow", "prim_func", "radix_find_bucket", "reduce_max", "reduce_min",
     "reduce_sum", "reinterpret", "rsqrt", "serial", "sqrt", "symbolic", "tanh", "tunable",
     "uint16", "uint32", "uint64", "uint8", "unroll", "where",
 ]

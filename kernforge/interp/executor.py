@@ -21,7 +21,7 @@ import numpy as np
 
 from kernforge import dtypes
 from kernforge.codegen import ir
-from kernforge.codegen.passes.composites import expand_online_softmax
+from kernforge.codegen.passes.composites import expand
 from kernforge.interp.values import Evaluator, convert
 
 _INT_POISON = 0x5A
@@ -227,13 +227,15 @@ class Interpreter:
                  ir.Op.REDUCE_MIN: np.minimum}[s.op](old, r)
         dst[...] = convert(r, cdt)
 
-    def s_OnlineSoftmax(self, s, mask):
+    def s_composite(self, s, mask):
         # the oracle runs the op's definition: the same primitive statements every
         # backend without a native lowering runs (passes.composites)
         expanded = self.expansions.get(s)
         if expanded is None:
-            expanded = self.expansions[s] = expand_online_softmax(s)
+            expanded = self.expansions[s] = expand(s)
         self.stmt(expanded, mask)
+
+    s_OnlineSoftmax = s_RadixFindBucket = s_composite
 
     def s_Cumsum(self, s, mask):
         src = self.storage[s.src]

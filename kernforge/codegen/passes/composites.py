@@ -48,7 +48,36 @@ def expand_online_softmax(s: ir.OnlineSoftmax) -> ir.Stmt:
     ), s.loc)
 
 
-EXPANSIONS = {ir.OnlineSoftmax: expand_online_softmax}
+def expand_radix_find_bucket(s: ir.RadixFindBucket) -> ir.Stmt:
+    """``s`` as a reverse Cumsum, a Parallel flagging the buckets that reach ``need``, a
+    Reduce counting them and two scalar stores (the semantics in ``ir.RadixFindBucket``)."""
+    i32 = dtypes.int32
+    (nb,) = s.hist.static_shape()
+    reached = ir.Buffer(f"{s.hist.name}_reached", (ir.const(nb),), i32, ir.Scope.FRAGMENT)
+    count = ir.Buffer(f"{s.hist.name}_nreached", (ir.const(1),), i32, ir.Scope.FRAGMENT)
+    b = ir.Var("b")
+    need = ir.Load(s.need, (ir.const(0),))
+    n = ir.Load(count, (ir.const(0),))
+    flag = ir.select(ir.binary(ir.Op.GE, ir.Load(s.above, (b,)), need), 1, 0)
+    return ir.Seq((
+        ir.Allocate(reached, s.loc),
+        ir.Allocate(count, s.loc),
+        ir.Cumsum(s.hist, s.above, 0, True, s.loc),
+        ir.Parallel((b,), (nb,), ir.Store(reached, (b,), ir.cast(flag, i32), s.loc), s.loc),
+        ir.Reduce(ir.Op.REDUCE_SUM, reached, count, 0, True, s.loc),
+        ir.If(ir.binary(ir.Op.LT, n, nb),
+              ir.Store(s.need, (ir.const(0),), ir.cast(ir.binary(ir.Op.SUB, need, ir.Load(s.above, (n,))),
+                                                      s.need.dtype), s.loc), None, s.loc),
+        ir.Store(s.bucket, (ir.const(0),), ir.cast(ir.binary(ir.Op.SUB, n, 1), s.bucket.dtype), s.loc),
+    ), s.loc)
+
+
+EXPANSIONS = {ir.OnlineSoftmax: expand_online_softmax, ir.RadixFindBucket: expand_radix_find_bucket}
+
+
+def expand(s: ir.Stmt) -> ir.Stmt:
+    """The primitive spelling of composite statement ``s``."""
+    return EXPANSIONS[type(s)](s)
 
 
 class _Expand(ir.Mutator):
@@ -56,7 +85,9 @@ class _Expand(ir.Mutator):
         self.native = native
 
     def visit_OnlineSoftmax(self, s: ir.OnlineSoftmax):
-        return s if ir.OnlineSoftmax in self.native else EXPANSIONS[ir.OnlineSoftmax](s)
+        return s if type(s) in self.native else expand(s)
+
+    visit_RadixFindBucket = visit_OnlineSoftmax
 
 
 def lower_composites(kernel: ir.Kernel, native: tuple[type, ...] = ()) -> ir.Kernel:

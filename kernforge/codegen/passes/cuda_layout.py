@@ -237,6 +237,9 @@ class _Planner:
         if isinstance(s, ir.Cumsum):
             bad |= {b for b in (s.src, s.dst) if b in regs}
             return
+        if isinstance(s, ir.RadixFindBucket):  # the whole block scans the histogram in shared memory
+            bad |= {b for b in (s.hist, s.above) if b in regs}
+            return
         if isinstance(s, ir.OnlineSoftmax):
             # registers only as an accumulator with its row vectors; otherwise all in shared memory
             operands = (s.scores, s.row_max, s.row_sum, s.rescale)
@@ -269,7 +272,8 @@ class _Planner:
             if not (same or rows):
                 bad.add(b)
         for n in nodes(p.body):
-            if isinstance(n, (ir.Parallel, ir.Copy, ir.Fill, ir.Gemm, ir.Reduce, ir.Cumsum, ir.OnlineSoftmax)):
+            if isinstance(n, (ir.Parallel, ir.Copy, ir.Fill, ir.Gemm, ir.Reduce, ir.Cumsum, ir.OnlineSoftmax,
+                              ir.RadixFindBucket)):
                 bad |= {b for b, _ in accesses if b in regs}
 
     @staticmethod

@@ -45,6 +45,8 @@ def _touches(s: ir.Stmt, b: ir.Buffer) -> bool:
             return True
         if isinstance(n, ir.OnlineSoftmax) and b in (n.scores, n.row_max, n.row_sum, n.rescale):
             return True
+        if isinstance(n, ir.RadixFindBucket) and b in (n.hist, n.above, n.need, n.bucket):
+            return True
     return False
 
 

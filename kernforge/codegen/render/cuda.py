@@ -43,7 +43,7 @@ from kernforge.codegen.passes import run_pipeline, simplify
 from kernforge.codegen.passes.cuda_fp8_operands import cuda_fp8_operands
 from kernforge.codegen.passes.cuda_layout import LayoutPlan, nodes, plan_layouts
 from kernforge.codegen.passes.cuda_pipeline import PipelinePlan, plan_pipelines
-from kernforge.codegen.render import cuda_gemm, cuda_ops, cuda_reduce, cuda_softmax, cuda_tma
+from kernforge.codegen.render import cuda_gemm, cuda_ops, cuda_radix, cuda_reduce, cuda_softmax, cuda_tma
 from kernforge.codegen.render.base import CRenderer
 from kernforge.codegen.verify import verify
 
@@ -70,8 +70,12 @@ ARCHS = {a.name: a for a in (Arch("sm_80", 80, False, 163 * 1024), Arch("sm_90a"
 DEFAULT_ARCH = "sm_90a"
 # IR -> IR passes before rendering (the analyses cuda_layout/cuda_pipeline then read the result)
 PIPELINE = (simplify, cuda_fp8_operands)
-# composite tile ops this renderer lowers itself (to kf/ device helpers) instead of their expansion
-NATIVE = (ir.OnlineSoftmax,)
+
+
+def native_composites(kernel: ir.Kernel) -> tuple[type, ...]:
+    """Composite tile ops this renderer lowers itself (to kf/ device helpers) instead of running
+    their expansion; the radix helper uses warp collectives, so it needs a block of whole warps."""
+    return (ir.OnlineSoftmax,) + ((ir.RadixFindBucket,) if kernel.threads % 32 == 0 else ())
 
 
 class CudaRenderError(ir.KernelError):
@@ -229,6 +233,8 @@ class CudaRenderer(CRenderer):
             elif isinstance(n, (ir.Reduce, ir.Cumsum)):
                 reads |= self.is_smem(n.src) or self.is_smem(n.dst)
                 writes |= self.is_smem(n.dst)
+            elif isinstance(n, ir.RadixFindBucket):
+                reads = writes = True
             elif isinstance(n, ir.OnlineSoftmax):
                 touched = any(self.is_smem(b) for b in (n.scores, n.row_max, n.row_sum, n.rescale))
                 reads |= touched
@@ -257,7 +263,8 @@ class CudaRenderer(CRenderer):
         if softmax:
             self.softmax_scratch_offset = off
             off += -(-softmax * 4 // SMEM_ALIGN) * SMEM_ALIGN
-        if any(isinstance(c, ir.Cumsum) and cuda_reduce.block_scan_ok(self, c) for c in nodes(self.k.body)):
+        if any((isinstance(c, ir.Cumsum) and cuda_reduce.block_scan_ok(self, c)) or isinstance(c, ir.RadixFindBucket)
+               for c in nodes(self.k.body)):
             self.scan_scratch_offset = off
             off += 32 * 8
         self.smem_bytes = off
@@ -337,7 +344,7 @@ HANDLERS: dict[type, Callable] = {
     ir.Atomic: cuda_ops.render_atomic, ir.If: cuda_ops.render_if, ir.For: cuda_ops.render_for,
     ir.Parallel: cuda_ops.render_parallel, ir.Copy: cuda_ops.render_copy, ir.Fill: cuda_ops.render_fill,
     ir.Gemm: cuda_gemm.render_gemm, ir.Reduce: cuda_reduce.render_reduce, ir.Cumsum: cuda_reduce.render_cumsum,
-    ir.OnlineSoftmax: cuda_softmax.render_online_softmax,
+    ir.OnlineSoftmax: cuda_softmax.render_online_softmax, ir.RadixFindBucket: cuda_radix.render_find_bucket,
 }
 
 
@@ -349,4 +356,4 @@ def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True)
     meet TMA's alignment rules (``cuda_tma.encode_args``)."""
     verify(kernel)
     target = arch_info(arch)
-    return CudaRenderer(run_pipeline(kernel, PIPELINE, native=NATIVE), target, tma).render()
+    return CudaRenderer(run_pipeline(kernel, PIPELINE, native=native_composites(kernel)), target, tma).render()

@@ -1,4 +1,5 @@
-"""CUDA lowering of histogram atomics to ``kf::hist_add_warp`` (``kf/radix.cuh``).
+"""CUDA lowering of radix-select steps to ``kf/radix.cuh``: histogram atomics to
+``kf::hist_add_warp``, ``T.radix_find_bucket`` to ``kf::radix_find_bucket``.
 
 A ``Parallel`` map whose whole body is ``atomic_add(hist[d], c)`` on a 1-D int32 tile in
 shared memory, optionally under one ``if``, with a constant ``c`` (a radix select's digit
@@ -63,3 +64,21 @@ def try_histogram(R, p: ir.Parallel) -> bool:
     R.reg_ctx, R.in_parallel = saved
     R.after(writes)
     return True
+
+
+def render_find_bucket(R, s: ir.RadixFindBucket) -> None:
+    """One call by the whole block (a suffix scan through the block-scan scratch, then a
+    warp-parallel count of the buckets that reach ``need``); every thread gets the answer
+    in its copy of ``need`` and ``bucket``.  The planner keeps ``hist``/``above`` in shared
+    memory; the renderer only takes the op natively when the block is whole warps."""
+    R.headers.add("kf/radix.cuh")
+    R.before(True, True)
+    need, bucket = R.buffer_name(s.need), R.buffer_name(s.bucket)
+    R.open("")
+    R.emit(f"const kf::RadixBucket kf_found = kf::radix_find_bucket<{R.k.threads}>({R.buffer_name(s.hist)}, "
+           f"{R.buffer_name(s.above)}, {s.hist.static_shape()[0]}, {need}[0], "
+           "reinterpret_cast<int32_t*>(kf_scan_scratch));")
+    R.emit(f"{bucket}[0] = kf_found.digit;")
+    R.emit(f"{need}[0] = kf_found.need;")
+    R.close()
+    R.pend_w = R.pend_r = False  # it ends with a barrier

@@ -148,14 +148,21 @@ class Indexer(nn.Module):
         n_visible = (start_pos + s) // 4
         keys = self.compressor.kv_cache[:b, :n_visible].to(x.dtype)  # [b, n, d]
         weights = self.weights_proj(x) * self.scale  # [b, s, h]
-        logits = nx.tree_sum(q[:, :, :, None, :] * keys[:, None, None], dim=-1) if nx.is_deterministic() \
-            else torch.einsum("bshd,bnd->bshn", q, keys)
-        scores = nx.tree_sum(torch.relu(logits) * weights[..., None], dim=2)  # [b, s, n]
+        # One head at a time: the [b, s, h, n] logits would be one more large temporary per layer.
+        scores = nx.sum_terms([_dots(q[:, :, i], keys).relu_().mul_(weights[:, :, i, None])
+                               for i in range(self.n_heads)])  # [b, s, n]
         visible = torch.arange(n_visible, device=x.device)[None, :] < ((positions + 1) // 4)[:, None]
-        scores = scores.masked_fill(~visible, float("-inf"))
+        scores.masked_fill_(~visible, float("-inf"))
         if n_visible < self.topk:
             scores = torch.cat([scores, scores.new_full((b, s, self.topk - n_visible), float("-inf"))], -1)
         idx = nx.topk_indices(scores, self.topk)
         valid = torch.gather(scores, -1, idx) > float("-inf")
         return torch.where(valid, idx, torch.full_like(idx, -1))
 
+
+
+def _dots(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """q [b, s, d] . keys [b, n, d] -> [b, s, n] (a fresh tensor)."""
+    if nx.is_deterministic():
+        return nx.tree_sum(q[:, :, None, :] * keys[:, None], dim=-1)
+    return torch.matmul(q, keys.transpose(-1, -2))

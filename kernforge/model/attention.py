@@ -209,9 +209,11 @@ class Attention(nn.Module):
         if picks is None:
             k = torch.arange(cache.shape[1], device=cache.device)
             return cache, (k[None, :] < ((positions + 1) // self.compress_ratio)[:, None])[None]
-        gathered = torch.gather(cache[:, None].expand(-1, picks.shape[1], -1, -1), 2,
-                                picks.clamp(min=0)[..., None].expand(-1, -1, -1, cache.shape[-1]))
-        return gathered, picks >= 0
+        # Row index into the batch-flattened cache: one plain row gather (a torch.gather over the
+        # cache expanded to every query is ~5x slower).
+        n_max = cache.shape[1]
+        rows = picks.clamp(min=0) + n_max * torch.arange(b, device=picks.device)[:, None, None]
+        return cache.reshape(b * n_max, -1)[rows], picks >= 0
 
     def _write_ring(self, kv: torch.Tensor, start_pos: int) -> None:
         b, s, _ = kv.shape

@@ -69,15 +69,12 @@ class Compressor(nn.Module):
         kept = r + start_pos - base  # state rows in use: previous block + open part
         seq_kv = torch.cat([self.kv_state[:b, :kept].to(x.dtype), kv], dim=1)  # positions base-r ..
         seq_score = torch.cat([self.score_state[:b, :kept].to(x.dtype), score], dim=1)
-        n_blocks = -(-seq_kv.shape[1] // r)
-        pad = n_blocks * r - seq_kv.shape[1]
-        blocks_kv = torch.cat([seq_kv, seq_kv.new_zeros(b, pad, self.width)], 1).unflatten(1, (n_blocks, r))
-        blocks_score = torch.cat([seq_score, seq_score.new_full((b, pad, self.width), float("-inf"))], 1)
-        blocks_score = blocks_score.unflatten(1, (n_blocks, r))
         first = base // r  # sequence block j holds block first + j - 1
         n_new = (start_pos + s) // r - first
-        if n_new > 0:
-            entries = self._pool(blocks_kv, blocks_score, n_new)
+        if n_new > 0:  # blocks 0..n_new of the sequence are complete (block 0: the previous one)
+            rows = (n_new + 1) * r
+            entries = self._pool(seq_kv[:, :rows].unflatten(1, (n_new + 1, r)),
+                                 seq_score[:, :rows].unflatten(1, (n_new + 1, r)), n_new)
             self._store(self._finish(entries, first), first)
         new_base = ((start_pos + s) // r) * r
         keep_from = new_base - base  # sequence row of position new_base - r

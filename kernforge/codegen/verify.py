@@ -121,7 +121,7 @@ class _Verifier:
         bufs = (s.scores, s.row_max, s.row_sum, s.rescale)
         for b in bufs:
             self.live(b, s)
-            if b.scope == ir.Scope.GLOBAL or b.dtype != dtypes.float32:
+            if b.scope not in (ir.Scope.SHARED, ir.Scope.FRAGMENT) or b.dtype != dtypes.float32:
                 self.fail(f"online_softmax operand {b.name} must be a float32 shared/fragment tile, "
                           f"is {b.scope.value} {b.dtype}", s)
         if s.scores.ndim != 2:
@@ -143,7 +143,7 @@ class _Verifier:
             if b.dtype != dtypes.int32:
                 self.fail(f"radix_find_bucket operand {b.name} must be int32, is {b.dtype}", s)
         for b in (s.hist, s.above):
-            if b.scope == ir.Scope.GLOBAL or b.ndim != 1:
+            if b.scope not in (ir.Scope.SHARED, ir.Scope.FRAGMENT) or b.ndim != 1:
                 self.fail(f"radix_find_bucket histogram {b.name} must be a 1-D shared/fragment tile", s)
         if s.hist.static_shape() != s.above.static_shape() or s.hist is s.above:
             self.fail(f"radix_find_bucket: {s.above.name} must be a distinct tile shaped like {s.hist.name}", s)

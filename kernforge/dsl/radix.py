@@ -14,7 +14,8 @@ from kernforge.dsl.handles import TensorHandle, VarHandle
 
 
 def _int32(x, what: str, loc, var: bool) -> ir.Buffer:
-    if var != isinstance(x, VarHandle) or not isinstance(x, TensorHandle) or x.scope == ir.Scope.GLOBAL:
+    scopes = (ir.Scope.LOCAL,) if var else (ir.Scope.SHARED, ir.Scope.FRAGMENT)
+    if var != isinstance(x, VarHandle) or not isinstance(x, TensorHandle) or x.scope not in scopes:
         kind = "a T.alloc_var" if var else "a shared or fragment tile"
         raise B.error(f"T.radix_find_bucket: {what} must be {kind}, got {x!r}", loc)
     B.current().check_live(x.buffer, loc)

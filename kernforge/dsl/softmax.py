@@ -11,11 +11,11 @@ from __future__ import annotations
 from kernforge import dtypes
 from kernforge.codegen import ir
 from kernforge.dsl import builder as B
-from kernforge.dsl.handles import TensorHandle, VarHandle, unwrap_expr
+from kernforge.dsl.handles import TensorHandle, unwrap_expr
 
 
 def _tile(x, what: str, loc) -> ir.Buffer:
-    if not isinstance(x, TensorHandle) or isinstance(x, VarHandle) or x.scope == ir.Scope.GLOBAL:
+    if not isinstance(x, TensorHandle) or x.scope not in (ir.Scope.SHARED, ir.Scope.FRAGMENT):
         raise B.error(f"T.online_softmax: {what} must be a shared or fragment tile, got {x!r}", loc)
     B.current().check_live(x.buffer, loc)
     if x.buffer.dtype != dtypes.float32:

@@ -95,10 +95,12 @@ class MoE(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         weights, indices = self.gate(x, token_ids.reshape(-1))
-        y = torch.zeros_like(x)
-        for e in torch.unique(indices).tolist():  # ascending: a token sums its experts in index order
+        y = self.shared_experts(x)
+        for e in torch.unique(indices).tolist():  # ascending: a token adds its experts in index order
             hit = indices == e
-            rows = hit.any(dim=1).nonzero().squeeze(1)
+            rows = hit.any(dim=1).nonzero().squeeze(1)  # each token once
             slot = hit[rows].to(torch.int8).argmax(dim=1)  # first slot naming e (argmax returns the first)
-            y[rows] += self.experts[e](x[rows], weights[rows, slot, None])
-        return (y + self.shared_experts(x)).reshape(shape)
+            # index_select/index_add_ on these distinct rows: the same rows as x[rows] / y[rows] += ...,
+            # several times faster on the CPU.
+            y.index_add_(0, rows, self.experts[e](x.index_select(0, rows), weights[rows, slot, None]))
+        return y.reshape(shape)

@@ -219,7 +219,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                             T.reduce_max(keys, gmax, dim=1)
                             for g in T.Parallel(ngroups):
                                 gmax_c[u * ngroups + g] = gmax[g]
-                        if t == 0:
+                        if (t == 0) & (ctiles * ngroups >= k):
                             # start threshold: just below the k-th largest maximum of `nsets`
                             # disjoint sets of `fold` groups each (group i, i + nsets, ...; groups
                             # beyond the row count as empty, maximum 0), radix-selected on the top

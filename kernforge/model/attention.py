@@ -15,7 +15,7 @@ tail replay simply looks shorter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
 import torch
 from torch import nn
@@ -27,7 +27,6 @@ from kernforge.model.primitives import Linear, RMSNorm, RopeTable, rms_normalize
 from kernforge.model.quant import fake_quant_fp8
 
 
-@dataclass(frozen=True)
 class WindowBand:
     """The sliding-window candidates without a [b, s, W, d] copy: query i sees rows i..i+W-1 of `seq`.
 
@@ -36,46 +35,49 @@ class WindowBand:
     write W copies of every key; instead queries go in blocks of W, each block
     does one dense product with the 2W rows it can touch, and the band is
     picked out of (or scattered into) that block. The extra entries only ever
-    meet exact zeros, so the result is the per-query dot products.
+    meet exact zeros, so the result is the per-query dot products. The 2W key
+    rows of every block are laid out once, for both the scores and the weighting.
     """
-    seq: torch.Tensor
-    width: int
+
+    def __init__(self, seq: torch.Tensor, width: int):
+        self.seq, self.width = seq, width
+        w = width
+        self.n_queries = seq.shape[1] - (w - 1)
+        self.n_blocks = -(-self.n_queries // w)  # queries padded to n_blocks * W
+
+    @functools.cached_property
+    def keys(self) -> torch.Tensor:
+        """[b, n_blocks, 2W, d]: block j's queries jW..jW+W-1 reach key rows jW..jW+2W-1."""
+        w = self.width
+        padded = nn.functional.pad(self.seq, (0, 0, 0, (self.n_blocks + 1) * w - self.seq.shape[1]))
+        return padded.unfold(1, 2 * w, w)[:, :self.n_blocks].transpose(-1, -2).contiguous()
 
     def per_query(self) -> torch.Tensor:
         """The materialised [b, s, W, d] candidates (deterministic mode's tree sums need them)."""
         return self.seq.unfold(1, self.width, 1).transpose(-1, -2)
 
-    def _blocks(self, s: int) -> tuple[torch.Tensor, int]:
-        """Keys per query block [b, n_blocks, d, 2W] and the block count (queries padded to n_blocks*W)."""
-        w = self.width
-        n_blocks = -(-s // w)
-        seq = nn.functional.pad(self.seq, (0, 0, 0, (n_blocks + 1) * w - self.seq.shape[1]))
-        return seq.unfold(1, 2 * w, w)[:, :n_blocks].contiguous(), n_blocks
-
-    def _band_index(self, b: int, n_blocks: int, h: int) -> torch.Tensor:
+    def _band_index(self, b: int, h: int) -> torch.Tensor:
         """Column of key j for block row i: i + j, expanded to [b, n_blocks, W, h, W]."""
         w = self.width
         band = torch.arange(w, device=self.seq.device)[:, None] + torch.arange(w, device=self.seq.device)
-        return band[None, None, :, None, :].expand(b, n_blocks, w, h, w)
+        return band[None, None, :, None, :].expand(b, self.n_blocks, w, h, w)
 
     def scores(self, q: torch.Tensor) -> torch.Tensor:
         """q [b, s, h, d] -> q.key for each window slot [b, s, h, W]."""
         b, s, h, d = q.shape
-        w = self.width
-        keys, n_blocks = self._blocks(s)
+        w, n_blocks = self.width, self.n_blocks
         qb = nn.functional.pad(q, (0, 0, 0, 0, 0, n_blocks * w - s)).reshape(b, n_blocks, w * h, d)
-        dense = torch.matmul(qb, keys).view(b, n_blocks, w, h, 2 * w)
-        picked = dense.gather(-1, self._band_index(b, n_blocks, h))
+        dense = torch.matmul(qb, self.keys.transpose(-1, -2)).view(b, n_blocks, w, h, 2 * w)
+        picked = dense.gather(-1, self._band_index(b, h))
         return picked.reshape(b, n_blocks * w, h, w)[:, :s]
 
     def weighted(self, p: torch.Tensor) -> torch.Tensor:
         """p [b, s, h, W] -> sum over window slots of p * key, [b, s, h, d]."""
         b, s, h, _ = p.shape
-        w = self.width
-        keys, n_blocks = self._blocks(s)
+        w, n_blocks = self.width, self.n_blocks
         pb = nn.functional.pad(p, (0, 0, 0, 0, 0, n_blocks * w - s)).view(b, n_blocks, w, h, w)
-        dense = p.new_zeros(b, n_blocks, w, h, 2 * w).scatter_(-1, self._band_index(b, n_blocks, h), pb)
-        out = torch.matmul(dense.view(b, n_blocks, w * h, 2 * w), keys.transpose(-1, -2))
+        dense = p.new_zeros(b, n_blocks, w, h, 2 * w).scatter_(-1, self._band_index(b, h), pb)
+        out = torch.matmul(dense.view(b, n_blocks, w * h, 2 * w), self.keys)
         return out.view(b, n_blocks * w, h, -1)[:, :s]
 
 

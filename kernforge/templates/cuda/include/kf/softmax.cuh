@@ -43,11 +43,29 @@ struct AccumShape {
   static KF_DEVICE int reg(int s, int ni, int q) { return ((s >> 1) * NT + ni) * 4 + (s & 1) * 2 + q; }
 };
 
+// part[s], this thread's quad-reduced value of row s (meaningful on owner warps), becomes the
+// row's value over all WN warp columns, in every thread of the block.  `area`: M * WN floats of
+// shared memory; warp column c's quad leaders write area[c * M + row], then one barrier.
+template <typename Op, typename S, int WM, int WN>
+KF_DEVICE void combine_warp_columns(float (&part)[S::ROWS], float* area) {
+  const int t = threadIdx.x;
+  if (S::owner() && (t & 3) == 0) {
+#pragma unroll
+    for (int s = 0; s < S::ROWS; ++s) area[((t >> 5) / WM) * S::M + S::row(s)] = part[s];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < S::ROWS; ++s) {
+    float v = area[S::row(s)];
+    for (int w = 1; w < WN; ++w) v = Op::apply(v, area[w * S::M + S::row(s)]);
+    part[s] = v;
+  }
+}
+
 template <int MT, int NT, int WM, int WN, int WARPS>
 KF_DEVICE void online_softmax_step(float (&x)[MT * NT * 4], float (&m)[MT * 2], float (&l)[MT * 2],
                                    float (&rescale)[MT * 2], float scale_log2, float* scratch) {
   using S = AccumShape<MT, NT, WM, WN, WARPS>;
-  const int t = threadIdx.x;
   const bool owner = S::owner();
   float part[S::ROWS];
   // tile row max
@@ -63,19 +81,7 @@ KF_DEVICE void online_softmax_step(float (&x)[MT * NT * 4], float (&m)[MT * 2], 
     }
     part[s] = v;
   }
-  if (S::CROSS_WARP) {
-    if (owner && (t & 3) == 0) {
-#pragma unroll
-      for (int s = 0; s < S::ROWS; ++s) scratch[((t >> 5) / WM) * S::M + S::row(s)] = part[s];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int s = 0; s < S::ROWS; ++s) {
-      float v = scratch[S::row(s)];
-      for (int w = 1; w < WN; ++w) v = MaxOp::apply(v, scratch[w * S::M + S::row(s)]);
-      part[s] = v;
-    }
-  }
+  if (S::CROSS_WARP) combine_warp_columns<MaxOp, S, WM, WN>(part, scratch);
   // new running max, rescale factor, shift
   float shift[S::ROWS];
 #pragma unroll
@@ -102,20 +108,7 @@ KF_DEVICE void online_softmax_step(float (&x)[MT * NT * 4], float (&m)[MT * 2], 
     }
     part[s] = v;
   }
-  if (S::CROSS_WARP) {
-    float* area = scratch + WN * S::M;
-    if (owner && (t & 3) == 0) {
-#pragma unroll
-      for (int s = 0; s < S::ROWS; ++s) area[((t >> 5) / WM) * S::M + S::row(s)] = part[s];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int s = 0; s < S::ROWS; ++s) {
-      float v = area[S::row(s)];
-      for (int w = 1; w < WN; ++w) v = SumOp::apply(v, area[w * S::M + S::row(s)]);
-      part[s] = v;
-    }
-  }
+  if (S::CROSS_WARP) combine_warp_columns<SumOp, S, WM, WN>(part, scratch + WN * S::M);
 #pragma unroll
   for (int s = 0; s < S::ROWS; ++s) l[s] = l[s] * rescale[s] + part[s];
 }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
+import numpy as np
 import torch
 
 import kernforge
@@ -238,5 +239,7 @@ def _padded_empty(b: int, k: int, dtype, device) -> torch.Tensor:
 
 
 def _as_float32(v) -> float:
-    """The fill value narrowed to float32, as DeepSelect's binding does."""
-    return float(torch.tensor(float(v), dtype=torch.float32))
+    """The fill value narrowed to float32 (round to nearest even, overflow to inf), as
+    DeepSelect's binding does; numpy's scalar conversion costs 0.4 us, a torch tensor 3."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(v))

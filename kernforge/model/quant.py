@@ -95,9 +95,13 @@ def round_e2m1(x: torch.Tensor) -> torch.Tensor:
     from the exponent bits, not from comparisons and torch.where (which is
     ~10x slower than arithmetic per element on the CPU).
     """
-    a = x.abs()
+    return torch.copysign(_round_e2m1_magnitude(x.abs()), x)
+
+
+def _round_e2m1_magnitude(a: torch.Tensor) -> torch.Tensor:
+    """round_e2m1 for a >= 0."""
     step = (_pow2_floor(a) * 0.5).clamp_(0.5, 2.0)
-    return torch.copysign(torch.round(a / step) * step, x)
+    return torch.round(a / step).mul_(step)
 
 
 _EXPONENT_BITS = {torch.float32: (torch.int32, 0x7F800000), torch.float64: (torch.int64, 0x7FF0000000000000)}
@@ -114,5 +118,6 @@ def _pow2_floor(a: torch.Tensor) -> torch.Tensor:
 def fake_quant_fp4(x: torch.Tensor, block: int = FP4_BLOCK) -> torch.Tensor:
     """Round to e2m1 with one power-of-two scale per `block` values, and back."""
     xb = _blocked(x, block)
-    scale = _pow2_ceil_scale(xb.abs().amax(-1, keepdim=True), FP4_MAX, FP4_MAX * 2.0 ** -126)
-    return (round_e2m1(xb / scale) * scale).flatten(-2)
+    magnitude = xb.abs()  # rounded as magnitudes, the sign put back once at the end
+    scale = _pow2_ceil_scale(magnitude.amax(-1, keepdim=True), FP4_MAX, FP4_MAX * 2.0 ** -126)
+    return torch.copysign(_round_e2m1_magnitude(magnitude / scale).mul_(scale), xb).flatten(-2)

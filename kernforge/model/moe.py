@@ -58,13 +58,13 @@ class Expert(nn.Module):
         self.swiglu_limit = swiglu_limit
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-        gate, up = self.w1(x), self.w3(x)
+        gate, up = self.w1(x), self.w3(x)  # fresh tensors, so the elementwise steps run in place
         if self.swiglu_limit > 0:
-            up = up.clamp(-self.swiglu_limit, self.swiglu_limit)
-            gate = gate.clamp(max=self.swiglu_limit)
-        h = nx.silu(gate) * up
+            up.clamp_(-self.swiglu_limit, self.swiglu_limit)
+            gate.clamp_(max=self.swiglu_limit)
+        h = nx.silu(gate).mul_(up)
         if weights is not None:
-            h = h * weights
+            h.mul_(weights)
         return self.w2(h)
 
 

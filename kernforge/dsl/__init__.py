@@ -25,7 +25,7 @@ __all__ = [
     "atomic_max", "bfloat16", "bool_", "cast", "ceil", "ceildiv", "clear", "copy", "cumsum",
     "dynamic", "exp", "exp2", "fill", "float16", "float32", "float64", "float8_e4m3", "floor",
     "gemm", "if_then_else", "infinity", "int16", "int32", "int64", "int8", "isnan", "log", "log2",
-    "macro", "max", "max_value", "min", "min_value", "online_softmax", "pow", "prim_func", "radix_find_bucket", "reduce_max", "reduce_min",
-    "reduce_sum", "reinterpret", "rsqrt", "serial", "sqrt", "symbolic", "tanh", "tunable",
+    "macro", "max", "max_value", "min", "min_value", "online_softmax", "pow", "prim_func",
+    "radix_find_bucket", "reduce_max", "reduce_min", "reduce_sum", "reinterpret", "rsqrt", "serial", "sqrt", "symbolic", "tanh", "tunable",
     "uint16", "uint32", "uint64", "uint8", "unroll", "where",
 ]

@@ -215,9 +215,22 @@ def tiny(**overrides: Any) -> ModelConfig:
     Layer kinds: 0 sliding-window + hash routing, 1 ratio-4 with indexer + hash
     routing (like real layer 2), 2 ratio-128, 3 ratio-4 with scored routing,
     then the MTP layer (sliding window). Capacity: batch 8, 1024 tokens.
+
+    Why each size: vocab 512 holds the byte tokenizer (256 bytes + the DeepSeek
+    special tokens). hidden_size 128 is the smallest multiple of 128 (the FP8
+    activation block of the GEMM inputs) and of 32 (the FP4 expert scale
+    block); spec §6 proposes 256, halved here so that one 8 x 1024 forward
+    stays well under a second on 2 CPU cores (issue 6 §1; the hidden size sets
+    the GEMMs' inner dim and the size of the 4 hyper-connection copies).
+    head_dim 96 = one FP8 block of 64 nope dims + 32 rope dims; 4 heads in
+    o_groups=2 so the grouped output has several heads per group. Indexer: 4
+    heads of 64 dims (a power of two, a multiple of 32, above the rope dims),
+    top-8 of its entries. 8 experts, 2 per token, moe_intermediate_size 128 (a
+    multiple of 128, for the FP4 -> FP8 recast). Window 16, so a 1024-token
+    sequence crosses the window, 256 ratio-4 entries and 8 ratio-128 entries.
     """
     fields: dict[str, Any] = dict(
-        vocab_size=512, hidden_size=256, num_hidden_layers=4, num_nextn_predict_layers=1,
+        vocab_size=512, hidden_size=128, num_hidden_layers=4, num_nextn_predict_layers=1,
         num_attention_heads=4, head_dim=96, qk_rope_head_dim=32, q_lora_rank=128, o_groups=2,
         o_lora_rank=64, sliding_window=16, compress_ratios=(0, 4, 128, 4, 0), index_n_heads=4,
         index_head_dim=64, index_topk=8, n_routed_experts=8, num_experts_per_tok=2,

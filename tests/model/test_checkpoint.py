@@ -51,7 +51,7 @@ def test_keep_quantized_stores_checkpoint_bytes_and_gives_identical_logits(check
     quant = load_checkpoint(_fresh(), folder, keep_quantized=True)
     dense = load_checkpoint(_fresh(), folder)
     exp0 = quant.layers[3].ffn.experts[5].w2
-    assert exp0.format == "fp4" and exp0.weight.dtype == torch.int8 and exp0.weight.shape == (256, 64)
+    assert exp0.format == "fp4" and exp0.weight.dtype == torch.int8 and exp0.weight.shape == (tiny().hidden_size, 64)
     wq = quant.layers[1].attn.wq_b
     assert wq.format == "fp8" and wq.weight.dtype == torch.float8_e4m3fn and wq.scale.shape == (3, 1)
     assert quant.head.format is None
@@ -77,7 +77,8 @@ def test_fp8_experts_when_expert_dtype_is_none(tmp_path):
     expected = write_official_checkpoint(random_model(cfg, seed=25).state_dict(), tmp_path, fp4_experts=False)
     model = load_checkpoint(Transformer(cfg), tmp_path, keep_quantized=True)
     w1 = model.layers[2].ffn.experts[3].w1
-    assert w1.format == "fp8" and w1.scale.shape == (1, 2)
+    tiles = (-(-cfg.moe_intermediate_size // 128), -(-cfg.hidden_size // 128))  # 128 x 128 tiles
+    assert w1.format == "fp8" and w1.scale.shape == tiles
     assert torch.equal(w1.dense_weight(), expected["layers.2.ffn.experts.3.w1.weight"])
     with pytest.raises(TypeError, match="int8"):  # an FP8 expert checkpoint is not an FP4 one
         load_checkpoint(Transformer(tiny()), tmp_path)
@@ -97,11 +98,11 @@ def _single_file(checkpoint, tmp_path, edit):
     (lambda t: t.pop("layers.2.attn.compressor.ape"), KeyError, "compressor.ape"),
     (lambda t: t.pop("layers.0.attn.wq_a.scale"), KeyError, "wq_a.scale"),
     (lambda t: t.update({"layers.9.attn.attn_sink": torch.zeros(4)}), ValueError, "match nothing"),
-    (lambda t: t.update({"layers.0.attn.wkv.weight": torch.zeros(96, 256, dtype=torch.bfloat16)}),
+    (lambda t: t.update({"layers.0.attn.wkv.weight": torch.zeros(96, tiny().hidden_size, dtype=torch.bfloat16)}),
      TypeError, "float8_e4m3fn"),
     (lambda t: t.update({"norm.weight": torch.zeros(255, dtype=torch.bfloat16)}), ValueError, "shape"),
     (lambda t: t.update({"layers.0.ffn.gate.tid2eid": torch.full((512, 2), 8)}), ValueError, "expert ids"),
-    (lambda t: t.update({"layers.0.attn.wkv.scale": t["layers.0.attn.wkv.scale"][:, :1]}), ValueError,
+    (lambda t: t.update({"layers.0.attn.wkv.scale": t["layers.0.attn.wkv.scale"].repeat(1, 2)}), ValueError,
      "scale shape"),
 ])
 def test_bad_checkpoints_raise_clear_errors_and_leave_the_model_untouched(checkpoint, tmp_path, edit, error,

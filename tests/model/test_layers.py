@@ -12,6 +12,8 @@ from kernforge.model.quant import fake_quant_fp4
 
 from ._helpers import rope_reference, tokens
 
+D = tiny().hidden_size
+
 
 @pytest.fixture(scope="module")
 def model():
@@ -52,7 +54,7 @@ def _freqs(table):
 @pytest.mark.parametrize("layer, length", [(1, 37), (2, 300)])
 def test_compressor_matches_formula_for_any_chunking(model, layer, length):
     comp = model.layers[layer].attn.compressor
-    x = torch.randn(2, length, 256, dtype=torch.float64, generator=torch.Generator().manual_seed(layer))
+    x = torch.randn(2, length, D, dtype=torch.float64, generator=torch.Generator().manual_seed(layer))
     expect = naive_entries(comp, x)
     n = expect.shape[1]
     for cuts in ([0, length], [0, 5, 6, 133, 134, length], list(range(0, length, 3)) + [length]):
@@ -66,7 +68,7 @@ def test_compressor_matches_formula_for_any_chunking(model, layer, length):
 
 def test_indexer_keys_are_rotated_then_fp4(model):
     comp = model.layers[1].attn.indexer.compressor
-    x = torch.randn(1, 24, 256, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(1, 24, D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     comp.fake_quant = True
     try:
         comp.reset_cache()
@@ -82,7 +84,7 @@ def test_indexer_picks_the_top_scores(model):
     idx = attn.indexer
     b, t_count = 2, 70
     g = torch.Generator().manual_seed(6)
-    x = torch.randn(b, t_count, 256, dtype=torch.float64, generator=g)
+    x = torch.randn(b, t_count, D, dtype=torch.float64, generator=g)
     qr = torch.randn(b, t_count, 128, dtype=torch.float64, generator=g)
     idx.compressor.reset_cache()
     picks = idx(x, qr, 0)
@@ -147,7 +149,7 @@ def test_attention_layer_matches_explicit_candidate_sets(model, layer, length):
     """Window t-W+1..t plus visible compressed entries (indexer picks for ratio 4), sink, grouped wo."""
     attn = model.layers[layer].attn
     attn.reset_cache()
-    x = torch.randn(1, length, 256, dtype=torch.float64, generator=torch.Generator().manual_seed(layer))
+    x = torch.randn(1, length, D, dtype=torch.float64, generator=torch.Generator().manual_seed(layer))
     out = attn(x, 0)
     pos = torch.arange(length)
     qr = _rms(x @ attn.wq_a.weight.T, attn.q_norm.weight)
@@ -177,7 +179,7 @@ def test_attention_layer_matches_explicit_candidate_sets(model, layer, length):
 def test_moe_matches_per_token_formula(model, layer):
     moe = model.layers[layer].ffn
     g = torch.Generator().manual_seed(8)
-    x = torch.randn(3, 5, 256, dtype=torch.float64, generator=g) * 4  # large enough to hit the clamp
+    x = torch.randn(3, 5, D, dtype=torch.float64, generator=g) * 4  # large enough to hit the clamp
     ids = tokens(3, 5, 9)
     got = moe(x, ids)
 
@@ -208,7 +210,7 @@ def test_moe_hash_table_naming_one_expert_twice_adds_it_once(model):
     moe = model.layers[1].ffn
     assert moe.gate.hash
     g = torch.Generator().manual_seed(12)
-    x = torch.randn(2, 6, 256, dtype=torch.float64, generator=g)
+    x = torch.randn(2, 6, D, dtype=torch.float64, generator=g)
     ids = torch.arange(12).reshape(2, 6) + 100
     table = moe.gate.tid2eid.clone()
     rows = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(12)])
@@ -256,8 +258,8 @@ def test_sinkhorn_matches_spec_iteration_and_is_near_doubly_stochastic():
 def test_hyper_connection_pre_and_post_match_formula(model):
     blk = model.layers[0]
     g = torch.Generator().manual_seed(11)
-    x = torch.randn(1, 2, 4, 256, dtype=torch.float64, generator=g)
-    y = torch.randn(1, 2, 256, dtype=torch.float64, generator=g)
+    x = torch.randn(1, 2, 4, D, dtype=torch.float64, generator=g)
+    y = torch.randn(1, 2, D, dtype=torch.float64, generator=g)
     u, post, comb = hc_pre(list(x.unbind(2)), blk.hc_attn_fn, blk.hc_attn_scale, blk.hc_attn_base, 20, 1e-6, 1e-6)
     out = torch.stack(hc_post(y, list(x.unbind(2)), post, comb), dim=2)
     a, beta = blk.hc_attn_scale, blk.hc_attn_base

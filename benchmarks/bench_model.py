@@ -9,7 +9,10 @@ Pairs (ratio = subject / peer):
   process CPU time it used (`--capacity-only` runs just this row, e.g. to time an
   older checkout of the package, put first on PYTHONPATH, in alternation with this one).
 
-Usage: python benchmarks/bench_model.py [--threads N] [--repeats R] [--json] [--capacity-only]
+`--hidden-size N` times tiny(hidden_size=N) instead of tiny() (e.g. 256, the
+size spec §6 proposes and tiny() used before 2026-11-30 07:40 UTC).
+
+Usage: python benchmarks/bench_model.py [--threads N] [--repeats R] [--json] [--capacity-only] [--hidden-size N]
 """
 
 from __future__ import annotations
@@ -52,10 +55,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--capacity-only", action="store_true")
+    ap.add_argument("--hidden-size", type=int)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
-    model = random_model(tiny(), seed=0)
+    model = random_model(tiny() if args.hidden_size is None else tiny(hidden_size=args.hidden_size), seed=0)
     rows = []
 
     cap = torch.randint(0, 512, (8, 1024), generator=g)
@@ -104,7 +108,8 @@ def _report(rows, args) -> None:
     if args.json:
         print(json.dumps([dict(zip(("case", "seconds", "peer", "peer_seconds"), r)) for r in rows]))
         return
-    print(f"threads={args.threads} repeats={args.repeats} (median seconds)")
+    print(f"threads={args.threads} repeats={args.repeats} hidden_size={args.hidden_size or tiny().hidden_size}"
+          " (median seconds)")
     print(f"{'case':42s} {'s':>10s}  {'peer':30s} {'s':>10s}  ratio")
     for case, t, peer, tp in rows:
         print(f"{case:42s} {t:10.4g}  {peer:30s} {tp:10.4g}  {t / tp:6.3f}")

@@ -9,10 +9,10 @@ iterations, that mixes the copies: X'_k = post_k f(u) + sum_j C[j, k] X_j.
 Inside the blocks the copies are a list of M tensors (`Streams`), not one
 [b, s, M, D] tensor (which is what `Transformer.forward_hidden` returns).
 Every mixing step is then a plain per-token scaling of whole [b, s, D]
-tensors, and each new copy is its own allocation: at tiny()'s capacity a
-[8, 1024, 4, 256] float32 tensor is exactly 32 MiB, which glibc always
-serves with a fresh mmap that is page-faulted in on first write (~10 ms per
-block output), while 8 MiB tensors reuse heap memory.
+tensors, and each new copy is its own allocation: a stacked [8, 1024, 4, 256]
+float32 tensor (capacity at spec §6's hidden size) is exactly 32 MiB, which
+glibc always serves with a fresh mmap that is page-faulted in on first write
+(~10 ms per block output here), while 8 MiB tensors reuse heap memory.
 """
 
 from __future__ import annotations

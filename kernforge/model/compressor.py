@@ -157,7 +157,6 @@ class Indexer(nn.Module):
         return torch.where(valid, idx, torch.full_like(idx, -1))
 
 
-
 def _dots(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """q [b, s, d] . keys [b, n, d] -> [b, s, n] (a fresh tensor)."""
     if nx.is_deterministic():

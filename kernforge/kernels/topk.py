@@ -198,6 +198,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                     gmax_c = T.alloc_shared((prescan * ngroups,), kdt)
                     ctiles = T.alloc_var("int32", 0)
                     smax = T.alloc_shared((nsets,), kdt)
+                    nvalid = T.alloc_var("int32", 0)
                     cbase = T.alloc_var("int32", 0)
             else:
                 old_key = T.alloc_shared((cap,), kdt)
@@ -238,6 +239,8 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                 for i in T.Parallel(nsets):
                                     smax[i] = T.max(smax[i], T.where((r + 1) * nsets + i < ctiles * ngroups,
                                                                      gmax_c[(r + 1) * nsets + i], T.cast(0, kdt)))
+                            # sets from nvalid on hold only groups beyond the row (maximum 0): skipped
+                            nvalid = T.min(ctiles * ngroups, nsets)
                             prefix = T.cast(0, kdt)
                             need = k
                             for p, (shift, width) in enumerate(digits[:2]):
@@ -249,7 +252,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                 greached = T.alloc_fragment((nb,), "int32")
                                 T.clear(ghist4)
                                 if p == 0:
-                                    for i in T.serial(nsets):
+                                    for i in T.serial(nvalid):
                                         ghist4[i & 3, T.cast((smax[i] >> shift) & mask, "int32")] = \
                                             ghist4[i & 3, T.cast((smax[i] >> shift) & mask, "int32")] + 1
                                 else:
@@ -266,7 +269,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                 prefix = prefix | (T.cast(nreached[0] - 1, kdt) << shift)
                                 if p == 0:
                                     nsub = 0
-                                    for i in T.serial(nsets):
+                                    for i in T.serial(nvalid):
                                         sub_key[nsub] = smax[i]
                                         nsub = nsub + T.cast((smax[i] >> shift) == (prefix >> shift), "int32")
                             # at least k disjoint sets have a maximum >= prefix, so the row's k-th key is too

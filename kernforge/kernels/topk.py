@@ -109,12 +109,14 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
     the vectorised interpreter).
 
     ``prescan`` (group_serial without mask append only; 0 = off) streams the row in
-    chunks of that many tiles: a first pass over a chunk computes its keys and group
-    maxima, a second appends from the groups that beat the threshold.  Before the
-    first chunk's appends the threshold starts at the k-th largest group maximum of
-    that chunk (k groups each hold an element at least that large, so it is a lower
-    bound of the row's k-th key whatever the data): on random rows the buffer then
-    sees about k log(N / (prescan * tile)) + k survivors instead of k log(N / cap).
+    chunks of that many tiles: a first pass over a chunk keeps only its group maxima,
+    a second recomputes the keys of the groups that beat the threshold and appends
+    their survivors.  Before the first chunk's appends the threshold starts just
+    below the k-th largest maximum of disjoint sets of the chunk's groups (k sets
+    each hold an element at least that large, so it is a lower bound of the row's
+    k-th key whatever the data): random rows that fit one chunk then send about
+    1.2 k survivors to the buffer, longer ones about k log(N / (prescan * tile)) + k,
+    instead of k log(N / cap) plus the slack.
 
     ``sort`` orders the winners for ``sorted_values``: ``"network"`` (rank sort up to
     1024 winners, bitonic above; data-parallel, for GPUs and the interpreter) or

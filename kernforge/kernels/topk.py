@@ -174,7 +174,6 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
             cand_idx = T.alloc_shared((cap,), "int32")
             xt = T.alloc_fragment((tile,), dtype)
             keys = T.alloc_fragment((ngroups, group), kdt)
-            nreached = T.alloc_fragment((1,), "int32")
             nan_flag = T.alloc_fragment((k,), "int32")
             nan_any = T.alloc_fragment((1,), "int32")
             length = T.alloc_var("int32", end[row])
@@ -182,6 +181,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
             thr = T.alloc_var(kdt, 0)
             prefix = T.alloc_var(kdt, 0)
             need = T.alloc_var("int32", k)
+            bucket = T.alloc_var("int32", 0)
             ntiles = T.alloc_var("int32", (length + (tile - 1)) // tile)
             exact = T.alloc_var("int32", 1)
             if serial:
@@ -251,7 +251,6 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                 ghist4 = T.alloc_shared((4, nb), "int32")
                                 ghist = T.alloc_shared((nb,), "int32")
                                 gabove = T.alloc_shared((nb,), "int32")
-                                greached = T.alloc_fragment((nb,), "int32")
                                 T.clear(ghist4)
                                 if p == 0:
                                     for i in T.serial(nvalid):
@@ -262,13 +261,8 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                         ghist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] = \
                                             ghist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] + 1
                                 T.reduce_sum(ghist4, ghist, dim=0)
-                                T.cumsum(ghist, gabove, reverse=True)
-                                for b in T.Parallel(nb):
-                                    greached[b] = T.where(gabove[b] >= need, 1, 0)
-                                T.reduce_sum(greached, nreached)
-                                if nreached[0] < nb:
-                                    need = need - gabove[nreached[0]]
-                                prefix = prefix | (T.cast(nreached[0] - 1, kdt) << shift)
+                                T.radix_find_bucket(ghist, gabove, need, bucket)
+                                prefix = prefix | (T.cast(bucket, kdt) << shift)
                                 if p == 0:
                                     nsub = 0
                                     for i in T.serial(nvalid):
@@ -288,7 +282,6 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                             mask = T.cast(nb - 1, kdt)
                             hist = T.alloc_shared((nb,), "int32")
                             above = T.alloc_shared((nb,), "int32")
-                            reached = T.alloc_fragment((nb,), "int32")
                             if serial:
                                 # four interleaved histograms break store-to-load chains on hot buckets
                                 hist4 = T.alloc_shared((4, nb), "int32")
@@ -312,13 +305,8 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                     if counted:
                                         T.atomic_add(hist[T.cast((cand_key[i] >> shift) & mask, "int32")], 1)
                             # the k-th key's digit: the last bucket whose suffix count reaches `need`
-                            T.cumsum(hist, above, reverse=True)
-                            for b in T.Parallel(nb):
-                                reached[b] = T.where(above[b] >= need, 1, 0)
-                            T.reduce_sum(reached, nreached)
-                            if nreached[0] < nb:
-                                need = need - above[nreached[0]]
-                            prefix = prefix | (T.cast(nreached[0] - 1, kdt) << shift)
+                            T.radix_find_bucket(hist, above, need, bucket)
+                            prefix = prefix | (T.cast(bucket, kdt) << shift)
                             if serial and p == 0:
                                 if bucket_refine and t < ntiles:
                                     # cheap refinement: keep the whole bucket of the k-th key (valid

@@ -25,14 +25,14 @@ class ShapeError(ArgumentError, ValueError):
     """A tensor's shape or strides do not match the kernel's declaration."""
 
 
-def _is_torch(x) -> bool:
+def is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
 _TORCH_DTYPES: dict = {}
 
 
-def _torch_dtype(t_dtype) -> dtypes.DType:
+def torch_dtype(t_dtype) -> dtypes.DType:
     """``dtypes.dtype`` for a torch dtype, memoised (it runs for every argument of every call)."""
     d = _TORCH_DTYPES.get(t_dtype)
     if d is None:
@@ -44,7 +44,7 @@ def to_numpy(t):
     """Zero-copy numpy view of a CPU torch tensor (bf16/fp8 through ml-dtypes)."""
     import torch
 
-    dt = _torch_dtype(t.dtype)
+    dt = torch_dtype(t.dtype)
     if dt in (dtypes.bfloat16, dtypes.float16):
         return t.view(torch.int16).numpy().view(dt.np_dtype)
     if dt == dtypes.float8_e4m3:
@@ -87,6 +87,7 @@ class CompiledKernel:
         self._strides = {p: [arith.compile_int(d) for d in p.strides] for p in self.ir.buffer_params}
         self._plans: dict = {}
         self.launcher = self.backend.build(self.ir, arch)
+        self._launcher_takes_torch = getattr(self.launcher, "takes_torch", False)
 
     @property
     def name(self) -> str:
@@ -133,7 +134,7 @@ class CompiledKernel:
                                 f"got {len(args)}")
         it = iter(args)
         full = [None if i in self.out_idx else next(it) for i in range(len(params))]
-        use_torch = any(_is_torch(a) for a in args) or not args
+        use_torch = any(is_torch(a) for a in args) or not args
         env: dict = {}
         for p, a in zip(params, full):
             if a is None:
@@ -155,7 +156,7 @@ class CompiledKernel:
 
     def _bind_buffer(self, p: ir.Buffer, a, env: dict) -> None:
         where = f"{self.name}: parameter {p.name!r}"
-        if _is_torch(a):
+        if is_torch(a):
             import torch
 
             if not isinstance(a, torch.Tensor):
@@ -164,7 +165,7 @@ class CompiledKernel:
             if dev != self.backend.device:
                 raise ArgumentError(f"{where} is on {dev}, backend {self.backend_name!r} needs "
                                     f"{self.backend.device} tensors")
-            shape, dt = tuple(a.shape), _torch_dtype(a.dtype)
+            shape, dt = tuple(a.shape), torch_dtype(a.dtype)
             strides = tuple(a.stride())
         elif isinstance(a, np.ndarray):
             if self.backend.device != "cpu":
@@ -207,7 +208,7 @@ class CompiledKernel:
 
     @staticmethod
     def _check_scalar(p: ir.Var, a):
-        if _is_torch(a) or isinstance(a, np.ndarray):
+        if is_torch(a) or isinstance(a, np.ndarray):
             raise ArgumentError(f"scalar parameter {p.name!r} got an array")
         if p.dtype.is_bool:
             return bool(a)
@@ -238,7 +239,9 @@ class CompiledKernel:
         return np.empty(shape, dtype=p.dtype.np_dtype)
 
     def _device_view(self, a):
-        if self.backend.device == "cpu" and _is_torch(a):
+        """What the launcher takes for buffer ``a``: CPU launchers that read a torch tensor's
+        pointer themselves (``takes_torch``) get the tensor, the others a numpy view."""
+        if self.backend.device == "cpu" and is_torch(a) and not self._launcher_takes_torch:
             return to_numpy(a)
         return a
 
@@ -255,8 +258,8 @@ def _signature(args) -> Optional[tuple]:
     for a in args:
         if isinstance(a, np.ndarray):
             key.append((a.dtype, a.shape, a.strides))
-        elif _is_torch(a) and hasattr(a, "stride"):
-            key.append((a.dtype, tuple(a.shape), a.stride(), a.device))
+        elif is_torch(a) and hasattr(a, "stride"):
+            key.append((a.dtype, a.shape, a.stride(), a.device))
         elif isinstance(a, (bool, int, float)):
             key.append((type(a), a))
         else:

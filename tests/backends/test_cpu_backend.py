@@ -681,3 +681,21 @@ def test_append_idiom_scalar_fallback_without_avx512_matches_the_interpreter():
     _, ref = run_both(append_kernel, dict(dtype="bfloat16", pred="gt", in_place=True), args, (2, 3, 4))
     for g, want in zip((got[2], got[3], got[4]), ref):
         assert g.tobytes() == want.tobytes()
+
+
+def test_launcher_reads_torch_tensor_pointers_and_checks_their_dtype():
+    """CPU launchers take torch tensors without a numpy view: the data pointer (storage
+    offset included) is what the kernel writes, and a wrong dtype is a TypeError."""
+    import torch
+
+    ir_kernel = scalar_grid_kernel().ir
+    launcher = CpuBackend().build(ir_kernel)
+    base = torch.full((9,), -7, dtype=torch.int32)
+    view = base[5:]                                   # non-zero storage offset
+    launcher([view, 1], [], [1])                      # one block writes O[0] = 0
+    assert base[:5].tolist() == [-7] * 5              # nothing before the view was touched
+    assert view.tolist() == [0, -7, -7, -7]
+    with pytest.raises(TypeError, match="int32"):
+        launcher([torch.zeros(4, dtype=torch.float32), 1], [], [1])
+    with pytest.raises(TypeError, match="int32"):
+        launcher([torch.zeros(4, dtype=torch.int64), 1], [], [1])

@@ -18,6 +18,7 @@ from kernforge import runtime
 from kernforge.codegen import ir
 from kernforge.codegen.render import cpu
 from kernforge.jit.backend import register
+from kernforge.jit.kernel import is_torch, torch_dtype
 
 
 class CpuKernelError(RuntimeError):
@@ -40,7 +41,12 @@ def _dependency_signature() -> str:
 
 
 class CpuLauncher:
-    """Calls one compiled kernel: packs buffers and scalars into ``void*[]`` and checks the status."""
+    """Calls one compiled kernel: packs buffers and scalars into ``void*[]`` and checks the status.
+
+    Buffers may be numpy arrays or CPU torch tensors; a tensor's pointer is read directly
+    (``takes_torch``), which saves building a numpy view per argument per call."""
+
+    takes_torch = True
 
     def __init__(self, kernel: ir.Kernel, function):
         self.kernel = kernel
@@ -70,8 +76,14 @@ class CpuLauncher:
             raise CpuKernelError(self.kernel.name, status)
 
     def _buffer_pointer(self, p: ir.Buffer, a) -> int:
+        if is_torch(a):
+            if a.device.type != "cpu" or torch_dtype(a.dtype) != p.dtype:
+                raise TypeError(f"{self.kernel.name}: parameter {p.name} is {p.dtype} on the CPU, got a "
+                                f"{a.dtype} tensor on {a.device}")
+            return a.data_ptr()
         if not isinstance(a, np.ndarray):
-            raise TypeError(f"{self.kernel.name}: parameter {p.name} needs a numpy array, got {type(a).__name__}")
+            raise TypeError(f"{self.kernel.name}: parameter {p.name} needs a numpy array or a CPU torch "
+                            f"tensor, got {type(a).__name__}")
         if a.dtype.itemsize != p.dtype.itemsize or a.dtype != p.dtype.np_dtype:
             raise TypeError(f"{self.kernel.name}: parameter {p.name} is {p.dtype}, got an array of {a.dtype}")
         return a.ctypes.data

@@ -83,6 +83,13 @@ def _key_to_value(key, kdt, dtype, bits: int):
     return T.reinterpret(dtype, key ^ flip)
 
 
+def _count_digit(hist4, i, key, shift: int, mask) -> None:
+    """``hist4[i % 4, digit(key)] += 1``: four interleaved histograms (summed afterwards)
+    break the store-to-load chain a serial loop has on a hot bucket."""
+    d = T.cast((key >> shift) & mask, "int32")
+    hist4[i & 3, d] = hist4[i & 3, d] + 1
+
+
 def _next_pow2(n: int) -> int:
     p = 1
     while p < n:
@@ -254,12 +261,10 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                 T.clear(ghist4)
                                 if p == 0:
                                     for i in T.serial(nvalid):
-                                        ghist4[i & 3, T.cast((smax[i] >> shift) & mask, "int32")] = \
-                                            ghist4[i & 3, T.cast((smax[i] >> shift) & mask, "int32")] + 1
+                                        _count_digit(ghist4, i, smax[i], shift, mask)
                                 else:
                                     for i in T.serial(nsub):
-                                        ghist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] = \
-                                            ghist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] + 1
+                                        _count_digit(ghist4, i, sub_key[i], shift, mask)
                                 T.reduce_sum(ghist4, ghist, dim=0)
                                 T.radix_find_bucket(ghist, gabove, need, bucket)
                                 prefix = prefix | (T.cast(bucket, kdt) << shift)
@@ -283,18 +288,15 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                             hist = T.alloc_shared((nb,), "int32")
                             above = T.alloc_shared((nb,), "int32")
                             if serial:
-                                # four interleaved histograms break store-to-load chains on hot buckets
                                 hist4 = T.alloc_shared((4, nb), "int32")
                                 T.clear(hist4)
                                 if p == 0:
                                     for i in T.serial(cnt):
-                                        hist4[i & 3, T.cast((cand_key[i] >> shift) & mask, "int32")] = \
-                                            hist4[i & 3, T.cast((cand_key[i] >> shift) & mask, "int32")] + 1
+                                        _count_digit(hist4, i, cand_key[i], shift, mask)
                                 else:
                                     for i in T.serial(nsub):
                                         if (sub_key[i] >> (shift + width)) == (prefix >> (shift + width)):
-                                            hist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] = \
-                                                hist4[i & 3, T.cast((sub_key[i] >> shift) & mask, "int32")] + 1
+                                            _count_digit(hist4, i, sub_key[i], shift, mask)
                                 T.reduce_sum(hist4, hist, dim=0)
                             else:
                                 T.clear(hist)

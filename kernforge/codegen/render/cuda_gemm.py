@@ -44,18 +44,14 @@ def render_gemm(R, g: ir.Gemm) -> None:
         R.open(f"for (int kf_mi = 0; kf_mi < {lay.mt}; ++kf_mi)")
         R.emit(f"const int kf_row0 = kf_mi * {16 * lay.wm} + (kf_wr & ~3) * 16;")
         R.emit(f"const int kf_col0 = kf_wc * {lay.n // lay.wn};")
-        if g.trans_a:  # A stored K x M: MN-major
-            R.emit(f"const uint64_t kf_da = kf::make_smem_desc({core(an, a_cols, 'kf_kk * 16', 'kf_row0')}, "
-                   f"{a_cols // 8 * 128}, 128);")
-        else:
-            R.emit(f"const uint64_t kf_da = kf::make_smem_desc({core(an, a_cols, 'kf_row0', 'kf_kk * 16')}, "
-                   f"128, {a_cols // 8 * 128});")
-        if g.trans_b:  # B stored N x K: K-major
-            R.emit(f"const uint64_t kf_db = kf::make_smem_desc({core(bn, b_cols, 'kf_col0', 'kf_kk * 16')}, "
-                   f"128, {b_cols // 8 * 128});")
-        else:
-            R.emit(f"const uint64_t kf_db = kf::make_smem_desc({core(bn, b_cols, 'kf_kk * 16', 'kf_col0')}, "
-                   f"{b_cols // 8 * 128}, 128);")
+        # A (M x K, or K x M when trans_a) and B (K x N, or N x K when trans_b): a descriptor at the
+        # core matrix holding (mn0, k); a K-major operand steps 128 bytes along K (LBO) and a row
+        # of core matrices along MN (SBO), an MN-major one the other way round
+        for var, name, cols, mn0, k_major in (("kf_da", an, a_cols, "kf_row0", not g.trans_a),
+                                               ("kf_db", bn, b_cols, "kf_col0", g.trans_b)):
+            r, col = (mn0, "kf_kk * 16") if k_major else ("kf_kk * 16", mn0)
+            lbo, sbo = (128, cols // 8 * 128) if k_major else (cols // 8 * 128, 128)
+            R.emit(f"const uint64_t {var} = kf::make_smem_desc({core(name, cols, r, col)}, {lbo}, {sbo});")
         n = lay.nt * 8
         R.emit(f"kf::wgmma_m64nNk16_f32_{ab}<{n}, {int(g.trans_a)}, {int(not g.trans_b)}>("
                f"*reinterpret_cast<float(*)[{n // 2}]>(&{cn}[kf_mi * {lay.nt * 4}]), kf_da, kf_db, 1);")

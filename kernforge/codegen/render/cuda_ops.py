@@ -445,16 +445,23 @@ def render_pipelined(R, loop: ir.For) -> None:
     R.open("")
     issue(f"{v} + {S - 1}", f"({v} - {start} + {S - 1}) % {S}")
     R.close()
+    _render_stage(R, loop, copies, v, start)
+    R.close()
+    R.emit("kf::cp_async_wait<0>();")
+    R.pend_w = R.pend_r = True
+
+
+def _render_stage(R, loop: ir.For, copies, v: str, start: str) -> None:
+    """One iteration of a pipelined loop: point each prefetched tile's name at its stage of
+    the ring, then render the rest of the body (the copies themselves were issued ahead)."""
+    S = loop.num_stages
     for c in copies:
         b = c.dst.buffer
         R.emit(f"{R.ctype(b.dtype)}* const {b.name} = {b.name}_ring + (({v} - {start}) % {S}) * "
                f"{prod(b.static_shape())};")
-    rest = [x for x in (loop.body.body if isinstance(loop.body, ir.Seq) else (loop.body,)) if x not in copies]
-    for x in rest:
-        R.stmt(x)
-    R.close()
-    R.emit("kf::cp_async_wait<0>();")
-    R.pend_w = R.pend_r = True
+    for x in (loop.body.body if isinstance(loop.body, ir.Seq) else (loop.body,)):
+        if x not in copies:
+            R.stmt(x)
 
 
 def render_tma_pipelined(R, loop: ir.For) -> None:
@@ -491,14 +498,7 @@ def render_tma_pipelined(R, loop: ir.For) -> None:
     R.open("")
     issue(f"{v} + {S - 1}", f"({v} - {start} + {S - 1}) % {S}")
     R.close()
-    copies = [t.copy for t in tiles]
-    for c in copies:
-        b = c.dst.buffer
-        R.emit(f"{R.ctype(b.dtype)}* const {b.name} = {b.name}_ring + (({v} - {start}) % {S}) * "
-               f"{prod(b.static_shape())};")
-    rest = [x for x in (loop.body.body if isinstance(loop.body, ir.Seq) else (loop.body,)) if x not in copies]
-    for x in rest:
-        R.stmt(x)
+    _render_stage(R, loop, [t.copy for t in tiles], v, start)
     R.close()
     cuda_tma.render_inval(R, bars, S)
     R.pend_w = R.pend_r = True

@@ -27,7 +27,7 @@ import time
 import traceback
 
 import kernforge.dsl as T
-from kernforge.codegen.render.cpu import CpuRenderer
+from kernforge.backends.cpu.renderer import CpuRenderer
 
 GEMM = dict(M=1024, N=1024, K=1024, block_M=128, block_N=128, block_K=32, dtype="float16")
 

@@ -69,7 +69,7 @@ def out_path(arg) -> str | None:
 
 
 def dry_run(specs: dict, problems: list[str], arch: str, jobs: int) -> list[dict]:
-    from kernforge.codegen.render import cuda_backend
+    from kernforge.backends.cuda import backend as cuda_backend
 
     work = [(name, label) for name, spec in specs.items() for label in problems if label in spec.problems]
 
@@ -210,7 +210,7 @@ def gpu_run(specs: dict, problems: list[str], arch: str | None, repeat: int, job
     import torch
 
     import kernforge
-    from kernforge.codegen.render import cuda_backend
+    from kernforge.backends.cuda import backend as cuda_backend
 
     arch = arch or cuda_backend.device_arch()
     # build everything first, in parallel: nvcc time dominates a cold run

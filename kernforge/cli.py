@@ -15,9 +15,11 @@ import time
 from kernforge.kernels import registry
 from kernforge.kernels.check import format_table, run_spec
 
+from kernforge import backends
+
 _HOOKS = ("kernforge.runtime.cli", "kernforge.model.cli")
-EMIT_BACKENDS = ("cpu", "cuda", "cuda-emu", "ascend", "interp")
-RUN_BACKENDS = ("interp", "cpu", "cuda-emu", "cuda")
+# file extension of an emitted source, by the language its backend writes
+_EXTENSION = {"ir": "ir", "c++": "cpp", "cuda": "cu", "ascend-c": "cpp"}
 
 
 def _spec(name: str):
@@ -42,8 +44,6 @@ def cmd_list(args) -> int:
 
 
 def cmd_emit(args) -> int:
-    from kernforge.jit import backend as backends
-
     spec = _spec(args.kernel)
     kernel = _kernel_ir(spec, args.problem)
     try:
@@ -53,8 +53,7 @@ def cmd_emit(args) -> int:
     src = be.source(kernel, args.arch)
     if args.output:
         os.makedirs(args.output, exist_ok=True)
-        ext = {"cpu": "cpp", "cuda": "cu", "cuda-emu": "cu", "ascend": "cpp", "interp": "ir"}.get(
-            args.backend, "txt")
+        ext = _EXTENSION.get(backends.lang(args.backend), "txt")
         path = os.path.join(args.output, f"{kernel.name}.{ext}")
         with open(path, "w") as f:
             f.write(src)
@@ -76,7 +75,7 @@ def cmd_build(args) -> int:
     if args.backend != "cuda":
         raise SystemExit("kernforge build: only --backend cuda is built without loading "
                          "(cpu kernels build on first run)")
-    from kernforge.codegen.render.cuda_backend import build_report
+    from kernforge.backends.cuda.backend import build_report
 
     report = build_report(_kernel_ir(spec, args.problem), args.arch)
     for k, v in report.items():
@@ -85,8 +84,6 @@ def cmd_build(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from kernforge.jit import backend as backends
-
     wanted = args.backends.split(",") if args.backends else [
         b for b in ("interp", "cpu", "cuda-emu") if b in backends.available()]
     specs = registry.all_specs()
@@ -95,8 +92,8 @@ def cmd_demo(args) -> int:
     print(f"kernforge demo: {len(specs)} kernels x {', '.join(wanted)}  (problem '{args.problem}')")
     for name, spec in sorted(specs.items()):
         for b in wanted:
-            # the interpreter and the emulator are oracles, not speed paths: small sizes, one run
-            slow = b in ("interp", "cuda-emu")
+            # oracles and emulators (the interpreter, cuda-emu) are not speed paths: small sizes, one run
+            slow = not backends.get(b).speed_path
             res = run_spec(spec, b, "small" if slow else args.problem, 1 if slow else args.repeat)
             results.append(res)
             rows.append(res.row())
@@ -122,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("emit", help="print or write a kernel's generated source")
     s.add_argument("kernel")
-    s.add_argument("--backend", default="cpu", help=f"one of {', '.join(EMIT_BACKENDS)}")
+    s.add_argument("--backend", default="cpu", help=f"one of {', '.join(backends.names())}")
     s.add_argument("--arch", default=None, help="target arch, e.g. sm_90a (cuda)")
     s.add_argument("--problem", default="demo")
     s.add_argument("-o", "--output", default=None, help="directory to write the source into")
@@ -130,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="run a kernel on random inputs and check it against torch")
     s.add_argument("kernel")
-    s.add_argument("--backend", default="cpu", help=f"one of {', '.join(RUN_BACKENDS)}")
+    s.add_argument("--backend", default="cpu", help=f"one of {', '.join(backends.available())}")
     s.add_argument("--arch", default=None)
     s.add_argument("--problem", default="demo")
     s.add_argument("--repeat", type=int, default=5)

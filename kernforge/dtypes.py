@@ -136,3 +136,33 @@ def promote(a: DType, b: DType) -> DType:
     # is what silently wraps, and renderers emit explicit casts instead.
     width = max(a.itemsize, b.itemsize)
     return {1: int16, 2: int32, 4: int64, 8: int64}[width]
+
+
+# ---------------------------------------------------------------- torch values
+
+
+def is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+_TORCH_DTYPES: dict = {}
+
+
+def torch_dtype(t_dtype) -> DType:
+    """``dtype`` for a torch dtype, memoised (it runs for every argument of every call)."""
+    d = _TORCH_DTYPES.get(t_dtype)
+    if d is None:
+        d = _TORCH_DTYPES[t_dtype] = dtype(t_dtype)
+    return d
+
+
+def to_numpy(t):
+    """Zero-copy numpy view of a CPU torch tensor (bf16/fp8 through ml-dtypes)."""
+    import torch
+
+    dt = torch_dtype(t.dtype)
+    if dt in (bfloat16, float16):
+        return t.view(torch.int16).numpy().view(dt.np_dtype)
+    if dt == float8_e4m3:
+        return t.view(torch.uint8).numpy().view(dt.np_dtype)
+    return t.numpy()

@@ -94,8 +94,6 @@ COMPARISONS = frozenset({Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE})
 BITWISE = frozenset({Op.AND, Op.OR, Op.XOR, Op.SHL, Op.SHR})
 FLOAT_UNARY = frozenset({Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.SQRT, Op.RSQRT, Op.FLOOR,
                          Op.CEIL, Op.TANH})
-REDUCE_OPS = frozenset({Op.REDUCE_MAX, Op.REDUCE_MIN, Op.REDUCE_SUM})
-ATOMIC_OPS = frozenset({Op.ATOMIC_ADD, Op.ATOMIC_MAX})
 
 
 class Scope(enum.Enum):

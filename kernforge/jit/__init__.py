@@ -1,5 +1,5 @@
 """Kernel objects: specialise a DSL kernel, build it for a backend, check and launch calls."""
-from kernforge.jit.backend import BackendError
+from kernforge.backends import BackendError
 from kernforge.jit.kernel import ArgumentError, CompiledKernel, ShapeError, compile
 
 __all__ = ["ArgumentError", "BackendError", "CompiledKernel", "ShapeError", "compile"]

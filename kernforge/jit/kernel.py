@@ -11,10 +11,10 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from kernforge import dtypes
+from kernforge import backends, dtypes
+from kernforge.dtypes import is_torch, to_numpy, torch_dtype  # noqa: F401  (re-exported)
 from kernforge.codegen import arith, ir
 from kernforge.dsl.prim_func import KernelFactory, PrimFunc
-from kernforge.jit import backend as backends
 
 
 class ArgumentError(TypeError):
@@ -23,33 +23,6 @@ class ArgumentError(TypeError):
 
 class ShapeError(ArgumentError, ValueError):
     """A tensor's shape or strides do not match the kernel's declaration."""
-
-
-def is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
-
-
-_TORCH_DTYPES: dict = {}
-
-
-def torch_dtype(t_dtype) -> dtypes.DType:
-    """``dtypes.dtype`` for a torch dtype, memoised (it runs for every argument of every call)."""
-    d = _TORCH_DTYPES.get(t_dtype)
-    if d is None:
-        d = _TORCH_DTYPES[t_dtype] = dtypes.dtype(t_dtype)
-    return d
-
-
-def to_numpy(t):
-    """Zero-copy numpy view of a CPU torch tensor (bf16/fp8 through ml-dtypes)."""
-    import torch
-
-    dt = torch_dtype(t.dtype)
-    if dt in (dtypes.bfloat16, dtypes.float16):
-        return t.view(torch.int16).numpy().view(dt.np_dtype)
-    if dt == dtypes.float8_e4m3:
-        return t.view(torch.uint8).numpy().view(dt.np_dtype)
-    return t.numpy()
 
 
 class CompiledKernel:
@@ -86,7 +59,8 @@ class CompiledKernel:
         self._shape = {p: [arith.compile_int(d) for d in p.shape] for p in self.ir.buffer_params}
         self._strides = {p: [arith.compile_int(d) for d in p.strides] for p in self.ir.buffer_params}
         self._plans: dict = {}
-        self.launcher = self.backend.build(self.ir, arch)
+        self.target = self.backend.target(arch, launch=True)
+        self.launcher = self.backend.build(self.ir, self.target)
         self._launcher_takes_torch = getattr(self.launcher, "takes_torch", False)
 
     @property
@@ -94,7 +68,8 @@ class CompiledKernel:
         return self.ir.name
 
     def get_kernel_source(self) -> str:
-        return self.backend.source(self.ir, self.arch)
+        """The source that was built for this kernel's launches (for the target it runs on)."""
+        return self.launcher.program.source
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args):
@@ -234,8 +209,7 @@ class CompiledKernel:
         if use_torch:
             import torch
 
-            device = "cuda" if self.backend.device == "cuda" else "cpu"
-            return torch.empty(shape, dtype=p.dtype.torch, device=device)
+            return torch.empty(shape, dtype=p.dtype.torch, device=self.backend.device)
         return np.empty(shape, dtype=p.dtype.np_dtype)
 
     def _device_view(self, a):

@@ -1,15 +1,19 @@
 """Loading and launching CUDA binaries through cuda-bindings' driver API.
 
-cuda-bindings is imported here only, and only when a function of a CUDA
-module is first requested, so compiling (and ``compile_without_load``) needs
-neither a GPU nor cuda-bindings.
+This module is the only place in kernforge that calls the CUDA driver:
+loading, launching, and encoding TMA tensor maps.  cuda-bindings is imported
+here only, and only when a function of a CUDA module is first requested, so
+compiling (and ``compile_without_load``) needs neither a GPU nor cuda-bindings.
 
 A launch reads ``fn[grid, block](*args)`` or
 ``fn[grid, block, smem_bytes, stream](*args)``, or spelled out with
-:meth:`CudaFunction.launch` (cluster dims too).  Arguments are checked
-against the declared kinds (see :mod:`kernforge.runtime.args`); tensors must
-be contiguous and on a CUDA device.  Dynamic shared memory above 48 KB raises
-the function's limit with ``cuFuncSetAttribute`` before the launch.
+:meth:`CudaFunction.launch` (cluster dims and tensor maps too).  Arguments are
+checked against the declared kinds (see :mod:`kernforge.runtime.args`);
+tensors must be contiguous and on a CUDA device.  Dynamic shared memory above
+48 KB raises the function's limit with ``cuFuncSetAttribute`` before the launch.
+
+Launches go to torch's *current* CUDA stream unless a stream is given, so they
+order with the surrounding torch work and are captured by CUDA graphs.
 """
 
 from __future__ import annotations
@@ -106,7 +110,10 @@ class CudaFunction:
         stream = rest[1] if len(rest) > 1 else 0
         return lambda *args: self.launch(args, grid=grid, block=block, smem_bytes=smem, stream=stream)
 
-    def launch(self, args, *, grid, block, smem_bytes=0, stream=0, cluster=(1, 1, 1)):
+    def launch(self, args, *, grid, block, smem_bytes=0, stream=None, cluster=(1, 1, 1), tensor_maps=()):
+        """Launch on ``stream`` (None: torch's current stream).  ``tensor_maps`` (from
+        :func:`encode_tensor_map`) are passed as 128-byte ``CUtensorMap`` parameters after
+        the plain ones."""
         grid, block, cluster = _dims(grid, "grid"), _dims(block, "block"), _dims(cluster, "cluster")
         if not isinstance(smem_bytes, int) or smem_bytes < 0:
             raise LaunchError(f"smem_bytes must be a non-negative int, got {smem_bytes!r}")
@@ -127,7 +134,8 @@ class CudaFunction:
             attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
             config.attrs = [attr]
             config.numAttrs = 1
-        pointers = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+        addresses = [ctypes.addressof(v) for v in values] + [int(m.getPtr()) for m in tensor_maps]
+        pointers = (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
         _check(driver.cuLaunchKernelEx(config, self.handle, ctypes.addressof(pointers), 0), f"launch {self.name}")
 
     def __repr__(self) -> str:
@@ -141,10 +149,22 @@ def _dims(value, what: str) -> tuple[int, int, int]:
     return dims + (1,) * (3 - len(dims))
 
 
+def _current_stream() -> int:
+    """The handle of torch's current CUDA stream (0, the legacy default stream, without torch CUDA)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return 0
+    return int(torch.cuda.current_stream().cuda_stream)
+
+
 def _stream_handle(stream):
-    """0 / None: the default stream; an int handle; or a torch.cuda.Stream."""
+    """None: torch's current stream; 0: the legacy default stream; an int handle; or a torch.cuda.Stream."""
     driver = _driver()
-    if stream is None or stream == 0:
+    if stream is None:
+        return driver.CUstream(_current_stream())
+    if stream == 0:
         return driver.CUstream(0)
     if isinstance(stream, int):
         return driver.CUstream(stream)
@@ -152,3 +172,20 @@ def _stream_handle(stream):
         return driver.CUstream(stream.cuda_stream)
     raise LaunchError(f"unsupported stream {stream!r}: give an int handle or a torch.cuda.Stream")
 
+
+_TENSOR_MAP_DATA_TYPE = {1: "CU_TENSOR_MAP_DATA_TYPE_UINT8", 2: "CU_TENSOR_MAP_DATA_TYPE_UINT16",
+                         4: "CU_TENSOR_MAP_DATA_TYPE_UINT32", 8: "CU_TENSOR_MAP_DATA_TYPE_UINT64"}
+
+
+def encode_tensor_map(*, rank: int, elem_bytes: int, address: int, dims, strides_bytes, box):
+    """``cuTensorMapEncodeTiled`` for one tiled map (dimension 0 innermost): no interleave,
+    no swizzle, 128-byte L2 promotion, out-of-bounds elements read as zero
+    (``FLOAT_OOB_FILL_NONE``); the data type only sets the element size (the copy moves bits)."""
+    d = _driver()
+    u64, u32 = d.cuuint64_t, d.cuuint32_t  # cuda-bindings takes its own integer wrappers in these lists
+    return _check(d.cuTensorMapEncodeTiled(
+        getattr(d.CUtensorMapDataType, _TENSOR_MAP_DATA_TYPE[elem_bytes]), rank, address,
+        [u64(x) for x in dims], [u64(x) for x in strides_bytes], [u32(x) for x in box], [u32(1)] * rank,
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")

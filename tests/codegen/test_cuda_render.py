@@ -6,16 +6,24 @@ import re
 import pytest
 
 import kernforge.dsl as T
-from kernforge.codegen.layouts import AccumLayout, RowLayout
-from kernforge.codegen.render.cuda import ARCHS, CudaRenderer, CudaRenderError, render_cuda
+from kernforge.backends.cuda.layouts import AccumLayout, RowLayout
+from kernforge.backends.cuda.renderer import ARCHS, CudaRenderer, CudaRenderError, render_cuda
+from kernforge.codegen.renderer import Target
 from kernforge.kernels import registry
 from tests.backends.test_cuda_semantics import gemm, row_softmax, scan_and_total, scores_softmax
 
 ALL_ARCHS = sorted(ARCHS)
 
 
-def _plan(pf, arch):
-    return CudaRenderer(pf.ir, ARCHS[arch])
+class _Plans:
+    """The CUDA pipeline's analyses for one kernel, as the emitter reads them."""
+
+    def __init__(self, pf, arch):
+        _, facts = CudaRenderer().lower(pf.ir, Target("cuda", arch))
+        self.plan, self.pipes = facts["layouts"], facts["pipelines"]
+
+
+_plan = _Plans
 
 
 @pytest.mark.parametrize("arch", ALL_ARCHS)

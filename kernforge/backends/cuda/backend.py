@@ -1,0 +1,166 @@
+"""Backend "cuda": render with :mod:`kernforge.backends.cuda.renderer`, compile with nvcc through
+:mod:`kernforge.runtime`, launch on torch CUDA tensors through :mod:`kernforge.runtime.cuda_module`
+(the one owner of driver calls; launches go to torch's current stream).
+
+Also the hook the CLI wires, :func:`build_report` (``kernforge build``: registers, shared memory, spills,
+without a GPU), plus :func:`disassemble` (SASS through ``cuobjdump``) for the
+tests that check which instructions a kernel really uses.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from typing import Optional, Sequence
+
+from kernforge.backends.base import Backend, BackendError, artifact_name
+from kernforge.backends.cuda.renderer import (ARCHS, DEFAULT_ARCH, arch_info, INCLUDE_DIR, TENSOR_MAP_CTYPE, CudaProgram,
+                                              CudaRenderer, render_cuda)
+from kernforge.backends.cuda.tma import TensorMapLaunch
+from kernforge.codegen import ir
+from kernforge.codegen.renderer import Target
+from kernforge.runtime import cuda_module
+
+# Part of every cache key: bump when the device library's semantics change without its text changing
+# (the headers themselves are keyed by content through the compiler's dependency list).
+DEPENDENCY_SIGNATURE = "kernforge-cuda-device-library/1"
+
+_ARG_KIND = {"int32_t": "i32", "uint32_t": "u32", "int64_t": "i64", "uint64_t": "u64", "float": "f32",
+             "double": "f64"}
+
+
+def compile_options(arch: str) -> tuple[str, ...]:
+    return (arch_info(arch).gencode,)
+
+
+def _compile(program: CudaProgram, kernel: ir.Kernel, load: bool):
+    from kernforge import runtime
+
+    # the variant is part of the artifact name: "<kernel>_sm_90a_tma" holds the TMA pipelines
+    tag = f"{artifact_name(kernel)}_{program.arch}" + ("_tma" if program.tensor_maps else "")
+    fn = runtime.compile if load else runtime.compile_without_load
+    return fn(tag, program.source, backend="cuda", options=compile_options(program.arch),
+              include_dirs=(INCLUDE_DIR,), dependency_signature=DEPENDENCY_SIGNATURE)
+
+
+def build_report(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True) -> dict:
+    """Compile without a GPU and report the cache entry and ptxas' resource usage
+    (``tma=False``: the sm_90a cp.async variant)."""
+    program = render_cuda(kernel, arch, tma=tma)
+    result = _compile(program, kernel, load=False)
+    usage = result.resource_usage.get(program.entry)
+    if usage is None:
+        raise BackendError(f"nvcc reported no resource usage for {program.entry} (ptxas -v output missing)")
+    return {"path": result.binary_path, "arch": program.arch, "registers": usage.get("registers", 0),
+            "shared_bytes": usage.get("shared_bytes", 0) + program.dynamic_smem,
+            "spill_stores": usage.get("spill_store_bytes", 0), "spill_loads": usage.get("spill_load_bytes", 0),
+            "local_bytes": usage.get("stack_bytes", 0)}
+
+
+def cuobjdump() -> str:
+    """Path of ``cuobjdump`` (PATH, else the nvidia-cuda-cuobjdump wheel); it needs ``nvdisasm`` beside it."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    for site in sys.path:
+        for cand in glob.glob(os.path.join(site, "nvidia", "cu*", "bin", "cuobjdump")):
+            return cand
+    raise BackendError("cuobjdump not found: pip install nvidia-cuda-cuobjdump==13.4.92 nvidia-cuda-nvdisasm")
+
+
+def disassemble(binary_path: str) -> str:
+    """SASS of a cubin/fatbin."""
+    tool = cuobjdump()
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(tool) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run([tool, "-sass", binary_path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env)
+    if proc.returncode != 0:
+        raise BackendError(f"cuobjdump -sass {binary_path} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def sass(kernel: ir.Kernel, arch: Optional[str] = None) -> str:
+    """Compile (cached) and disassemble ``kernel``."""
+    program = render_cuda(kernel, arch)
+    return disassemble(_compile(program, kernel, load=False).binary_path)
+
+
+def device_arch() -> str:
+    """The arch of CUDA device 0 as kernforge names it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BackendError("backend 'cuda' needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+    major, minor = torch.cuda.get_device_capability(0)
+    name = {8: "sm_80", 9: "sm_90a", 10: "sm_100a"}.get(major)
+    if name is None:
+        raise BackendError(f"compute capability {major}.{minor} is not a kernforge CUDA target ({', '.join(ARCHS)})")
+    return name
+
+
+class CudaLauncher(TensorMapLaunch):
+    """Launches one compiled kernel: pointers and scalars by value, then the symbol values,
+    then (TMA variant) the tensor maps encoded from this call's tensors.
+
+    When a tensor breaks TMA's rules (``cuda_tma.encode_args`` gives the reason: a data
+    address or row stride not a multiple of 16 bytes, a non-unit inner stride) the call runs
+    the cp.async variant from ``fallback()`` (rendered with ``tma=False``, compiled on first
+    need); ``last_variant`` / ``last_fallback_reason`` say what ran and why."""
+
+    def __init__(self, kernel: ir.Kernel, program: CudaProgram, function, fallback=None):
+        self.kernel = kernel
+        self.program = program
+        self.function = function
+        self._fallback = fallback
+        self._fallback_launcher: Optional[CudaLauncher] = None
+        self.last_variant = ""
+        self.last_fallback_reason = ""
+
+    def __call__(self, args: Sequence, dims: Sequence[int], grid: Sequence[int]) -> None:
+        values = []
+        for p, a in zip(self.kernel.params, args):
+            if isinstance(p, ir.Buffer):
+                values.append(a.data_ptr())
+            else:
+                values.append(int(a) if not p.dtype.is_float else float(a))
+        values += [int(d) for d in dims]
+        if any(g <= 0 for g in grid):
+            return  # an empty grid launches nothing (cuLaunch rejects 0-sized grids)
+        grid, block = tuple(int(g) for g in grid), (self.program.threads,)
+        if not self.program.tensor_maps:
+            self.function.launch(values, grid=grid, block=block, smem_bytes=self.program.dynamic_smem)
+            self.last_variant = "cp.async"
+            return
+        maps = self.maps_or_fallback(self.program.tensor_maps, args, dims, grid)
+        if maps is None:
+            return
+        encoded = [cuda_module.encode_tensor_map(rank=m.rank, elem_bytes=m.elem_bytes, address=m.address, dims=m.dims,
+                                                 strides_bytes=m.strides_bytes, box=m.box) for m in maps]
+        self.function.launch(values, grid=grid, block=block, smem_bytes=self.program.dynamic_smem,
+                             tensor_maps=encoded)
+        self.last_variant = "tma"
+
+
+class CudaBackend(Backend):
+    renderer = CudaRenderer()
+
+    def target(self, arch: Optional[str] = None, launch: bool = False) -> Target:
+        """``launch``: render for the GPU this process will run on (its arch unless one is named);
+        otherwise the emission default, sm_90a."""
+        return Target(self.name, arch or (device_arch() if launch else DEFAULT_ARCH))
+
+    def build(self, kernel: ir.Kernel, target: Optional[Target] = None) -> CudaLauncher:
+        """Compile the kernel; with TMA pipelines (sm_90a) the cp.async variant is compiled
+        only when a launch's tensors need it (see :class:`CudaLauncher`)."""
+        target = target or self.target(launch=True)
+        program = self.render(kernel, target)
+        module = _compile(program, kernel, load=True)
+        kinds = tuple("ptr" if t.endswith("*") else _ARG_KIND[t] for _, t in program.params if t != TENSOR_MAP_CTYPE)
+        fallback = ((lambda: self.build(kernel, dataclasses.replace(target, variant="cp.async")))
+                    if program.tensor_maps else None)
+        return CudaLauncher(kernel, program, module.get_function(program.entry, argtypes=kinds, restype="void"),
+                            fallback)

@@ -1,0 +1,312 @@
+"""Choose where every fragment of a kernel lives on CUDA: registers in one layout, or shared memory.
+
+DESIGN.md §2 without a general inference engine: the op that produces a
+fragment picks its layout (a tensor-core gemm's accumulator takes
+:class:`~kernforge.backends.cuda.layouts.AccumLayout`, a row reduction of it a
+:class:`~kernforge.backends.cuda.layouts.RowLayout`, a copy a striped layout), a
+``Parallel`` map hands its output's layout to fragments it writes at the same
+element, and every access that a thread cannot serve from its own registers
+moves the fragment to shared memory ("staged").  Staging is the explicit
+conversion: a staged fragment is an ordinary shared-memory tile, so any
+thread may read any element after a barrier.  The renderer then never has to
+guess: each fragment access is either ``frag[register]`` or a shared load.
+
+The result is a :class:`LayoutPlan` (analysis, not a rewrite: the IR keeps
+saying "fragment"); ``kernel`` itself is not changed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from kernforge import dtypes
+from kernforge.codegen import ir
+from kernforge.backends.cuda.layouts import (AccumLayout, Layout, RowLayout, StripedLayout, accum_layout,
+                                       striped_layout)
+
+TENSOR_CORE_DTYPES = (dtypes.bfloat16, dtypes.float16)
+
+
+@dataclass
+class LayoutPlan:
+    """Per-fragment placement and per-gemm instruction choice."""
+
+    registers: dict[ir.Buffer, Layout] = field(default_factory=dict)
+    staged: set[ir.Buffer] = field(default_factory=set)  # fragments living in shared memory
+    core_tiles: set[ir.Buffer] = field(default_factory=set)  # shared tiles in core-matrix order
+    gemm_kind: dict[ir.Gemm, str] = field(default_factory=dict)  # "wgmma" | "mma" | "scalar"
+
+
+_IR_NODE = (ir.Expr, ir.Stmt, ir.Region, ir.Buffer)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def nodes(root):
+    """Pre-order walk of ``root`` like ``ir.walk``, but without descending into buffers' shapes
+    and strides: the CUDA analyses walk large bodies many times, and only need the tree."""
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, (ir.Buffer, ir.Var, ir.Const)):
+            continue
+        names = _FIELDS.get(type(n))
+        if names is None:
+            names = _FIELDS.setdefault(type(n), tuple(f.name for f in fields(n) if f.name != "loc"))
+        for name in reversed(names):
+            v = getattr(n, name)
+            if isinstance(v, tuple):
+                stack.extend(x for x in reversed(v) if isinstance(x, _IR_NODE))
+            elif isinstance(v, _IR_NODE):
+                stack.append(v)
+
+
+def _whole(r: ir.Region) -> bool:
+    return r.buffer.is_static and r.extents == r.buffer.static_shape() and \
+        all(isinstance(s, ir.Const) and s.value == 0 for s in r.starts)
+
+
+def _tensor_core_gemm(g: ir.Gemm) -> bool:
+    a, b, c = g.a.buffer, g.b.buffer, g.c.buffer
+    if not (_whole(g.a) and _whole(g.b) and _whole(g.c)) or c.scope != ir.Scope.FRAGMENT:
+        return False
+    if a.dtype != b.dtype or a.dtype not in TENSOR_CORE_DTYPES or c.dtype != dtypes.float32:
+        return False
+    if a.scope == ir.Scope.GLOBAL or b.scope == ir.Scope.GLOBAL or a.ndim != 2 or b.ndim != 2:
+        return False
+    m, k = a.static_shape()[::-1] if g.trans_a else a.static_shape()
+    n = b.static_shape()[0] if g.trans_b else b.static_shape()[1]
+    return m % 16 == 0 and n % 8 == 0 and k % 16 == 0 and m % 8 == 0
+
+
+def _identity(indices, vars_) -> bool:
+    return len(indices) == len(vars_) and all(i is v for i, v in zip(indices, vars_))
+
+
+class _Planner:
+    def __init__(self, kernel: ir.Kernel, wgmma: bool):
+        self.k = kernel
+        self.wgmma = wgmma
+        self.frags = [n.buffer for n in nodes(kernel.body)
+                      if isinstance(n, ir.Allocate) and n.buffer.scope == ir.Scope.FRAGMENT]
+        self.plan = LayoutPlan()
+
+    # -- proposals -------------------------------------------------------
+    def propose(self) -> None:
+        regs = self.plan.registers
+        for g in self._nodes(ir.Gemm):
+            if not _tensor_core_gemm(g):
+                continue
+            m, n = g.c.buffer.static_shape()
+            lay = (accum_layout(m, n, self.k.threads, wgmma=True) if self.wgmma else None) \
+                or accum_layout(m, n, self.k.threads, wgmma=False)
+            if lay is None:
+                continue
+            if regs.setdefault(g.c.buffer, lay) != lay:
+                self.plan.staged.add(g.c.buffer)
+            for op in (g.a.buffer, g.b.buffer):
+                if op.scope == ir.Scope.FRAGMENT:
+                    self.plan.staged.add(op)
+        changed = True
+        while changed:
+            changed = False
+            for r in self._nodes(ir.Reduce):
+                src = regs.get(r.src)
+                if isinstance(src, AccumLayout) and r.dim == 1 and r.dst.ndim == 1 and r.dst not in regs:
+                    regs[r.dst] = src.rows
+                    changed = True
+            for s in self._nodes(ir.OnlineSoftmax):
+                src = regs.get(s.scores)
+                if isinstance(src, AccumLayout):
+                    for v in (s.row_max, s.row_sum, s.rescale):
+                        if v.scope == ir.Scope.FRAGMENT and v not in regs:
+                            regs[v] = src.rows
+                            changed = True
+            for p in self._nodes(ir.Parallel):
+                changed |= self._propagate(p)
+            for c in self._nodes(ir.Copy):
+                s, d = c.src.buffer, c.dst.buffer
+                if d.scope == ir.Scope.FRAGMENT and d not in regs and s in regs and _whole(c.src) \
+                        and _whole(c.dst) and s.static_shape() == d.static_shape():
+                    regs[d] = regs[s]
+                    changed = True
+        for f in self.frags:
+            if f not in regs:
+                regs[f] = striped_layout(f.static_shape(), self.k.threads, f.dtype.itemsize)
+
+    def _propagate(self, p: ir.Parallel) -> bool:
+        regs = self.plan.registers
+        accesses = self._accesses(p.body)
+        known = [regs[b] for b, idx in accesses if b in regs and _identity(idx, p.vars)
+                 and b.static_shape() == p.extents]
+        if not known:
+            return False
+        driver = known[0]
+        changed = False
+        for b, idx in accesses:
+            if b.scope != ir.Scope.FRAGMENT or b in regs:
+                continue
+            if _identity(idx, p.vars) and b.static_shape() == p.extents:
+                regs[b] = driver
+                changed = True
+            elif isinstance(driver, AccumLayout) and len(p.vars) == 2 and len(idx) == 1 \
+                    and idx[0] is p.vars[0] and b.static_shape() == (driver.m,):
+                regs[b] = driver.rows
+                changed = True
+        return changed
+
+    # -- demotion --------------------------------------------------------
+    def settle(self) -> None:
+        while True:
+            bad = self._violations() - self.plan.staged
+            if not bad:
+                break
+            self.plan.staged |= bad
+        for b in self.plan.staged:
+            self.plan.registers.pop(b, None)
+        for g in self._nodes(ir.Gemm):
+            self.plan.gemm_kind[g] = self._gemm_kind(g)
+            if self.plan.gemm_kind[g] != "scalar":
+                self.plan.core_tiles |= {g.a.buffer, g.b.buffer}
+
+    def _gemm_kind(self, g: ir.Gemm) -> str:
+        lay = self.plan.registers.get(g.c.buffer)
+        if not (_tensor_core_gemm(g) and isinstance(lay, AccumLayout)):
+            return "scalar"
+        if any(op in self.plan.registers for op in (g.a.buffer, g.b.buffer)):
+            return "scalar"
+        if self.wgmma and lay.wm % 4 == 0 and lay.m % 64 == 0 and lay.n // lay.wn <= 256:
+            return "wgmma"
+        return "mma"
+
+    def _violations(self) -> set:
+        regs = {b: lay for b, lay in self.plan.registers.items() if b not in self.plan.staged}
+        bad: set = set()
+        self._scan(self.k.body, None, regs, bad)
+        return bad
+
+    def _scan(self, s: ir.Stmt, par: ir.Parallel | None, regs, bad: set) -> None:
+        if isinstance(s, ir.Parallel):
+            if par is not None:
+                bad |= {b for b, _ in self._accesses(s.body) if b in regs}
+                return
+            self._check_parallel(s, regs, bad)
+            return
+        if isinstance(s, (ir.Seq,)):
+            for x in s.body:
+                self._scan(x, par, regs, bad)
+            return
+        if isinstance(s, ir.For):
+            self._scan_exprs([s.extent, s.start], regs, bad)
+            self._scan(s.body, par, regs, bad)
+            return
+        if isinstance(s, ir.If):
+            self._scan_exprs([s.cond], regs, bad)
+            self._scan(s.then, par, regs, bad)
+            if s.orelse is not None:
+                self._scan(s.orelse, par, regs, bad)
+            return
+        if isinstance(s, (ir.Store, ir.Atomic)):
+            if s.buffer in regs:
+                bad.add(s.buffer)
+            self._scan_exprs(list(s.indices) + [s.value], regs, bad)
+            return
+        if isinstance(s, ir.Copy):
+            self._check_copy(s, regs, bad)
+            return
+        if isinstance(s, ir.Fill):
+            if s.dst.buffer in regs and not _whole(s.dst):
+                bad.add(s.dst.buffer)
+            self._scan_exprs([s.value] + list(s.dst.starts), regs, bad)
+            return
+        if isinstance(s, ir.Gemm):
+            for r in (s.a, s.b):
+                if r.buffer in regs:
+                    bad.add(r.buffer)
+            if s.c.buffer in regs and not _whole(s.c):
+                bad.add(s.c.buffer)
+            return
+        if isinstance(s, ir.Reduce):
+            src, dst = regs.get(s.src), regs.get(s.dst)
+            warp_path = isinstance(src, AccumLayout) and s.dim == 1 and dst == src.rows
+            if src is not None and not warp_path:
+                bad.add(s.src)
+            return
+        if isinstance(s, ir.Cumsum):
+            bad |= {b for b in (s.src, s.dst) if b in regs}
+            return
+        if isinstance(s, ir.RadixFindBucket):  # the whole block scans the histogram in shared memory
+            bad |= {b for b in (s.hist, s.above) if b in regs}
+            return
+        if isinstance(s, ir.OnlineSoftmax):
+            # registers only as an accumulator with its row vectors; otherwise all in shared memory
+            operands = (s.scores, s.row_max, s.row_sum, s.rescale)
+            lay = regs.get(s.scores)
+            if not (isinstance(lay, AccumLayout) and all(regs.get(v) == lay.rows for v in operands[1:])):
+                bad |= {b for b in operands if b in regs}
+            return
+
+    def _check_copy(self, c: ir.Copy, regs, bad: set) -> None:
+        s, d = c.src.buffer, c.dst.buffer
+        for r in (c.src, c.dst):
+            if r.buffer in regs and not _whole(r):
+                bad.add(r.buffer)
+        if s in regs and d in regs and regs[s] != regs[d]:
+            bad.add(s)
+        self._scan_exprs(list(c.src.starts) + list(c.dst.starts), regs, bad)
+
+    def _check_parallel(self, p: ir.Parallel, regs, bad: set) -> None:
+        accesses = self._accesses(p.body)
+        cands = [regs[b] for b, idx in accesses if b in regs and _identity(idx, p.vars)
+                 and b.static_shape() == p.extents]
+        driver = self._pick_driver(cands)
+        for b, idx in accesses:
+            if b not in regs:
+                continue
+            lay = regs[b]
+            same = driver is not None and lay == driver and _identity(idx, p.vars)
+            rows = isinstance(driver, AccumLayout) and lay == driver.rows and len(idx) == 1 \
+                and len(p.vars) == 2 and idx[0] is p.vars[0]
+            if not (same or rows):
+                bad.add(b)
+        for n in nodes(p.body):
+            if isinstance(n, (ir.Parallel, ir.Copy, ir.Fill, ir.Gemm, ir.Reduce, ir.Cumsum, ir.OnlineSoftmax,
+                              ir.RadixFindBucket)):
+                bad |= {b for b, _ in accesses if b in regs}
+
+    @staticmethod
+    def _pick_driver(cands):
+        for kind in (AccumLayout, RowLayout, StripedLayout):
+            for c in cands:
+                if isinstance(c, kind):
+                    return c
+        return None
+
+    def _scan_exprs(self, exprs, regs, bad: set) -> None:
+        for e in exprs:
+            for n in nodes(e):
+                if isinstance(n, ir.Load) and n.buffer in regs:
+                    bad.add(n.buffer)
+
+    # -- helpers ---------------------------------------------------------
+    def _nodes(self, cls):
+        if not hasattr(self, "_all"):
+            self._all = list(nodes(self.k.body))
+        return [n for n in self._all if isinstance(n, cls)]
+
+    @staticmethod
+    def _accesses(body) -> list[tuple[ir.Buffer, tuple]]:
+        out = []
+        for n in nodes(body):
+            if isinstance(n, ir.Load) and n.buffer.scope == ir.Scope.FRAGMENT:
+                out.append((n.buffer, n.indices))
+            elif isinstance(n, (ir.Store, ir.Atomic)) and n.buffer.scope == ir.Scope.FRAGMENT:
+                out.append((n.buffer, n.indices))
+        return out
+
+
+def plan_layouts(kernel: ir.Kernel, wgmma: bool) -> LayoutPlan:
+    """Place every fragment of ``kernel`` (``wgmma``: the target has warpgroup MMA)."""
+    planner = _Planner(kernel, wgmma)
+    planner.propose()
+    planner.settle()
+    return planner.plan

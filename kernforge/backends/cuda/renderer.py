@@ -1,0 +1,383 @@
+"""The CUDA renderer: tile IR -> one ``extern "C" __global__`` kernel in CUDA C++.
+
+How the tile program maps onto a thread block (DESIGN.md §1-2):
+
+* grid -> ``blockIdx``; ``threads`` -> ``blockDim.x``; statements outside a
+  ``Parallel`` act once per block: a store to shared or global memory is done
+  by thread 0 (then a barrier), block-uniform locals live in every thread's
+  registers and every thread computes them.
+* fragments -> registers in the layout :mod:`kernforge.backends.cuda.layout_plan`
+  chose, or shared memory when an access needs another thread's element.
+  A ``Parallel`` map iterates each thread's own registers of its driving
+  fragment (an unrolled loop over constant register indices); with no
+  register fragment involved, the block's threads share the iterations.
+* shared tiles -> one dynamic shared-memory arena; gemm operand tiles are
+  stored in 8x8 core-matrix order (see ``kf/wgmma.cuh``) so ``ldmatrix`` and
+  ``wgmma`` read them without bank conflicts and without swizzle.
+* copies global -> shared -> 16-byte ``cp.async`` chunks (scalar loads at
+  edges); ``T.Pipelined`` -> a ``num_stages``-deep ring of those tiles
+  (:mod:`kernforge.backends.cuda.pipeline_plan`), filled on sm_90a by TMA
+  loads completing on one mbarrier per stage (:mod:`cuda_tma`; ``tma=False``
+  renders the cp.async variant the launcher falls back to).
+* gemm -> ``wgmma`` (sm_90a) or ``mma.sync`` m16n8k16 (sm_80, sm_100a), or a
+  scalar loop for dtypes and shapes the tensor cores do not take.
+* barriers: inserted where shared memory written since the last barrier is
+  read, or read/written memory is about to be overwritten.
+
+Every PTX instruction sits in a ``kf::`` function of the device library, so
+the output also compiles for host emulation (``-DKF_HOST_EMULATION``).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from math import prod
+from typing import Callable, Optional
+
+import jinja2
+
+from kernforge import dtypes
+from kernforge.codegen import ir
+from kernforge.backends.cuda.layouts import AccumLayout
+from kernforge.codegen.passes import Analysis, simplify
+from kernforge.backends.cuda.fp8_operands import cuda_fp8_operands
+from kernforge.backends.cuda.layout_plan import LayoutPlan, nodes, plan_layouts
+from kernforge.backends.cuda.pipeline_plan import PipelinePlan, plan_pipelines
+from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tma as cuda_tma
+from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol, safe_identifier
+
+TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+INCLUDE_DIR = os.path.join(TEMPLATE_DIR, "include")
+SMEM_ALIGN = 128
+TENSOR_MAP_CTYPE = "const __grid_constant__ CUtensorMap"
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    sm: int
+    wgmma: bool
+    max_smem: int  # bytes of shared memory one block may use (opt-in limit)
+
+    @property
+    def gencode(self) -> str:
+        return f"-gencode=arch=compute_{self.name[3:]},code={self.name}"
+
+
+ARCHS = {a.name: a for a in (Arch("sm_80", 80, False, 163 * 1024), Arch("sm_90a", 90, True, 227 * 1024),
+                             Arch("sm_100a", 100, False, 227 * 1024))}
+DEFAULT_ARCH = "sm_90a"
+# IR -> IR passes before rendering; the analyses of ``CudaRenderer.pipeline`` then read the result
+TRANSFORMS = (simplify, cuda_fp8_operands)
+
+
+def native_composites(kernel: ir.Kernel) -> tuple[type, ...]:
+    """Composite tile ops this renderer lowers itself (to kf/ device helpers) instead of running
+    their expansion; the radix helper uses warp collectives, so it needs a block of whole warps."""
+    return (ir.OnlineSoftmax,) + ((ir.RadixFindBucket,) if kernel.threads % 32 == 0 else ())
+
+
+class CudaRenderError(ir.KernelError):
+    """A kernel the CUDA backend cannot render (e.g. it needs more shared memory than the target has)."""
+
+
+def arch_info(arch: Optional[str]) -> Arch:
+    name = arch or DEFAULT_ARCH
+    if name not in ARCHS:
+        raise CudaRenderError(f"unknown CUDA arch {name!r}; supported: {', '.join(ARCHS)}")
+    return ARCHS[name]
+
+
+@dataclass
+class CudaProgram(Program):
+    """A rendered kernel and what the host needs to launch it.
+
+    ``params`` are ``(name, C type)`` in launch order: the kernel's parameters
+    (buffers as pointers, scalars by value) then one ``int64_t`` per
+    ``kernel.symbols`` entry, then one ``const __grid_constant__ CUtensorMap`` per
+    entry of ``tensor_maps`` (TMA variant only; the launcher encodes them from the
+    actual tensors with :func:`cuda_tma.encode_args`)."""
+
+    params: list[tuple[str, str]]
+    threads: int
+    dynamic_smem: int
+    arch: str
+    tensor_maps: tuple = ()
+
+    @property
+    def variant(self) -> str:
+        """``tma`` when the pipelines load through tensor maps, else ``cp.async``."""
+        return "tma" if self.tensor_maps else "cp.async"
+
+
+# scalar parameters narrower than 32 bits travel as 32-bit values (the launch packs 4/8-byte slots)
+_SCALAR_ABI = {dtypes.bool_: "int32_t", dtypes.int8: "int32_t", dtypes.int16: "int32_t", dtypes.uint8: "uint32_t",
+               dtypes.uint16: "uint32_t", dtypes.float16: "float", dtypes.bfloat16: "float",
+               dtypes.float8_e4m3: "float"}
+
+
+class CudaRenderer(CRenderer, Renderer):
+    """``render(kernel, target) -> CudaProgram``; tile statements are lowered in :mod:`cuda_ops`.
+
+    The pipeline ends in three analyses the emitter reads: fragment ``layouts`` (which
+    fragments live in registers, in which layout; which gemm instruction), the ``pipelines``
+    (ring copies of each ``T.Pipelined`` loop) and ``tma`` (which of those rings load by
+    TMA on sm_90a, and the tensor maps they need; none for the ``cp.async`` variant)."""
+
+    name = "cuda"
+    tid = "kf_tid"
+
+    def pipeline(self, kernel: ir.Kernel, target: Target) -> tuple:
+        arch = arch_info(target.arch)
+        tma = arch.wgmma and target.variant != "cp.async"
+        return TRANSFORMS + (
+            Analysis("layouts", lambda k, facts: plan_layouts(k, arch.wgmma)),
+            Analysis("pipelines", lambda k, facts: plan_pipelines(k, facts["layouts"].staged)),
+            Analysis("tma", lambda k, facts: cuda_tma.plan_tma(k, facts["layouts"], facts["pipelines"])
+                     if tma else ({}, [])),
+        )
+
+    def native(self, kernel: ir.Kernel, target: Target) -> tuple[type, ...]:
+        return native_composites(kernel)
+
+    def emit_program(self, kernel: ir.Kernel, facts: dict, target: Target) -> CudaProgram:
+        self.setup(kernel, arch_info(target.arch), facts)
+        return self.render_body()
+
+    def cname(self, node) -> str:
+        """The C identifier of a variable or buffer: the author's (and the passes') names made
+        safe (``codegen.renderer.safe_identifier``); the names this renderer generates with
+        :meth:`fresh` (``kf_i3``) as they are.  Author names are not deduplicated: the CUDA
+        source keeps the DSL's block scoping, so equal names in sibling scopes do not clash."""
+        return safe_identifier(node.name) if node in self.author_names else node.name
+
+    def setup(self, kernel: ir.Kernel, arch: Arch, facts: dict) -> None:
+        self.k = kernel
+        self.arch = arch
+        self.author_names = NameTable.for_kernel(kernel)
+        self.plan: LayoutPlan = facts["layouts"]
+        self.pipes: PipelinePlan = facts["pipelines"]
+        self.tma_loops, self.tensor_maps = facts["tma"]
+        self.mbarrier_offsets: dict[ir.For, int] = {}
+        self.lines: list[str] = []
+        self.depth = 1
+        self.var_override: dict[ir.Var, str] = {}
+        self.buf_override: dict[ir.Buffer, str] = {}
+        self.reg_ctx: Optional[tuple] = None  # (driver layout, register index name, loop vars)
+        self.in_parallel = False
+        self.pend_w = self.pend_r = False
+        self.uses_wgmma = "wgmma" in self.plan.gemm_kind.values()
+        self.headers: set[str] = set()
+        self.smem_offsets: dict[ir.Buffer, int] = {}
+        self.smem_bytes = 0
+        self.scratch_offset = -1
+        self.scan_scratch_offset = -1
+        self.softmax_scratch_offset = -1
+        self.counter = 0
+        self.nonneg_vars = set(kernel.block_vars) | set(kernel.symbols)
+
+    # -- names --------------------------------------------------------------
+    def var_name(self, v: ir.Var) -> str:
+        return self.var_override.get(v) or self.cname(v)
+
+    def buffer_name(self, b: ir.Buffer) -> str:
+        return self.buf_override.get(b) or self.cname(b)
+
+    def fresh(self, base: str) -> str:
+        self.counter += 1
+        return f"kf_{base}{self.counter}"
+
+    def is_smem(self, b: ir.Buffer) -> bool:
+        return b.scope == ir.Scope.SHARED or b in self.plan.staged
+
+    # -- element access -------------------------------------------------------
+    def offset(self, buf: ir.Buffer, indices) -> str:
+        if self.is_smem(buf) and buf in self.plan.core_tiles:
+            r, c = (self.expr(i) for i in indices)
+            cols = buf.static_shape()[1]
+            return f"(((({r}) >> 3) * {cols // 8} + (({c}) >> 3)) * 64 + (({r}) & 7) * 8 + (({c}) & 7))"
+        return super().offset(buf, indices)
+
+    def load(self, e: ir.Load) -> str:
+        if e.buffer in self.plan.registers:
+            return self.reg_ref(e.buffer, e.indices)
+        return super().load(e)
+
+    def reg_ref(self, b: ir.Buffer, indices) -> str:
+        if self.reg_ctx is None:
+            raise CudaRenderError(f"register fragment {self.cname(b)} accessed outside its owner's loop (planner bug)")
+        driver, r, vars_ = self.reg_ctx
+        lay = self.plan.registers[b]
+        if lay == driver and all(i is v for i, v in zip(indices, vars_)):
+            return f"{self.buffer_name(b)}[{r}]"
+        if isinstance(driver, AccumLayout) and lay == driver.rows and indices[0] is vars_[0]:
+            return f"{self.buffer_name(b)}[{driver.row_reg(r)}]"
+        raise CudaRenderError(f"fragment {self.cname(b)} accessed at {indices} in a loop driven by {driver} "
+                              "(planner bug)")
+
+    # -- output ---------------------------------------------------------------
+    def emit(self, line: str) -> None:
+        self.lines.append("  " * self.depth + line)
+
+    def open(self, head: str) -> None:
+        self.emit(head + " {")
+        self.depth += 1
+
+    def close(self, tail: str = "}") -> None:
+        self.depth -= 1
+        self.emit(tail)
+
+    # -- barriers -----------------------------------------------------------------
+    def barrier(self) -> None:
+        self.emit("kf::fence_proxy_async(); __syncthreads();" if self.uses_wgmma else "__syncthreads();")
+        self.pend_w = self.pend_r = False
+
+    def before(self, reads: bool, writes: bool) -> None:
+        """Insert a barrier when this statement's shared-memory accesses would race earlier ones."""
+        if (reads and self.pend_w) or (writes and (self.pend_w or self.pend_r)):
+            self.barrier()
+        self.pend_r |= reads
+
+    def after(self, writes: bool) -> None:
+        self.pend_w |= writes
+
+    def smem_use(self, s) -> tuple[bool, bool]:
+        reads = writes = False
+        for n in nodes(s):
+            if isinstance(n, ir.Load) and self.is_smem(n.buffer):
+                reads = True
+            elif isinstance(n, (ir.Store, ir.Atomic)) and self.is_smem(n.buffer):
+                writes = True
+            elif isinstance(n, ir.Copy):
+                reads |= self.is_smem(n.src.buffer)
+                writes |= self.is_smem(n.dst.buffer)
+            elif isinstance(n, ir.Fill):
+                writes |= self.is_smem(n.dst.buffer)
+            elif isinstance(n, ir.Gemm):
+                reads |= self.is_smem(n.a.buffer) or self.is_smem(n.b.buffer) or self.is_smem(n.c.buffer)
+                writes |= self.is_smem(n.c.buffer)
+            elif isinstance(n, (ir.Reduce, ir.Cumsum)):
+                reads |= self.is_smem(n.src) or self.is_smem(n.dst)
+                writes |= self.is_smem(n.dst)
+            elif isinstance(n, ir.RadixFindBucket):
+                reads = writes = True
+            elif isinstance(n, ir.OnlineSoftmax):
+                touched = any(self.is_smem(b) for b in (n.scores, n.row_max, n.row_sum, n.rescale))
+                reads |= touched
+                writes |= touched
+        return reads, writes
+
+    # -- kernel ---------------------------------------------------------------------
+    def allocate_smem(self) -> None:
+        off = 0
+        for n in nodes(self.k.body):
+            if isinstance(n, ir.Allocate) and self.is_smem(n.buffer) and n.buffer not in self.smem_offsets:
+                b = n.buffer
+                self.smem_offsets[b] = off
+                off += -(-prod(b.static_shape()) * b.dtype.itemsize * self.pipes.stages.get(b, 1)
+                         // SMEM_ALIGN) * SMEM_ALIGN
+        for loop in self.tma_loops:
+            self.mbarrier_offsets[loop] = off
+            off += -(-8 * loop.num_stages // SMEM_ALIGN) * SMEM_ALIGN
+        scratch = max((cuda_reduce.reduce_scratch_floats(self, r) for r in nodes(self.k.body)
+                       if isinstance(r, ir.Reduce)), default=0)
+        if scratch:
+            self.scratch_offset = off
+            off += -(-scratch * 4 // SMEM_ALIGN) * SMEM_ALIGN
+        softmax = max((cuda_softmax.scratch_floats(self, s) for s in nodes(self.k.body)
+                       if isinstance(s, ir.OnlineSoftmax)), default=0)
+        if softmax:
+            self.softmax_scratch_offset = off
+            off += -(-softmax * 4 // SMEM_ALIGN) * SMEM_ALIGN
+        if any((isinstance(c, ir.Cumsum) and cuda_reduce.block_scan_ok(self, c)) or isinstance(c, ir.RadixFindBucket)
+               for c in nodes(self.k.body)):
+            self.scan_scratch_offset = off
+            off += 32 * 8
+        self.smem_bytes = off
+        if off > self.arch.max_smem:
+            raise CudaRenderError(f"kernel {self.k.name} needs {off} bytes of shared memory; {self.arch.name} "
+                                  f"allows {self.arch.max_smem} per block", self.k.loc)
+
+    def params(self) -> list[tuple[str, str]]:
+        out = []
+        for p in self.k.params:
+            if isinstance(p, ir.Buffer):
+                out.append((self.cname(p), f"{self.ctype(p.dtype)}*"))
+            else:
+                out.append((self.cname(p) + "_arg" if p.dtype in _SCALAR_ABI else self.cname(p),
+                            _SCALAR_ABI.get(p.dtype, self.ctype(p.dtype))))
+        out += [(f"kf_dim_{self.cname(s)}", "int64_t") for s in self.k.symbols]
+        out += [(t.name, TENSOR_MAP_CTYPE) for t in self.tensor_maps]
+        return out
+
+    def prologue(self) -> None:
+        self.emit(f"const int {self.tid} = threadIdx.x;")
+        for axis, v in zip("xyz", self.k.block_vars):
+            self.emit(f"const {self.ctype(v.dtype)} {self.cname(v)} = ({self.ctype(v.dtype)})blockIdx.{axis};")
+        for p in self.k.scalar_params:
+            if p.dtype in _SCALAR_ABI:
+                conv = (f"kf_from_float<{self.ctype(p.dtype)}>({self.cname(p)}_arg)" if p.dtype.is_float
+                        else f"({self.ctype(p.dtype)}){self.cname(p)}_arg")
+                self.emit(f"const {self.ctype(p.dtype)} {self.cname(p)} = {conv};")
+        for s in self.k.symbols:
+            self.emit(f"const {self.ctype(s.dtype)} {self.cname(s)} = ({self.ctype(s.dtype)})kf_dim_{self.cname(s)};")
+        if self.smem_bytes:
+            self.emit("extern __shared__ __align__(128) unsigned char kf_smem[];")
+        for b, off in self.smem_offsets.items():
+            ring = "_ring" if b in self.pipes.stages else ""
+            self.emit(f"{self.ctype(b.dtype)}* const {self.cname(b)}{ring} = "
+                      f"reinterpret_cast<{self.ctype(b.dtype)}*>(kf_smem + {off});")
+        if self.scratch_offset >= 0:
+            self.emit(f"float* const kf_scratch = reinterpret_cast<float*>(kf_smem + {self.scratch_offset});")
+        for i, off in enumerate(self.mbarrier_offsets.values()):
+            self.emit(f"uint64_t* const kf_bars{i} = reinterpret_cast<uint64_t*>(kf_smem + {off});")
+        if self.softmax_scratch_offset >= 0:
+            self.emit(f"float* const kf_softmax_scratch = reinterpret_cast<float*>(kf_smem + {self.softmax_scratch_offset});")
+        if self.scan_scratch_offset >= 0:
+            self.emit(f"unsigned char* const kf_scan_scratch = kf_smem + {self.scan_scratch_offset};")
+
+    def render_body(self) -> CudaProgram:
+        self.allocate_smem()
+        self.prologue()
+        self.stmt(self.k.body)
+        for kind in set(self.plan.gemm_kind.values()):
+            self.headers.add({"wgmma": "kf/wgmma.cuh", "mma": "kf/mma.cuh", "scalar": "kf/common.cuh"}[kind])
+        if self.tma_loops:
+            self.headers.add("kf/tma.cuh")
+        if any(isinstance(n, ir.OnlineSoftmax) for n in nodes(self.k.body)):
+            self.headers.add("kf/softmax.cuh")
+        if self.pipes.prefetch or any(isinstance(n, ir.Copy) for n in nodes(self.k.body)):
+            self.headers.add("kf/cp_async.cuh")
+        self.headers |= {"kf/reduce.cuh", "kf/atomic.cuh"}
+        params = self.params()
+        entry = entry_symbol(self.k)
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
+                                 keep_trailing_newline=True)
+        source = env.get_template("kernel.cu.j2").render(
+            name=self.k.name, arch=self.arch.name, threads=self.k.threads, dynamic_smem=self.smem_bytes,
+            headers=sorted(self.headers - {"kf/common.cuh"}), entry=entry,
+            params=", ".join(f"{t} {n}" for n, t in params), body=self.lines)
+        return CudaProgram(source, entry, params, self.k.threads, self.smem_bytes, self.arch.name,
+                           tuple(self.tensor_maps))
+
+    # -- statements -----------------------------------------------------------------
+    def stmt(self, s: ir.Stmt) -> None:
+        HANDLERS[type(s)](self, s)
+
+
+HANDLERS: dict[type, Callable] = {
+    ir.Seq: cuda_ops.render_seq, ir.Allocate: cuda_ops.render_allocate, ir.Store: cuda_ops.render_store,
+    ir.Atomic: cuda_ops.render_atomic, ir.If: cuda_ops.render_if, ir.For: cuda_ops.render_for,
+    ir.Parallel: cuda_ops.render_parallel, ir.Copy: cuda_ops.render_copy, ir.Fill: cuda_ops.render_fill,
+    ir.Gemm: cuda_gemm.render_gemm, ir.Reduce: cuda_reduce.render_reduce, ir.Cumsum: cuda_reduce.render_cumsum,
+    ir.OnlineSoftmax: cuda_softmax.render_online_softmax, ir.RadixFindBucket: cuda_radix.render_find_bucket,
+}
+
+
+def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True) -> CudaProgram:
+    """Render ``kernel`` for ``arch`` (``sm_80``, ``sm_90a``, ``sm_100a``; default sm_90a).
+
+    On sm_90a, ``tma`` (default) loads qualifying pipelined copies with TMA; ``tma=False``
+    renders the cp.async variant, which the launchers run when a launch's tensors do not
+    meet TMA's alignment rules (``cuda_tma.encode_args``)."""
+    return CudaRenderer().render(kernel, Target("cuda", arch, "" if tma else "cp.async"))

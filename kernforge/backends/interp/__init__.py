@@ -1,0 +1,1 @@
+"""Backend "interp": the numpy reference interpreter behind the backend contract."""

@@ -179,7 +179,7 @@ def _bf16(*shape):
 
 @pytest.fixture(scope="module")
 def emu():
-    from kernforge.jit import backend as backends
+    from kernforge import backends
 
     try:
         backends.get("cuda-emu")
@@ -277,10 +277,12 @@ def test_fills_and_copies_into_local_arrays_reach_every_element_of_every_thread(
 def test_striped_fragment_map_and_atomic_max(emu):
     torch.manual_seed(7)
     pf = striped_map()
-    from kernforge.codegen.layouts import StripedLayout
-    from kernforge.codegen.render.cuda import ARCHS, CudaRenderer
+    from kernforge.backends.cuda.layouts import StripedLayout
+    from kernforge.backends.cuda.renderer import CudaRenderer
+    from kernforge.codegen.renderer import Target
 
-    assert isinstance(next(iter(CudaRenderer(pf.ir, ARCHS["sm_80"]).plan.registers.values())), StripedLayout)
+    layouts = CudaRenderer().lower(pf.ir, Target("cuda", "sm_80"))[1]["layouts"]
+    assert isinstance(next(iter(layouts.registers.values())), StripedLayout)
     k = kernforge.compile(pf, backend="cuda-emu", arch="sm_80")
     x = _bf16(7, 5)
     y = torch.full((7, 5), float("nan"))

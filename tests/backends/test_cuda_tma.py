@@ -8,9 +8,10 @@ from types import SimpleNamespace
 
 import torch
 
-from kernforge.codegen.render import cuda_backend
-from kernforge.codegen.render.cuda import TENSOR_MAP_CTYPE, render_cuda
-from kernforge.codegen.render.cuda_tma import TensorMapSpec, encode_args
+from kernforge.backends.cuda import backend as cuda_backend
+from kernforge.runtime import cuda_module
+from kernforge.backends.cuda.renderer import TENSOR_MAP_CTYPE, render_cuda
+from kernforge.backends.cuda.tma import TensorMapSpec, encode_args
 from tests.backends.test_cuda_semantics import gemm
 
 
@@ -108,20 +109,14 @@ class _RecordingDriver:
         return (0,)
 
 
-class _Function:
-    name = "kf_kf_test_gemm"
-    handle = "function-handle"
-
-    def __init__(self, kinds):
-        self.argtypes = kinds
-
-
 def _launcher(monkeypatch, kernel, fallback=None):
+    """The real launcher and the runtime's real CudaFunction, over a recording driver."""
     program = render_cuda(kernel, "sm_90a")
     kinds = tuple("ptr" for _, t in program.params if t != TENSOR_MAP_CTYPE)
     driver = _RecordingDriver(len(program.params))
-    monkeypatch.setattr(cuda_backend, "_driver", lambda: driver)
-    return cuda_backend.CudaLauncher(kernel, program, _Function(kinds), fallback), driver
+    monkeypatch.setattr(cuda_module, "_driver", lambda: driver)
+    function = cuda_module.CudaFunction(None, "kf_kf_test_gemm", "function-handle", (kinds, "void"))
+    return cuda_backend.CudaLauncher(kernel, program, function, fallback), driver
 
 
 def test_launch_encodes_one_map_per_tma_buffer_and_passes_them_after_the_plain_params(monkeypatch):
@@ -182,3 +177,14 @@ def test_the_installed_cuda_bindings_accepts_the_encode_arguments():
         raise AssertionError(f"cuda-bindings rejected the argument types: {e}") from e
     except Exception:  # no driver library / no device here
         pass
+
+
+def test_launches_go_to_torchs_current_stream(monkeypatch):
+    kernel = gemm(M=96, N=80, K=72).ir
+    launch, driver = _launcher(monkeypatch, kernel)
+    args = [torch.randn(96, 72).bfloat16(), torch.randn(72, 80).bfloat16(), torch.empty(96, 80).bfloat16()]
+    launch(args, [], [2, 2])  # torch CUDA never initialised here: the legacy default stream
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=0xBEEF))
+    launch(args, [], [2, 2])
+    assert [config.hStream for config, *_ in driver.launches] == [("stream", 0), ("stream", 0xBEEF)]

@@ -46,6 +46,7 @@ class CpuRenderer(CRenderer, Renderer):
     name = "cpu"
     transforms = (simplify, lower_copies, simplify)
     template = "kernel_module.cpp.j2"
+    template_dir = TEMPLATE_DIR  # a variant renderer points this at its own folder's skeletons
     schedule = "guided"
     stack_bytes = 1024  # LOCAL buffers up to this size are stack arrays, larger ones go to the arena
     gemm_compute = {dtypes.float32: "float", dtypes.float16: "float", dtypes.bfloat16: "float",
@@ -98,7 +99,7 @@ class CpuRenderer(CRenderer, Renderer):
         self.stmt(k.body, body, 0)
         rank = len(k.grid)
         grid_names = [f"kf_grid{d}" for d in range(rank)]
-        return _environment().get_template(self.template).render({
+        return _environment(self.template_dir).get_template(self.template).render({
             "kernel_name": k.name,
             "entry": entry_symbol(k),
             "attrs": repr(dict(sorted(k.attrs.items()))),
@@ -370,7 +371,7 @@ class CpuRenderer(CRenderer, Renderer):
 
 
 @functools.lru_cache(maxsize=None)
-def _environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
+def _environment(template_dir: str = TEMPLATE_DIR) -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(template_dir), undefined=jinja2.StrictUndefined,
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                               autoescape=False)

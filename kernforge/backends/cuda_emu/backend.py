@@ -5,12 +5,12 @@ code path (fragment layouts of mma.sync/wgmma, ldmatrix, cp.async pipelines,
 TMA + mbarrier, warp shuffles, barriers) is where the subtle bugs live.  This
 backend compiles the *unchanged* output of :func:`kernforge.backends.cuda.renderer.render_cuda`
 with g++ under ``-DKF_HOST_EMULATION``: the device library then includes its
-host implementations from ``templates/cuda/include/kf/emu/`` and the force-
+host implementations from ``backends/cuda_emu/templates/include/kf/emu/`` and the force-
 included ``kf/emu/cuda_emu.h`` maps the CUDA language onto host threads.
 Results are "CUDA semantics verified on host emulation", never "GPU verified";
 see ``docs/backends/cuda-emu.md`` for what emulation cannot catch.
 
-Launch ABI of the generated host entry (``templates/cuda/emu_launch.cpp.j2``)::
+Launch ABI of the generated host entry (``backends/cuda_emu/templates/emu_launch.cpp.j2``)::
 
     extern "C" int kf_emu_<name>(void** args, const int64_t* dims, const int64_t* grid)
 

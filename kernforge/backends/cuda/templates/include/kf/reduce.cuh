@@ -1,7 +1,7 @@
 // Reductions across the threads that share a row of a fragment.
 //
 // Pure CUDA C++ (shuffles, no PTX): compiles unchanged under host emulation.
-// The accumulator layout (codegen/layouts.py, AccumLayout) puts one row's
+// The accumulator layout (backends/cuda/layouts.py, AccumLayout) puts one row's
 // elements of a warp's 16x8 tiles on the 4 lanes of a quad (lanes 4g..4g+3),
 // so a row reduction is: thread-local, then quad_allreduce, then (when
 // several warps share the row) a pass through shared memory.

@@ -2,7 +2,7 @@
 //
 // Pure CUDA C++ (shuffles, exp2f, __syncthreads): compiles unchanged under host emulation.
 //
-// Layout (codegen/layouts.py, AccumLayout): the block's first WM*WN warps tile an M x N
+// Layout (backends/cuda/layouts.py, AccumLayout): the block's first WM*WN warps tile an M x N
 // accumulator, warp w at row block w % WM and column block w / WM; each warp holds MT x NT
 // m16n8 tiles, register r = ((mi * NT) + ni) * 4 + q is row
 //   mi*16*WM + (w % WM)*16 + lane/4 + 8*(q/2),  column (w / WM)*(N/WN) + ni*8 + 2*(lane%4) + q%2.

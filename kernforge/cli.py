@@ -72,12 +72,11 @@ def cmd_run(args) -> int:
 
 def cmd_build(args) -> int:
     spec = _spec(args.kernel)
-    if args.backend != "cuda":
-        raise SystemExit("kernforge build: only --backend cuda is built without loading "
-                         "(cpu kernels build on first run)")
-    from kernforge.backends.cuda.backend import build_report
-
-    report = build_report(_kernel_ir(spec, args.problem), args.arch)
+    backend = backends.get(args.backend)
+    if not hasattr(backend, "build_report"):
+        raise SystemExit(f"kernforge build: backend {args.backend!r} does not build without loading "
+                         "(its kernels build on first run)")
+    report = backend.build_report(_kernel_ir(spec, args.problem), args.arch)
     for k, v in report.items():
         print(f"{k:>14}: {v}")
     return 0

@@ -112,6 +112,19 @@ class LoopKind(enum.Enum):
     UNROLLED = "unrolled"
 
 
+class GemmWarpPolicy(enum.Enum):
+    """TileLang's ``T.GemmWarpPolicy``: how a gemm's warps split its ``(M, N)`` accumulator.
+    ``Gemm.policy`` None is kernforge's own choice (as many warps along M as fit, as FullRow)."""
+
+    Square = "square"  # per-warp tiles as close to square as the warp count allows
+    FullRow = "full_row"  # warps along M first (each warp spans a band of whole rows)
+    FullCol = "full_col"  # warps along N first (each warp spans a band of whole columns)
+
+    @property
+    def tilelang_value(self) -> int:
+        return {"square": 0, "full_row": 1, "full_col": 2}[self.value]
+
+
 @dataclass(frozen=True)
 class SourceLoc:
     """The kernel author's file and line, carried by every node for error messages."""
@@ -425,6 +438,7 @@ class Copy(Stmt):
     src: Region
     dst: Region
     loc: Optional[SourceLoc] = _LOC
+    disable_tma: bool = False  # T.copy(disable_tma=True): never a TMA load (CUDA uses cp.async)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -445,6 +459,7 @@ class Gemm(Stmt):
     trans_b: bool = False
     clear_accum: bool = False
     loc: Optional[SourceLoc] = _LOC
+    policy: Optional[GemmWarpPolicy] = None  # T.gemm(policy=): CUDA's warp split; None = backend's choice
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -526,6 +541,23 @@ class RadixFindBucket(Stmt):
     above: Buffer
     need: Buffer
     bucket: Buffer
+    loc: Optional[SourceLoc] = _LOC
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Sync(Stmt):
+    """A barrier among the threads of ``scope`` (only ``"block"``): every thread waits here
+    until all have arrived, and memory the block shares (on-chip shared tiles) written
+    before it is visible to every thread after it.
+
+    Authors do not write it: a target's barrier pass
+    (:mod:`kernforge.codegen.passes.barriers`) inserts it where a statement would race an
+    earlier one.  It changes no value, so the interpreter and backends that run a block
+    on one thread (CPU) ignore it.  Like any block statement it must be reached by every
+    thread of the block; inside a ``Parallel`` map it is only meaningful to a backend that
+    runs the map as a loop in every thread (the CUDA renderer's thread-local maps)."""
+
+    scope: str = "block"
     loc: Optional[SourceLoc] = _LOC
 
 

@@ -54,11 +54,13 @@ def _lines(s: ir.Stmt, depth: int) -> list[str]:
         idx = ", ".join(format_expr(i) for i in s.indices)
         return [f"{pad}{s.buffer.name}[{idx}] = {format_expr(s.value)}"]
     if isinstance(s, ir.Copy):
-        return [f"{pad}copy {s.src!r} -> {s.dst!r}"]
+        return [f"{pad}copy {s.src!r} -> {s.dst!r}" + (" (disable_tma=True)" if s.disable_tma else "")]
     if isinstance(s, ir.Fill):
         return [f"{pad}fill {s.dst!r} = {format_expr(s.value)}"]
     if isinstance(s, ir.Gemm):
         flags = f"trans_a={s.trans_a}, trans_b={s.trans_b}, clear_accum={s.clear_accum}"
+        if s.policy is not None:
+            flags += f", policy={s.policy.name}"
         return [f"{pad}gemm {s.a!r} @ {s.b!r} -> {s.c!r} ({flags})"]
     if isinstance(s, ir.Reduce):
         return [f"{pad}{s.op.value} {s.src.name} -> {s.dst.name} dim={s.dim} clear={s.clear}"]
@@ -70,6 +72,8 @@ def _lines(s: ir.Stmt, depth: int) -> list[str]:
     if isinstance(s, ir.RadixFindBucket):
         return [f"{pad}radix_find_bucket {s.hist.name} -> {s.above.name} need={s.need.name} "
                 f"bucket={s.bucket.name}"]
+    if isinstance(s, ir.Sync):
+        return [f"{pad}sync {s.scope}"]
     if isinstance(s, ir.Atomic):
         idx = ", ".join(format_expr(i) for i in s.indices)
         return [f"{pad}{s.op.value} {s.buffer.name}[{idx}] <- {format_expr(s.value)}"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from kernforge.codegen import ir
 from kernforge.dsl import builder as B
+from kernforge.dsl import hints as _hints
 from kernforge.dsl.handles import TensorHandle, to_region, unwrap_expr
 
 
@@ -14,10 +15,15 @@ def _shape_of(x):
     return None
 
 
-def copy(src, dst, **_tilelang_hints) -> None:
+def copy(src, dst, **hints) -> None:
     """Copy a tile, converting dtype.  Edge tiles are masked by the buffers' shapes:
-    elements read outside ``src`` become 0, elements written outside ``dst`` are skipped."""
+    elements read outside ``src`` become 0, elements written outside ``dst`` are skipped.
+
+    TileLang's hints: ``disable_tma=True`` is recorded (``ir.Copy.disable_tma``) and keeps the
+    copy off TMA on CUDA; ``coalesced_width`` and an ``eviction_policy`` other than
+    ``"evict_normal"`` are rejected, as is any other keyword (``docs/tilelang-hints.md``)."""
     loc = B.user_loc(2)
+    fields = _hints.copy_hints(hints, loc)
     s = to_region(src, _shape_of(dst), "copy source")
     d = to_region(dst, s.extents, "copy destination")
     if isinstance(src, ir.Load) and not isinstance(dst, ir.Load):
@@ -25,7 +31,7 @@ def copy(src, dst, **_tilelang_hints) -> None:
     if s.squeezed() != d.squeezed():
         raise B.error(f"T.copy shape mismatch: source {s!r} has tile shape {s.extents}, "
                       f"destination {d!r} has {d.extents}", loc)
-    B.current().emit(ir.Copy(s, d, loc))
+    B.current().emit(ir.Copy(s, d, loc, **fields))
 
 
 def fill(buffer, value) -> None:

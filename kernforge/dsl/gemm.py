@@ -1,9 +1,11 @@
-"""``T.gemm(A, B, C, transpose_A=False, transpose_B=False, clear_accum=False)``."""
+"""``T.gemm(A, B, C, transpose_A=False, transpose_B=False, policy=None, clear_accum=False,
+k_pack=1, wg_wait=0)``: TileLang's signature and argument order (``docs/tilelang-hints.md``)."""
 from __future__ import annotations
 
 from kernforge import dtypes
 from kernforge.codegen import ir
 from kernforge.dsl import builder as B
+from kernforge.dsl import hints
 from kernforge.dsl.handles import to_region
 
 _ACCUM = {dtypes.float16: (dtypes.float32, dtypes.float16), dtypes.bfloat16: (dtypes.float32,),
@@ -18,11 +20,19 @@ def _mat(r: ir.Region, name: str, loc) -> tuple[int, int]:
     return shape
 
 
-def gemm(A, B_, C, transpose_A: bool = False, transpose_B: bool = False,
-         clear_accum: bool = False, policy=None, k_pack: int = 1, wg_wait: int = 0) -> None:
+def gemm(A, B_, C, transpose_A: bool = False, transpose_B: bool = False, policy=None,
+         clear_accum: bool = False, k_pack: int = 1, wg_wait: int = 0) -> None:
     """``C += op(A) @ op(B)`` on tiles (``C = ...`` with ``clear_accum``).  ``C`` is a
-    fragment; ``A`` and ``B`` are shared or fragment tiles of the same dtype."""
+    fragment; ``A`` and ``B`` are shared or fragment tiles of the same dtype.
+
+    ``policy`` (a ``T.GemmWarpPolicy``) is recorded in the IR and sets the CUDA backend's
+    warp split of ``C``; ``k_pack`` other than 1 and ``wg_wait`` other than 0 are rejected."""
     loc = B.user_loc(2)
+    transpose_A, transpose_B, clear_accum = (hints.check_flag(v, n, loc) for v, n in (
+        (transpose_A, "transpose_A"), (transpose_B, "transpose_B"), (clear_accum, "clear_accum")))
+    policy = hints.warp_policy(policy, loc)
+    hints.check_k_pack(k_pack, loc)
+    hints.check_wg_wait(wg_wait, loc)
     a, b, c = (to_region(x, None, f"gemm {n}") for x, n in ((A, "A"), (B_, "B"), (C, "C")))
     (am, ak), (bk, bn), (cm, cn) = _mat(a, "A", loc), _mat(b, "B", loc), _mat(c, "C", loc)
     if transpose_A:
@@ -44,4 +54,4 @@ def gemm(A, B_, C, transpose_A: bool = False, transpose_B: bool = False,
     for r, n in ((a, "A"), (b, "B")):
         if r.buffer.scope == ir.Scope.GLOBAL:
             raise B.error(f"T.gemm operand {n} is global memory: T.copy it into shared memory first", loc)
-    B.current().emit(ir.Gemm(a, b, c, bool(transpose_A), bool(transpose_B), bool(clear_accum), loc))
+    B.current().emit(ir.Gemm(a, b, c, transpose_A, transpose_B, clear_accum, loc, policy=policy))

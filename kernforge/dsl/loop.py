@@ -11,6 +11,7 @@ from __future__ import annotations
 from kernforge import dtypes
 from kernforge.codegen import arith, ir
 from kernforge.dsl import builder as B
+from kernforge.dsl import hints
 
 
 class _Loop:
@@ -80,13 +81,15 @@ class serial(_Sequential):  # noqa: N801 - TileLang spelling
 
 class Pipelined(_Sequential):
     """``for k in T.Pipelined(n, num_stages=3)``: a sequential loop whose global->shared
-    copies a backend may overlap with compute over ``num_stages`` buffers."""
+    copies a backend may overlap with compute over ``num_stages`` buffers.  TileLang's
+    ``order=``/``stage=`` schedule hints are rejected: the backend plans the schedule."""
 
     kind = ir.LoopKind.PIPELINED
 
     def __init__(self, start, stop=None, num_stages: int = 2, order=None, stage=None):
         if not isinstance(num_stages, int) or num_stages < 1:
             raise B.error(f"T.Pipelined num_stages must be a positive int, got {num_stages!r}")
+        hints.check_pipeline_schedule(order, stage, B.user_loc(2))
         super().__init__(start, stop, num_stages)
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import kernforge
 import kernforge.dsl as T
 from kernforge import dtypes
-from kernforge.codegen.render.cpu_backend import CpuBackend, CpuKernelError
+from kernforge.backends.cpu.backend import CpuBackend, CpuKernelError
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 FEW = settings(max_examples=8, deadline=None)
@@ -662,14 +662,13 @@ def test_append_idiom_scalar_fallback_without_avx512_matches_the_interpreter():
     """The same source built with AVX-512 switched off takes the `#else` path (the plain
     loop) and must give the same bytes as the interpreter."""
     from kernforge import runtime
-    from kernforge.codegen.render import cpu as cpu_render
-    from kernforge.codegen.render.cpu_backend import CpuLauncher
+    from kernforge.backends.cpu.backend import CpuLauncher
 
     kernel = append_kernel("bfloat16", "gt", True).ir
-    src = CpuBackend().source(kernel, None)
-    module = runtime.compile("cpu_append_noavx512", src, backend="cpu",
+    program = CpuBackend().render(kernel)
+    module = runtime.compile("cpu_append_noavx512", program.source, backend="cpu",
                              options=CpuBackend.options + ("-mno-avx512f",), include_dirs=(CpuBackend.include_dir,))
-    scalar = CpuLauncher(kernel, module.get_function(cpu_render.entry_symbol(kernel)))
+    scalar = CpuLauncher(kernel, module.get_function(program.entry), program)
     rng = np.random.default_rng(5)
     n = 300
     x = rng.standard_normal(n).astype(np.float32).astype(ml_dtypes.bfloat16)

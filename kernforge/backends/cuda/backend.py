@@ -153,6 +153,10 @@ class CudaBackend(Backend):
         otherwise the emission default, sm_90a."""
         return Target(self.name, arch or (device_arch() if launch else DEFAULT_ARCH))
 
+    def build_report(self, kernel: ir.Kernel, arch: Optional[str] = None) -> dict:
+        """``kernforge build``: compile without a GPU and report resources (see :func:`build_report`)."""
+        return build_report(kernel, arch)
+
     def build(self, kernel: ir.Kernel, target: Optional[Target] = None) -> CudaLauncher:
         """Compile the kernel; with TMA pipelines (sm_90a) the cp.async variant is compiled
         only when a launch's tensors need it (see :class:`CudaLauncher`)."""

@@ -97,8 +97,8 @@ class _Planner:
             if not _tensor_core_gemm(g):
                 continue
             m, n = g.c.buffer.static_shape()
-            lay = (accum_layout(m, n, self.k.threads, wgmma=True) if self.wgmma else None) \
-                or accum_layout(m, n, self.k.threads, wgmma=False)
+            lay = (accum_layout(m, n, self.k.threads, wgmma=True, policy=g.policy) if self.wgmma else None) \
+                or accum_layout(m, n, self.k.threads, wgmma=False, policy=g.policy)
             if lay is None:
                 continue
             if regs.setdefault(g.c.buffer, lay) != lay:

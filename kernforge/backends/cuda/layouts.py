@@ -26,7 +26,7 @@ headers document the same layouts (``kf/mma.cuh``, ``kf/wgmma.cuh``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
+from math import log2, prod
 
 
 @dataclass(frozen=True)
@@ -148,17 +148,41 @@ class RowLayout:
 Layout = StripedLayout | AccumLayout | RowLayout
 
 
-def accum_layout(m: int, n: int, threads: int, wgmma: bool) -> AccumLayout | None:
+def accum_layout(m: int, n: int, threads: int, wgmma: bool, policy=None) -> AccumLayout | None:
     """The warp arrangement for an ``(m, n)`` accumulator, or None when none tiles it in 16x8 atoms.
 
-    As many warps as possible go along M (``wm``: every accumulator with the same M then
-    shares one row distribution, so per-row values such as a softmax's running max serve
-    both the scores and the output), then along N.  With ``wgmma`` the warps along M
-    come in whole warpgroups (a multiple of 4, 64 rows per instruction) and a warp
-    column is at most 256 wide (the largest wgmma N)."""
+    By default (``policy`` None, or ``GemmWarpPolicy.FullRow``) as many warps as possible
+    go along M (``wm``: every accumulator with the same M then shares one row
+    distribution, so per-row values such as a softmax's running max serve both the
+    scores and the output), then along N.  ``FullCol`` puts as many as possible along N
+    first; ``Square`` takes, among the arrangements using the most warps, the one whose
+    per-warp tile ``(m/wm, n/wn)`` is closest to square (ties: more warps along M).  With
+    ``wgmma`` the warps along M come in whole warpgroups (a multiple of 4, 64 rows per
+    instruction) and a warp column is at most 256 wide (the largest wgmma N), whatever
+    the policy."""
     warps = threads // 32
     if threads % 32 or warps == 0:
         return None
+
+    def ok(wm: int, wn: int) -> bool:
+        return not (m % (16 * wm) or (wgmma and (wm % 4 or m % 64)) or n % (8 * wn)
+                    or (wgmma and n // wn > 256))
+
+    kind = getattr(policy, "value", None)
+    if kind == "full_col":
+        for wn in range(min(warps, n // 8), 0, -1):
+            for wm in range(warps // wn, 0, -1):
+                if ok(wm, wn):
+                    return AccumLayout(m, n, wm, wn, warps)
+        return None
+    if kind == "square":
+        cands = [(wm, wn) for wm in range(1, warps + 1) for wn in range(1, warps // wm + 1) if ok(wm, wn)]
+        if not cands:
+            return None
+        used = max(wm * wn for wm, wn in cands)
+        wm, wn = min((c for c in cands if c[0] * c[1] == used),
+                     key=lambda c: (abs(log2((m / c[0]) / (n / c[1]))), -c[0]))
+        return AccumLayout(m, n, wm, wn, warps)
     for wm in range(min(warps, m // 16), 0, -1):
         if m % (16 * wm) or (wgmma and (wm % 4 or m % 64)):
             continue

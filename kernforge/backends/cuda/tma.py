@@ -10,6 +10,8 @@ emulation's ``kf_emu::encode_tensor_map`` take them).
 
 A loop goes through TMA only when every copy it prefetches qualifies:
 
+* not marked ``T.copy(..., disable_tma=True)`` (``ir.Copy.disable_tma``): such a copy
+  keeps its whole loop on the cp.async ring;
 * global source whose innermost stride is the constant 1, same dtype as the
   shared tile, a 2-D tile spanning the source's last axis and one other axis,
   rows of a multiple of 16 bytes, each stage 128-byte aligned, source rank <= 4;
@@ -93,7 +95,7 @@ class TmaTile:
 def _tile(core_tiles, c: ir.Copy, params: Sequence) -> Optional[tuple]:
     """(param index, row axis, rows, cols, box_rows, box_cols, core) when ``c`` can be a TMA load."""
     src, dst = c.src.buffer, c.dst.buffer
-    if src.scope != ir.Scope.GLOBAL or src.dtype != dst.dtype or src not in params:
+    if c.disable_tma or src.scope != ir.Scope.GLOBAL or src.dtype != dst.dtype or src not in params:
         return None
     shape = dst.static_shape()
     if len(shape) != 2 or c.src.squeezed() != shape or c.src.extents[-1] != shape[1]:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-import shutil
+from typing import Optional
 
 import pytest
 from hypothesis import settings
@@ -22,17 +22,62 @@ def _session_cache_dir(tmp_path_factory):
     yield
 
 
-def host_backends() -> list[str]:
-    """Backends that run on this machine's CPU (interp always; cpu/cuda-emu when built)."""
-    from kernforge.jit import backend as backends
+HOST_BACKENDS = ("interp", "cpu", "cuda-emu")
 
-    out = []
-    for name in ("interp", "cpu", "cuda-emu"):
+
+def host_backend_skip_reason(name: str) -> Optional[str]:
+    """Why backend ``name`` cannot run on this machine (None: it can).
+
+    cpu and cuda-emu compile with the C++ compiler kernforge's runtime would pick itself
+    (``KERNFORGE_JIT_CXX``, else g++ or clang++ on PATH), so the answer is the runtime's own."""
+    from kernforge import backends
+
+    try:
+        backends.get(name)
+    except backends.BackendError as e:
+        return f"backend {name!r} is not available: {e}"
+    if name in ("cpu", "cuda-emu"):
+        from kernforge.runtime.compilers import make_compiler
+        from kernforge.runtime.config import Config
+        from kernforge.runtime.errors import ConfigError, ToolchainNotFoundError
+
         try:
-            backends.get(name)
-        except backends.BackendError:
-            continue
-        if name in ("cpu", "cuda-emu") and shutil.which("g++") is None:
-            continue
-        out.append(name)
-    return out
+            make_compiler("cpu", Config.from_env())
+        except (ToolchainNotFoundError, ConfigError) as e:
+            return f"backend {name!r} needs a C++ compiler: {e}"
+    return None
+
+
+_SKIP_REASONS: dict[str, Optional[str]] = {}
+
+
+def _cached_skip_reason(name: str) -> Optional[str]:
+    if name not in _SKIP_REASONS:
+        _SKIP_REASONS[name] = host_backend_skip_reason(name)
+    return _SKIP_REASONS[name]
+
+
+def backend_param(name: str, *more, **kw):
+    """``pytest.param(name, *more)``, skipped with the reason when backend ``name`` cannot run here."""
+    reason = _cached_skip_reason(name)
+    marks = [pytest.mark.skip(reason=reason)] if reason else []
+    return pytest.param(name, *more, marks=marks, **kw)
+
+
+class HostBackends(list):
+    """The parameters of :func:`host_backends`; ``"cpu" in it`` is true only when cpu can run."""
+
+    def __contains__(self, item) -> bool:
+        if isinstance(item, str):
+            return any(p.values[0] == item and not p.marks for p in self)
+        return super().__contains__(item)
+
+
+def host_backends(*names: str) -> HostBackends:
+    """One parametrize value per host backend (``names``, default interp, cpu and cuda-emu):
+    a backend that cannot run on this machine is still listed, skipped with the reason, so a
+    missing compiler shows up in the report instead of silently shrinking the suite."""
+    for n in names:
+        if n not in HOST_BACKENDS:
+            raise ValueError(f"{n!r} is not a host backend ({', '.join(HOST_BACKENDS)})")
+    return HostBackends(backend_param(n, id=n) for n in names or HOST_BACKENDS)

@@ -153,10 +153,6 @@ class ModelConfig:
             raise ValueError(f"ModelConfig: {message}")
 
     # Derived quantities -------------------------------------------------------
-    @property
-    def nope_head_dim(self) -> int:
-        return self.head_dim - self.qk_rope_head_dim
-
     def is_hash_layer(self, layer_id: int) -> bool:
         return layer_id < self.num_hash_layers
 

@@ -61,4 +61,3 @@ V41_EFFORT_LINE = ("Reasoning Effort: {n} (range 1-100, the higher the value, "
 SCHEMA_FORMAT = "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n"
 V4_JSON_OBJECT_FORMAT = ("\n\nYou are a helpful assistant designed to output JSON.\n"
                          "## Response Format:\n\nReply with JSON object ONLY.")
-UNSUPPORTED_IMAGE_TEXT = "[Unsupported Image]"

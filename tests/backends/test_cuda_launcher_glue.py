@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 import kernforge.dsl as T
-from kernforge.codegen.render import cuda_backend
-from kernforge.codegen.render.cuda import render_cuda
+from kernforge.backends.cuda import backend as cuda_backend
+from kernforge.backends.cuda.renderer import render_cuda
 
 
 class _RecordingFunction:
@@ -43,10 +43,44 @@ def test_launcher_passes_pointers_scalars_then_symbols_with_the_ir_sized_smem():
     assert program.dynamic_smem > 48 * 1024  # the runtime raises the limit with cuFuncSetAttribute
 
 
-def test_argument_kinds_follow_the_abi_types():
-    program = render_cuda(_kernel(), "sm_90a")
-    kinds = [("ptr" if t.endswith("*") else cuda_backend._ARG_KIND[t]) for _, t in program.params]
-    assert kinds == ["ptr", "i32", "i32", "f32", "ptr", "i64"]
+class _RecordingModule:
+    def __init__(self):
+        self.requests = []
+
+    def get_function(self, name, argtypes, restype):
+        self.requests.append((name, argtypes, restype))
+        return _RecordingFunction()
+
+
+def _built_argtypes(monkeypatch, kernel, arch="sm_90a"):
+    """The (entry, argtypes, restype) that CudaBackend.build asks the loaded module for
+    (compilation replaced by a recording module: no nvcc, no GPU)."""
+    from kernforge.codegen.renderer import Target
+
+    module = _RecordingModule()
+    monkeypatch.setattr(cuda_backend, "_compile", lambda program, kernel, load: module)
+    cuda_backend.CudaBackend().build(kernel, Target("cuda", arch))
+    (request,) = module.requests
+    return request
+
+
+def test_argument_kinds_follow_the_abi_types(monkeypatch):
+    entry, argtypes, restype = _built_argtypes(monkeypatch, _kernel())
+    assert entry == render_cuda(_kernel(), "sm_90a").entry and restype == "void"
+    # X: bf16 pointer, n: int32, flag: bool passed as a 32-bit int, s: float32, Y: float pointer,
+    # then the symbol M as int64
+    assert argtypes == ("ptr", "i32", "i32", "f32", "ptr", "i64")
+
+
+def test_tensor_maps_are_not_plain_arguments(monkeypatch):
+    """The TMA variant's CUtensorMap parameters travel by value beside the plain ones, so they
+    are not in the function's argtypes: the A, B and C pointers only (static shapes, no symbols)."""
+    from tests.backends.test_cuda_semantics import gemm
+
+    kernel = gemm().ir
+    assert len(render_cuda(kernel, "sm_90a").tensor_maps) == 2  # A and B load through TMA
+    _, argtypes, _ = _built_argtypes(monkeypatch, kernel)
+    assert argtypes == ("ptr", "ptr", "ptr")
 
 
 def test_an_empty_grid_launches_nothing():
@@ -60,7 +94,7 @@ def test_an_empty_grid_launches_nothing():
 def test_building_without_a_gpu_is_a_clear_error():
     import pytest
 
-    from kernforge.jit.backend import BackendError
+    from kernforge.backends import BackendError
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")

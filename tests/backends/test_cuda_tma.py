@@ -164,19 +164,31 @@ def test_empty_grid_launches_nothing(monkeypatch):
 
 
 def test_the_installed_cuda_bindings_accepts_the_encode_arguments():
-    """Argument conversion happens before the driver is reached: without a GPU the call may only
-    fail for want of the driver, never on the types of its arguments."""
+    """Argument conversion happens before the driver is reached: without the driver library the
+    call fails for want of it (cuda-pathfinder's DynamicLibNotFoundError naming "cuda"), never on
+    the types of its arguments; with a driver and a device it returns the encoded map."""
     import pytest
 
-    pytest.importorskip("cuda.bindings.driver")
+    driver = pytest.importorskip("cuda.bindings.driver")
     t = torch.randn(96, 72).bfloat16()
-    args = encode_args(TensorMapSpec("kf_tmap_A_0", 0, "A", (8, 8), 2), t)
+    a = encode_args(TensorMapSpec("kf_tmap_A_0", 0, "A", (8, 8), 2), t)
+
+    def encode():
+        return cuda_module.encode_tensor_map(rank=a.rank, elem_bytes=a.elem_bytes, address=a.address, dims=a.dims,
+                                             strides_bytes=a.strides_bytes, box=a.box)
+
     try:
-        cuda_backend.encode_tensor_map(args)
-    except TypeError as e:
-        raise AssertionError(f"cuda-bindings rejected the argument types: {e}") from e
-    except Exception:  # no driver library / no device here
-        pass
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        from cuda.pathfinder import DynamicLibNotFoundError
+
+        with pytest.raises(DynamicLibNotFoundError, match='"cuda" is an NVIDIA driver library'):
+            encode()
+        return
+    (err,) = driver.cuInit(0)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        pytest.skip(f"a driver library but no usable device: cuInit gives {err}")
+    assert isinstance(encode(), driver.CUtensorMap)
 
 
 def test_launches_go_to_torchs_current_stream(monkeypatch):

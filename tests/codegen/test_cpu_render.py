@@ -14,12 +14,13 @@ import pytest
 
 import kernforge.dsl as T
 from kernforge.codegen import ir
-from kernforge.codegen.render import cpu
-from kernforge.codegen.render.cpu import CpuRenderer, NameTable
+from kernforge.backends.cpu import renderer as cpu
+from kernforge.backends.cpu.renderer import CpuRenderer
+from kernforge.codegen.renderer import NameTable, Target
 
 
 def render(pf) -> str:
-    return CpuRenderer().render_kernel(pf.ir)
+    return CpuRenderer().render(pf.ir, Target("cpu")).source
 
 
 def gemm(trans_a=False, trans_b=False):
@@ -107,12 +108,14 @@ def test_atomics_are_real_only_on_global_memory():
             for i in T.Parallel(16):
                 T.atomic_add(H[i], hist[i])
     src = render(main)
-    assert "hist[(X[(int64_t)((bx * 32) + i)] % 16)] = hist[(X[(int64_t)((bx * 32) + i)] % 16)] + 1;" in src \
-        or re.search(r"hist\[[^\]]*kf_floormod[^;]*\] = hist\[", src)
+    # one CPU thread runs a block, so the shared histogram takes a plain read-modify-write; X may
+    # be negative, so its `% 16` is the floor modulo helper (C's % would index hist[-3])
+    bump = "hist[kf_floormod(X[(int64_t)((bx * 32) + i)], 16)]"
+    assert f"        {bump} = {bump} + 1;\n" in src
     assert "kf::atomic_max(&F[0], " in src and "kf::atomic_add(&H[" in src
     # loops holding atomics are not declared SIMD (two lanes may hit one bin)
     for block in src.split("#pragma omp simd")[1:]:
-        assert "atomic" not in block.split("}")[0] and "hist[(" not in block.split("}")[0]
+        assert "atomic" not in block.split("}")[0] and bump not in block.split("}")[0]
 
 
 def test_floor_division_helpers_only_where_operands_may_be_negative():
@@ -178,8 +181,13 @@ def test_template_is_strict_about_missing_parameters():
 
 def test_lowered_ir_is_what_gets_rendered():
     dumps = []
-    CpuRenderer().render_kernel(gemm().ir, dump=lambda name, k: dumps.append(name))
-    assert dumps == [p.__name__ for p in CpuRenderer.pipeline]
+    CpuRenderer().render(gemm().ir, Target("cpu"), dump=lambda name, k: dumps.append((name, k)))
+    transforms = [p.__name__ for p in CpuRenderer.transforms]
+    assert [n for n, _ in dumps] == transforms + ["names", "nonneg_vars", "memory"]
+    # the analyses describe the kernel the last transform produced, and the memory plan is the arena
+    *_, (_, lowered), (_, names), _, (_, memory) = dumps
+    assert isinstance(lowered, ir.Kernel) and all(p in names for p in lowered.params)
+    assert memory.total > 0
 
 
 def test_loop_invariant_loads_are_hoisted_out_of_maps():

@@ -7,9 +7,9 @@ from hypothesis import given, settings, strategies as st
 import kernforge
 from kernforge.kernels import grouped_gemm as G
 from kernforge.kernels.check import run_spec
-from tests.conftest import host_backends
+from tests.conftest import backend_param, host_backends
 
-BACKENDS = [b for b in host_backends() if b in ("interp", "cpu")]
+BACKENDS = host_backends("interp", "cpu")
 
 
 def inputs(group_rows, alignment, n, k, seed=0):
@@ -40,7 +40,7 @@ SINGLE = dict(group_rows=[130], alignment=64, n=16, k=16, block_M=32, block_N=16
               num_stages=1)
 
 
-@pytest.mark.parametrize("backend, case", [(b, RAGGED) for b in BACKENDS] + [("interp", SINGLE)])
+@pytest.mark.parametrize("backend, case", [backend_param(b, RAGGED) for b in ("interp", "cpu")] + [("interp", SINGLE)])
 def test_bf16_matches_reference(backend, case):
     d, _ = run_bf16(backend, **case)
     m_indices = G.contiguous_layout(case["group_rows"], case["alignment"])
@@ -115,10 +115,35 @@ def test_fp8_casts_round_trip(use_ue8m0):
     assert ((back - x[0].double()).abs() <= G.dequantize(torch.ones_like(x[0]), sf, (1, 128)) * 448 * 2.0 ** -3).all()
 
 
-def test_kernel_name_carries_parameters():
-    pf = G.m_grouped_gemm_nt_contiguous(num_groups=4, N=64, K=32, block_M=32, num_stages=3)
-    assert {k: pf.ir.attrs[k] for k in ("num_groups", "N", "K", "block_M", "num_stages")} == \
-        dict(num_groups=4, N=64, K=32, block_M=32, num_stages=3)
+def _listing(pf):
+    """The IR listing without its ``attrs`` line (which only echoes the factory's arguments)."""
+    return {line.strip() for line in repr(pf.ir).splitlines() if not line.strip().startswith("attrs ")}
+
+
+def test_each_parameter_shapes_the_kernel_and_its_name():
+    """Changing one compile-time parameter changes the kernel where that parameter acts, and
+    its name (the CPU entry symbol and the compile cache's artifact are named after it, so two
+    specialisations must never share one)."""
+    base = dict(num_groups=4, N=64, K=96, block_M=32, block_N=64, block_K=32, num_stages=3)
+    ref = G.m_grouped_gemm_nt_contiguous(**base)
+    assert "alloc shared bfloat16[32, 32] A_shared" in _listing(ref)
+    changes = {  # parameter: (new value, a line of the new kernel's listing that the old lacks)
+        "num_groups": (2, "kernel m_grouped_gemm_nt_contiguous_g2_n64_k96_M32_N64_K32_s3_bfloat16_bfloat16_t128("
+                          "global bfloat16[M, 96] A, global bfloat16[2, 64, 96] B, global int32[M] m_indices, "
+                          "global bfloat16[M, 64] D)"),
+        "N": (128, "grid(2, (((M + 32) - 1) // 32)) threads=128 as (bx, by)"),
+        "K": (64, "for k in pipelined(0, +2, num_stages=3):"),
+        "block_M": (16, "alloc shared bfloat16[16, 32] A_shared"),
+        "block_N": (32, "for i, j in parallel(32, 32):"),
+        "block_K": (16, "for k in pipelined(0, +6, num_stages=3):"),
+        "num_stages": (1, "for k in pipelined(0, +3, num_stages=1):"),
+    }
+    names = {ref.ir.name}
+    for param, (value, line) in changes.items():
+        pf = G.m_grouped_gemm_nt_contiguous(**dict(base, **{param: value}))
+        assert line in _listing(pf) and line not in _listing(ref), param
+        assert pf.ir.name not in names, f"{param}={value} gives a kernel named like another: {pf.ir.name}"
+        names.add(pf.ir.name)
 
 
 def test_fp8_rejects_tiles_wider_than_a_scale_block():

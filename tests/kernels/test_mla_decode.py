@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 import kernforge
 from kernforge.kernels import mla_decode as M
 from kernforge.kernels.check import run_spec
-from tests.conftest import host_backends
+from tests.conftest import backend_param, host_backends
 
-BACKENDS = [b for b in host_backends() if b in ("interp", "cpu")]
+BACKENDS = host_backends("interp", "cpu")
 
 
 def run_case(backend, seqlens, heads=4, heads_kv=1, seq_q=1, dim=48, dim_v=32, page=16,
@@ -45,7 +45,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend, case", [(b, c) for c, on_cpu in CASES for b in BACKENDS
+@pytest.mark.parametrize("backend, case", [backend_param(b, c) for c, on_cpu in CASES for b in ("interp", "cpu")
                                            if b == "interp" or on_cpu])
 def test_matches_reference(backend, case):
     run_case(backend, **case)
@@ -115,10 +115,38 @@ def test_registered_small_problem(backend, spec):
     assert r.verified, r.error
 
 
-def test_kernel_name_carries_parameters():
-    pf = M.mla_decode(heads=8, seq_q=2, causal=True, block_N=32, block_H=16)
-    for key, value in dict(heads=8, seq_q=2, causal=True, block_N=32, block_H=16, dim=576).items():
-        assert pf.ir.attrs[key] == value
+def _listing(pf):
+    """The IR listing without its ``attrs`` line (which only echoes the factory's arguments)."""
+    return {line.strip() for line in repr(pf.ir).splitlines() if not line.strip().startswith("attrs ")}
+
+
+def test_each_parameter_shapes_the_kernel_and_its_name():
+    """Changing one compile-time parameter changes the kernel where that parameter acts, and
+    its name (the CPU entry symbol and the compile cache's artifact are named after it, so two
+    specialisations must never share one)."""
+    base = dict(heads=8, seq_q=2, causal=True, block_N=32, block_H=16)
+    ref = M.mla_decode(**base)
+    assert ref.ir.name == "mla_decode_h8_kv1_q2_d576_v512_p64_causal_N32_H16_s2_bfloat16_t256"
+    changes = {  # parameter: (new value, text only the new kernel's listing has)
+        "heads": (16, "grid(batch, 2, 1)"),                            # 32 query rows: two blocks of 16
+        "heads_kv": (2, "global bfloat16[num_tokens, 1152] KV"),       # two latent heads side by side
+        "seq_q": (1, "global bfloat16[batch, 1, 8, 576] Q"),
+        "dim": (512, "global bfloat16[batch, 2, 8, 512] Q"),
+        "dim_v": (256, "alloc shared bfloat16[32, 256] KV_shared"),
+        "page_size": (32, "block_table[bx, ((t * 32) // 32)]"),
+        "causal": (False, "limit[i_2] = cache_seqlens[bx]"),           # every key visible
+        "num_splits": (2, "grid(batch, 1, 2)"),
+        "block_N": (16, "alloc shared bfloat16[16, 512] KV_shared"),
+        "block_H": (8, "alloc shared bfloat16[8, 512] Q_shared"),
+        "num_stages": (1, "num_stages=1):"),
+        "threads": (128, "threads=128 as (bx, by, bz)"),
+    }
+    names = {ref.ir.name}
+    for param, (value, text) in changes.items():
+        pf = M.mla_decode(**dict(base, **{param: value}))
+        assert any(text in line for line in _listing(pf) - _listing(ref)), param
+        assert pf.ir.name not in names, f"{param}={value} gives a kernel named like another: {pf.ir.name}"
+        names.add(pf.ir.name)
 
 
 def test_bad_parameters_are_rejected():

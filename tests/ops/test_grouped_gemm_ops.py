@@ -7,7 +7,7 @@ from kernforge.kernels import grouped_gemm as G
 from kernforge.ops import grouped_gemm as ops
 from tests.conftest import host_backends
 
-BACKENDS = [b for b in host_backends() if b in ("interp", "cpu")]
+BACKENDS = host_backends("interp", "cpu")
 
 
 @pytest.fixture(autouse=True)

@@ -11,13 +11,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernforge.jit.backend import BackendError
+from kernforge.backends import BackendError
 from kernforge.kernels.topk import NAN_ROW_MARKER, ordered_keys, reference
 from kernforge.ops.topk import (TopKNaNError, TopKTypeError, TopKUnsupportedError, TopKValueError,
                                 get_stride_requirement, topk)
-from tests.conftest import host_backends
+from tests.conftest import host_backend_skip_reason, host_backends
 
-BACKENDS = [b for b in host_backends() if b in ("interp", "cpu", "cuda-emu")]
+BACKENDS = host_backends("interp", "cpu", "cuda-emu")
 
 # (dtype, k, indices_type, sorted, return_value): each is one compiled kernel per backend
 CONFIGS = [
@@ -238,11 +238,30 @@ def test_empty_batch_and_vocab(backend):
     assert bool((i == 2**31 - 1).all()) and bool(torch.isneginf(v).all())
 
 
-def test_default_backend_follows_the_device():
+def test_default_backend_follows_the_device(monkeypatch):
+    import importlib
+
+    ops = importlib.import_module("kernforge.ops.topk")  # the module (kernforge.ops.topk is also the function)
+
+    reason = host_backend_skip_reason("cpu")
+    if reason:
+        pytest.skip(reason)
+    ran = []
+    build = ops._compiled
+
+    def recording(backend, *rest):
+        kernel = build(backend, *rest)
+        ran.append((backend, kernel.backend_name))
+        return kernel
+
+    monkeypatch.setattr(ops, "_compiled", recording)
     x = make_rows(2, 300, torch.float32, 6)
     v, i = topk(x, 16)
+    assert ran == [("cpu", "cpu")]  # a CPU tensor runs the compiled cpu kernel, not interp
     ref_v, ref_i, _ = reference(x, 16)
     assert torch.equal(i, ref_i) and torch.equal(v, ref_v)
+    topk(x, 16, backend="interp")
+    assert ran[1:] == [("interp", "interp")]
 
 
 def test_stride_requirement_and_output_allocation():

@@ -2,20 +2,14 @@
 import json
 from pathlib import Path
 
-import pytest
-
 import kernforge.recipe as K
 
-REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
-GOLDENS = REPO.parent / "shared" / "conformance" / "recipe"
-if not GOLDENS.is_dir():
-    GOLDENS = REPO / ".." / "shared" / "conformance" / "recipe"
+# The V4/V4.1 prompt goldens ship with the tests (see data/goldens/PROVENANCE.md).
+GOLDENS = DATA / "goldens"
 
 
 def golden_dir():
-    if not GOLDENS.is_dir():
-        pytest.skip("shared/conformance/recipe not present beside the checkout")
     return GOLDENS
 
 

@@ -72,11 +72,19 @@ def chat_bodies(draw):
     return body
 
 
+def _rejected(exc):
+    """The outcome of a request both libraries must refuse: each raises its own
+    ``ConversionError`` class (deepseek-recipe's lives in its native module), so the class
+    name is what is compared.  Any other exception (a TypeError, a KeyError) is a bug and
+    propagates, so it can never pass as "both failed"."""
+    return ("rejected", type(exc).__name__)
+
+
 def _render(lib, body):
     try:
         req = lib.ChatCompletionRequest(json.loads(json.dumps(body))).convert(lib.ConversionOptions())
-    except Exception as exc:  # the peer raises its own classes; compare only that both fail
-        return ("error", type(exc).__name__ != "")
+    except lib.ConversionError as exc:
+        return _rejected(exc)
     enc = lib.DeepseekV41Encoding() if req.model_version == lib.ModelVersion.DeepseekV41Flash \
         else lib.DeepseekV4Encoding()
     r = enc.render_conversation(req.conversation)
@@ -124,8 +132,8 @@ def _messages_body(chat):
 def _render_messages(lib, body):
     try:
         req = lib.MessagesRequest(json.loads(json.dumps(body))).convert(lib.ConversionOptions())
-    except Exception as exc:
-        return ("error", type(exc).__name__ != "")
+    except lib.ConversionError as exc:
+        return _rejected(exc)
     enc = lib.DeepseekV41Encoding() if req.model_version == lib.ModelVersion.DeepseekV41Flash \
         else lib.DeepseekV4Encoding()
     return enc.render_conversation(req.conversation).prompt
@@ -163,8 +171,8 @@ def _build(lib, spec, version, opts):
     enc = lib.DeepseekV41Encoding() if version == "v41" else lib.DeepseekV4Encoding()
     try:
         r = enc.render_conversation(conv)
-    except Exception as exc:
-        return ("error", type(exc).__name__ != "")
+    except lib.ConversionError as exc:
+        return _rejected(exc)
     return r.prompt, [tuple(x) for x in r.special_ranges]
 
 
@@ -233,3 +241,39 @@ def test_parallel_results_are_rendered_in_call_order(version):
     ours = render(K)
     assert "<tool_result>A</tool_result>\n\n<tool_result>B</tool_result>\n\n<tool_result>C</tool_result>" in ours
     assert ours == render(P)
+
+
+REJECTED_BODIES = {
+    "thinking with tool_choice required": (
+        {"model": "DeepSeek-V4-Pro", "messages": [{"role": "user", "content": "a"}], "tools": TOOLS,
+         "tool_choice": "required"}, "Thinking mode does not support this tool_choice"),
+    "unknown model": (
+        {"model": "gpt-4", "messages": [{"role": "user", "content": "a"}]},
+        "The supported API model names are DeepSeek-V4-Pro, DeepSeek-V4.1-Flash, but you passed gpt-4."),
+}
+
+
+@pytest.mark.parametrize("name", list(REJECTED_BODIES))
+def test_requests_both_libraries_reject(name):
+    """The generated spaces above hold only valid requests, so their rejection branch is
+    exercised here: both libraries refuse these with their ConversionError and the same text."""
+    body, message = REJECTED_BODIES[name]
+    assert _render(K, body) == _render(P, body) == ("rejected", "ConversionError")
+    for lib in (K, P):
+        with pytest.raises(lib.ConversionError) as info:
+            lib.ChatCompletionRequest(json.loads(json.dumps(body))).convert(lib.ConversionOptions())
+        assert str(info.value) == message
+
+
+def test_messages_request_for_an_unknown_model_is_rejected_by_both():
+    body = _messages_body(REJECTED_BODIES["unknown model"][0])
+    assert _render_messages(K, body) == _render_messages(P, body) == ("rejected", "ConversionError")
+
+
+def test_direct_rendering_rejects_a_prefix_before_the_last_turn():
+    """The direct-rendering helper's rejection branch: kernforge refuses an assistant prefix
+    that is not the last message (deepseek-recipe renders it; not in the generated space)."""
+    spec = [("user", "a", None, ()), ("prefix", "x", None, ()), ("user", "b", None, ())]
+    opts = dict(thinking=False, tools=False, choice="auto", effort=None, format="text", schema=None)
+    assert _build(K, spec, "v4", opts) == ("rejected", "ConversionError")
+    assert _build(P, spec, "v4", opts)[0].endswith("<｜User｜>b<｜Assistant｜></think>")

@@ -1,4 +1,6 @@
-"""Byte-exact prompt conformance: shared goldens and our own peer-generated cases."""
+"""Byte-exact prompt conformance: the vLLM V4/V4.1 goldens shipped in data/goldens and our own
+peer-generated cases."""
+import hashlib
 import json
 
 import pytest
@@ -49,8 +51,22 @@ CASES = [
 ]
 
 
+def test_golden_files_match_their_recorded_hashes():
+    """The shipped goldens are the files data/goldens/PROVENANCE.md describes, byte for byte,
+    and every case below has its input and its golden there."""
+    root = golden_dir()
+    recorded = {}
+    for line in (root / "SHA256SUMS").read_text("ascii").splitlines():
+        digest, name = line.split("  ", 1)
+        recorded[name] = digest
+    assert {f"{folder}/test_{kind}_{n}.{ext}" for folder, n, _, _ in CASES
+            for kind, ext in (("input", "json"), ("output", "txt"))} == set(recorded)
+    for name, digest in recorded.items():
+        assert hashlib.sha256((root / name).read_bytes()).hexdigest() == digest, name
+
+
 @pytest.mark.parametrize("folder,n,encoding,kw", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
-def test_shared_golden_byte_exact(folder, n, encoding, kw):
+def test_vllm_golden_byte_exact(folder, n, encoding, kw):
     root = golden_dir()
     data = load_json(root / folder / f"test_input_{n}.json")
     golden = (root / folder / f"test_output_{n}.txt").read_bytes().decode("utf-8")

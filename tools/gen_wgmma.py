@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Regenerate ``kf/wgmma.cuh``, the sm_90a warpgroup-MMA device header.
+
+The header's bulk is one ``Wgmma_<type>_<N>`` struct per accumulator width N
+(8, 16, ..., 256) and operand type (bf16, f16): the PTX operand list of
+``wgmma.mma_async ... m64nNk16`` names N/2 float registers, so every N needs its
+own ``asm`` statement.  The hand-written parts (the descriptor layout notes,
+``make_smem_desc``, fence/commit/wait, the dispatch functions) are kept verbatim
+below as PROLOGUE / EPILOGUE; the per-N structs and the N -> struct
+specialisations are generated.
+
+    python tools/gen_wgmma.py                 # rewrite the shipped header
+    python tools/gen_wgmma.py --output X.cuh  # write elsewhere
+    python tools/gen_wgmma.py --check         # exit 1 if the shipped header differs
+
+Edit this script, not the header; the output is byte-identical to the shipped
+header (``tests/codegen/test_generated_headers.py`` checks that).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "kernforge/backends/cuda/templates/include/kf/wgmma.cuh"
+
+#: accumulator widths of wgmma's m64nNk16 shape for 16-bit operands: multiples of 8 up to 256
+WIDTHS = tuple(range(8, 257, 8))
+#: (struct infix, dispatch template, PTX operand type)
+TYPES = (("bf16", "WgmmaBf16", "bf16"), ("f16", "WgmmaF16", "f16"))
+
+PROLOGUE = r"""// Warpgroup tensor-core primitives (sm_90a only): wgmma with shared-memory
+// operands described by 64-bit matrix descriptors.
+//
+// A warpgroup is 4 consecutive warps whose first warp index is a multiple of 4;
+// every wgmma_* call below is executed by all 128 threads of the warpgroup.
+//
+// make_smem_desc(ptr, lbo_bytes, sbo_bytes): descriptor of a no-swizzle
+//   ("interleave") canonical layout.  Bits 0-13: (shared address of ptr) >> 4;
+//   16-29: LBO >> 4; 32-45: SBO >> 4; 49-51 base offset 0; 62-63 swizzle 0 (none).
+//   kernforge stores every gemm operand tile in "core-matrix" order: a tile of
+//   R x C 16-bit elements (R, C multiples of 8) is cut into 8x8 core matrices;
+//   element (r, c) sits at element offset ((r/8) * (C/8) + c/8) * 64 + (r%8) * 8 + c%8
+//   (each core matrix is 128 contiguous bytes, its rows 16 bytes apart).
+//   LBO = byte distance between core matrices adjacent along K,
+//   SBO = byte distance between core matrices adjacent along M (for A) or N (for B).
+//   K-major operand (A as M x K, B as N x K): LBO = 128, SBO = (K/8) * 128.
+//   MN-major operand (A as K x M, B as K x N; transposed flag 1): core matrix rows run along K,
+//   LBO = (MN/8) * 128 (next 8 K-rows), SBO = 128 (next 8 M/N columns).
+//
+// wgmma_m64nNk16_f32_{bf16,f16}<N, TRANS_A, TRANS_B>(d, desc_a, desc_b, scale_d):
+//   `wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T d, desc_a, desc_b, p, 1, 1, TRANS_A, TRANS_B;`
+//   with p = (scale_d != 0): D(64xN) = A(64x16) * B(16xN) + (p ? D : 0).
+//   A is 64 rows x 16 K from desc_a (K-major unless TRANS_A), B is 16 K x N from desc_b
+//   (K-major, i.e. stored N x K, unless TRANS_B, stored K x N).
+//   d has N/2 floats per thread.  With w = warp index within the warpgroup,
+//   g = lane/4, t = lane%4: d[4*j + q] holds D(16*w + g + 8*(q/2), 8*j + 2*t + q%2)
+//   (the mma.sync m16n8 accumulator layout of kf/mma.cuh repeated along N).
+//   Asynchronous: d may be read or written only after wgmma_wait<0>() (or an N covering it).
+// wgmma_fence(): `wgmma.fence.sync.aligned;` orders prior register/shared accesses before the next wgmma.
+// wgmma_commit(): `wgmma.commit_group.sync.aligned;` closes the current group of wgmma ops.
+// wgmma_wait<N>(): `wgmma.wait_group.sync.aligned N;` waits until at most N groups are pending.
+// fence_proxy_async() (kf/fence.cuh): `fence.proxy.async.shared::cta;` makes this thread's earlier generic-proxy
+//   shared-memory writes (plain stores, cp.async) visible to the async proxy (wgmma operand reads);
+//   call it in every writing thread before the __syncthreads() that precedes the wgmma.
+#pragma once
+#include "kf/common.cuh"
+#include "kf/fence.cuh"
+
+#ifndef KF_HOST_EMULATION
+namespace kf {
+
+KF_DEVICE uint64_t make_smem_desc(const void* ptr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((addr >> 4) & 0x3FFF);
+  desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
+  desc |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  return desc;
+}
+
+KF_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+KF_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> KF_DEVICE void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+template <int N, int TRANS_A, int TRANS_B>
+KF_DEVICE void wgmma_m64nNk16_f32_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
+template <int N, int TRANS_A, int TRANS_B>
+KF_DEVICE void wgmma_m64nNk16_f32_f16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
+
+// One definition per N (the PTX operand list has N/2 registers); all multiples of 8 up to 256.
+"""
+
+EPILOGUE = r"""
+template <int N, int TRANS_A, int TRANS_B>
+KF_DEVICE void wgmma_m64nNk16_f32_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  WgmmaBf16<N, TRANS_A, TRANS_B>::run(d, desc_a, desc_b, scale_d);
+}
+template <int N, int TRANS_A, int TRANS_B>
+KF_DEVICE void wgmma_m64nNk16_f32_f16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  WgmmaF16<N, TRANS_A, TRANS_B>::run(d, desc_a, desc_b, scale_d);
+}
+
+}  // namespace kf
+#else
+#include "kf/emu/wgmma.h"
+#endif
+"""
+
+# One struct; {{ }} are literal braces, \\n is the two characters backslash-n of the C string.
+STRUCT = r"""template <int TA, int TB> struct Wgmma_{infix}_{n} {{
+  static KF_DEVICE void run(float (&d)[{regs}], uint64_t a, uint64_t b, int scale_d) {{
+    asm volatile(
+        "{{\n.reg .pred p;\nsetp.ne.b32 p, %{scale}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{acc}}}, %{a}, %{b}, p, 1, 1, %{ta}, %{tb};\n}}\n"
+        : {outputs}
+        : "l"(a), "l"(b), "r"(scale_d), "n"(TA), "n"(TB));
+  }}
+}};
+"""
+
+
+def struct(infix: str, ptx: str, n: int) -> str:
+    """``Wgmma_<infix>_<n>``: one ``wgmma.mma_async`` whose operands are the n/2 accumulator
+    registers (%0 .. %(n/2 - 1)), then desc_a, desc_b, scale_d (turned into predicate p),
+    TRANS_A and TRANS_B."""
+    regs = n // 2
+    a, b, scale, ta, tb = range(regs, regs + 5)
+    return STRUCT.format(infix=infix, n=n, regs=regs, ptx=ptx, scale=scale, a=a, b=b, ta=ta, tb=tb,
+                         acc=", ".join(f"%{i}" for i in range(regs)),
+                         outputs=", ".join(f'"+f"(d[{i}])' for i in range(regs)))
+
+
+def render() -> str:
+    """The whole header."""
+    out = [PROLOGUE]
+    out += [struct(infix, ptx, n) for infix, _, ptx in TYPES for n in WIDTHS]
+    out.append("\n")
+    out += [f"template <int N, int TA, int TB> struct {dispatch};\n" for _, dispatch, _ in TYPES]
+    out += [f"template <int TA, int TB> struct {dispatch}<{n}, TA, TB> : Wgmma_{infix}_{n}<TA, TB> {{}};\n"
+            for infix, dispatch, _ in TYPES for n in WIDTHS]
+    out.append(EPILOGUE)
+    return "".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Regenerate kf/wgmma.cuh.")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
+                        help=f"where to write the header (default: {DEFAULT_OUTPUT})")
+    parser.add_argument("--check", action="store_true",
+                        help="compare with --output instead of writing it; exit 1 if they differ")
+    args = parser.parse_args(argv)
+    text = render().encode()
+    if args.check:
+        if not (args.output.is_file() and args.output.read_bytes() == text):
+            print(f"{args.output} is not what tools/gen_wgmma.py generates", file=sys.stderr)
+            return 1
+        return 0
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_bytes(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

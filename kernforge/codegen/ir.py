@@ -11,7 +11,7 @@ Nodes are frozen dataclasses compared by *identity* (``eq=False``) so that an
 ``==`` between two expressions can build an ``EQ`` node, as TVM/TileLang
 users expect; use :func:`structural_equal` for structural comparison.
 
-Semantics every backend implements identically (see docs/dsl.md):
+Semantics every backend implements identically (the interpreter, kernforge/interp, is their executable form):
 
 * Arithmetic on float16/bfloat16/fp8 happens in float32; values round (RNE)
   only when stored into a low-precision buffer or cast explicitly.
@@ -594,6 +594,25 @@ class Kernel:
 
     def with_body(self, body: Stmt) -> "Kernel":
         return replace(self, body=body)
+
+    @property
+    def artifact_name(self) -> str:
+        """The name of this specialisation's build artifacts (the JIT cache tag): ``name``,
+        then, when the name is short, its first three int/str parameters (readable in a
+        cache directory: ``topk_select_kernel_k512_float32_int64``), then 8 hex digits of a
+        sha1 of the sorted compile-time parameters (``attrs``).  Variants of one factory
+        that share a kernel name (every TopK) differ here; equal parameters give the same
+        name in every process (no ``hash()``).  ``name`` itself, the source's entry symbol
+        ``kf_<name>``, is unchanged."""
+        import hashlib
+        import re
+
+        digest = hashlib.sha1(repr(sorted(self.attrs.items())).encode()).hexdigest()[:8]
+        parts = [self.name]
+        if len(self.name) < 32:
+            shown = [(k, v) for k, v in self.attrs.items() if isinstance(v, (int, str)) and not isinstance(v, bool)]
+            parts += [f"{k}{v}" if isinstance(v, int) else v for k, v in shown[:3]]
+        return re.sub(r"[^A-Za-z0-9_]", "_", "_".join(parts + [digest]))
 
     def __repr__(self) -> str:
         from kernforge.codegen.printer import format_kernel

@@ -203,6 +203,7 @@ def test_loop_invariant_loads_are_hoisted_out_of_maps():
     hoisted = re.findall(r"const auto (kf_inv\d+) = (.*);", src)
     assert hoisted and all("table[" in e for _, e in hoisted)
     # the copies index through the hoisted value; the load inside ?: stays where it is
-    assert re.search(r"KV\[\(int64_t\)\(\(kf_inv\d+ \* 32\) \+ t\d+_0\)", src) or \
-        re.search(r"KV\[\(int64_t\)\(kf_inv\d+ \+ t\d+_0\)", src)
+    # the hoisted value is the whole page offset (table[bx] * 32), so each copy adds only its row
+    assert {e for _, e in hoisted} == {"(table[(int64_t)bx] * 32)"}
+    assert len(re.findall(r"KV\[\(int64_t\)\(kf_inv\d+ \+ t\d+_0\) \* 64 \+ \(int64_t\)t\d+_1\]", src)) == 2
     assert re.search(r"\? [^;]*KV\[\(int64_t\)table\[", src)

@@ -108,6 +108,9 @@ class _Verifier:
         elif isinstance(s, (ir.Reduce, ir.Cumsum)):
             self.live(s.src, s)
             self.live(s.dst, s)
+        elif isinstance(s, ir.Sync):
+            if s.scope != "block":
+                self.fail(f"unknown barrier scope {s.scope!r} (only 'block')", s)
         elif isinstance(s, ir.OnlineSoftmax):
             self.online_softmax(s)
         elif isinstance(s, ir.RadixFindBucket):

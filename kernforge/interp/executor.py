@@ -157,6 +157,9 @@ class Interpreter:
             if else_mask.any():
                 self.stmt(s.orelse, else_mask)
 
+    def s_Sync(self, s, mask):
+        """A barrier orders threads; the interpreter runs the block as one, so it has no effect."""
+
     def s_Store(self, s, mask):
         self.store(s, mask)
 

@@ -147,6 +147,9 @@ class CpuRenderer(CRenderer, Renderer):
         if scoped:
             out.append(pad + "}")
 
+    def stmt_Sync(self, s: ir.Sync, out, pad, depth):
+        """A block runs on one thread here: a barrier has nothing to order."""
+
     def stmt_Allocate(self, s: ir.Allocate, out, pad, depth):
         b, t = s.buffer, self.ctype(s.buffer.dtype)
         if b in self.plan:

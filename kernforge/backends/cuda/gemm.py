@@ -16,7 +16,6 @@ def render_gemm(R, g: ir.Gemm) -> None:
     if kind == "scalar":
         render_scalar_gemm(R, g)
         return
-    R.before(True, False)
     lay: AccumLayout = R.plan.registers[g.c.buffer]
     a, b, c = g.a.buffer, g.b.buffer, g.c.buffer
     K = a.static_shape()[0] if g.trans_a else a.static_shape()[1]

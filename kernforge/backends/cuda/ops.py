@@ -2,8 +2,11 @@
 
 Copies, fills, scalar gemms and generic reductions are lowered to element maps
 (an ``ir.Parallel`` built here, with the copy's edge semantics as explicit
-conditions) and rendered like an author's ``T.Parallel``: the same code walks
-a thread's registers or shares iterations between threads.  Tensor-core gemms,
+conditions from the shared mask logic, :func:`kernforge.codegen.passes.masks.element_mask`)
+and rendered like an author's ``T.Parallel``: the same code walks a thread's
+registers or shares iterations between threads.  Barriers are ``ir.Sync``
+statements the barrier pass placed (``cuda/barriers.py``); the handlers here
+emit only those of the pipelined ring's own protocol.  Tensor-core gemms,
 warp row reductions, ``cp.async`` copies and the pipelined ring are spelled
 out here as calls into the device library (``kf/*.cuh``).
 """
@@ -13,6 +16,7 @@ from math import prod
 
 from kernforge import dtypes
 from kernforge.codegen import arith, ir
+from kernforge.codegen.passes import masks
 from kernforge.backends.cuda.layouts import AccumLayout, RowLayout
 from kernforge.backends.cuda.layout_plan import nodes
 from kernforge.backends.cuda import radix as cuda_radix, tma as cuda_tma
@@ -54,47 +58,31 @@ def _guarded(R, target: ir.Buffer, line: str) -> None:
         R.emit(line)
 
 
-def _outside(R, s) -> tuple[bool, bool]:
-    if R.in_parallel:
-        return False, False
-    reads, writes = R.smem_use(s)
-    R.before(reads, writes)
-    return reads, writes
+def render_sync(R, s: ir.Sync) -> None:
+    """A barrier the barrier pass (``cuda/barriers.py``) placed."""
+    R.barrier()
 
 
 def render_store(R, s: ir.Store) -> None:
-    _, writes = _outside(R, s)
     ref = R.reg_ref(s.buffer, s.indices) if s.buffer in R.plan.registers else \
         f"{R.buffer_name(s.buffer)}[{R.offset(s.buffer, s.indices)}]"
     _guarded(R, s.buffer, f"{ref} = {R.store_value(s.value, s.buffer.dtype)};")
-    if not R.in_parallel:
-        R.after(writes)
 
 
 def render_atomic(R, s: ir.Atomic) -> None:
-    _, writes = _outside(R, s)
     fn = "kf::atomic_add" if s.op == ir.Op.ATOMIC_ADD else "kf::atomic_max"
     ref = f"&{R.buffer_name(s.buffer)}[{R.offset(s.buffer, s.indices)}]"
     _guarded(R, s.buffer, f"{fn}({ref}, {R.store_value(s.value, s.buffer.dtype)});")
-    if not R.in_parallel:
-        R.after(writes)
 
 
 def render_if(R, s: ir.If) -> None:
-    if not R.in_parallel:
-        reads = any(isinstance(n, ir.Load) and R.is_smem(n.buffer) for n in nodes(s.cond))
-        R.before(reads, False)
     R.open(f"if ({R.expr(s.cond)})")
-    state = (R.pend_w, R.pend_r)
     R.stmt(s.then)
-    then_state = (R.pend_w, R.pend_r)
     if s.orelse is not None:
-        R.pend_w, R.pend_r = state
         R.close("} else {")
         R.depth += 1
         R.stmt(s.orelse)
     R.close()
-    R.pend_w, R.pend_r = R.pend_w or then_state[0] or state[0], R.pend_r or then_state[1] or state[1]
 
 
 def render_for(R, s: ir.For) -> None:
@@ -104,22 +92,12 @@ def render_for(R, s: ir.For) -> None:
     if arith.nonnegative(s.start, R.nonneg_vars):
         R.nonneg_vars.add(s.var)
     ct = R.ctype(s.var.dtype)
-    if not R.in_parallel:
-        reads = any(isinstance(n, ir.Load) and R.is_smem(n.buffer) for e in (s.start, s.extent)
-                    for n in nodes(e))
-        R.before(reads, False)
-        body_r, body_w = R.smem_use(s.body)
-        R.pend_w |= body_w
-        R.pend_r |= body_r
     if s.kind == ir.LoopKind.UNROLLED:
         R.emit("#pragma unroll")
     v = R.var_name(s.var)
     R.open(f"for ({ct} {v} = {R.expr(s.start)}; {v} < {R.expr(s.start)} + {R.cast_to(s.extent, s.var.dtype)}; ++{v})")
     R.stmt(s.body)
     R.close()
-    if not R.in_parallel:
-        R.pend_w |= body_w
-        R.pend_r |= body_r
 
 
 # ---------------------------------------------------------------- element maps
@@ -158,7 +136,6 @@ def render_parallel(R, p: ir.Parallel) -> None:
             body = ir.For(v, ir.const(e), body)
         R.stmt(body)
         return
-    _, writes = _outside(R, p)
     saved = (R.reg_ctx, R.in_parallel)
     R.in_parallel = True
     if driver is not None:
@@ -192,7 +169,6 @@ def render_parallel(R, p: ir.Parallel) -> None:
         R.stmt(p.body)
         R.close()
     R.reg_ctx, R.in_parallel = saved
-    R.after(writes)
 
 
 def _add(start: ir.Expr, v: ir.Expr) -> ir.Expr:
@@ -211,20 +187,9 @@ def _region_index(r: ir.Region, logical) -> tuple:
 
 
 def _inside(R, r: ir.Region, idx) -> ir.Expr | None:
-    """The condition that ``idx`` lies inside ``r``'s buffer (None when provably so)."""
-    if r.buffer.scope != ir.Scope.GLOBAL:
-        return None
-    conds = []
-    for i, dim, start, ext in zip(idx, r.buffer.shape, r.starts, r.extents):
-        s0, d0 = arith.const_int(start), arith.const_int(dim)
-        if not (s0 is not None and d0 is not None and s0 >= 0 and s0 + ext <= d0):
-            conds.append(ir.binary(ir.Op.LT, i, dim))
-            if not arith.nonnegative(start, R.nonneg_vars):
-                conds.append(ir.binary(ir.Op.GE, i, 0))
-    out = None
-    for c in conds:
-        out = c if out is None else ir.binary(ir.Op.AND, out, c)
-    return out
+    """The condition that ``idx`` lies inside ``r``'s buffer (None when provably so): the shared
+    edge-mask logic of :mod:`kernforge.codegen.passes.masks`, with CUDA's constant-shape prover."""
+    return masks.element_mask(r, idx, masks.ConstBounds(R.nonneg_vars), upper_first=True)
 
 
 def _map_shape(R, regions) -> tuple[ir.Region, tuple[int, ...]]:
@@ -268,14 +233,23 @@ def render_copy(R, c: ir.Copy) -> None:
 _PAIR_TYPES = (dtypes.bfloat16, dtypes.float16, dtypes.float32)
 
 
-def try_pair_store(R, c: ir.Copy) -> bool:
-    """Accumulator -> global epilogue: each thread's two adjacent columns go out in one store."""
+def _pair_layout(R, c: ir.Copy) -> AccumLayout | None:
+    """The accumulator layout when ``c`` goes out by :func:`try_pair_store`, else None."""
     lay = R.plan.registers.get(c.src.buffer)
     dst = c.dst.buffer
     if not isinstance(lay, AccumLayout) or dst.scope != ir.Scope.GLOBAL or dst.dtype not in _PAIR_TYPES \
             or c.src.buffer.dtype != dtypes.float32 or c.dst.squeezed() != (lay.m, lay.n) \
             or c.dst.extents[-1] != lay.n or arith.const_int(dst.strides[-1]) != 1:
+        return None
+    return lay
+
+
+def try_pair_store(R, c: ir.Copy) -> bool:
+    """Accumulator -> global epilogue: each thread's two adjacent columns go out in one store."""
+    lay = _pair_layout(R, c)
+    if lay is None:
         return False
+    dst = c.dst.buffer
     i, j = ir.Var(R.fresh("i"), I32), ir.Var(R.fresh("j"), I32)
     R.nonneg_vars |= {i, j}
     idx = _region_index(c.dst, (i, j))
@@ -345,8 +319,6 @@ def try_async_copy(R, c: ir.Copy, commit: bool = True) -> bool:
     vec = _async_ok(R, c)
     if not vec:
         return False
-    if commit:
-        R.before(False, True)
     shape = list(c.dst.extents)
     chunks_per_row = shape[-1] // vec
     rows = prod(shape[:-1])
@@ -401,7 +373,6 @@ def try_async_copy(R, c: ir.Copy, commit: bool = True) -> bool:
     if commit:
         R.emit("kf::cp_async_commit();")
         R.emit("kf::cp_async_wait<0>();")
-        R.after(True)
     return True
 
 
@@ -415,8 +386,9 @@ def render_pipelined(R, loop: ir.For) -> None:
     start, v = R.expr(loop.start), R.var_name(loop.var)
     end = R.fresh("end")
     R.nonneg_vars.add(loop.var)
-    R.before(True, True)
     R.emit(f"const int32_t {end} = {start} + {R.cast_to(loop.extent, I32)};")
+    plain = [0]  # plain stage fills issued since the last barrier of the ring
+    prologue = [True]
 
     def issue(k_expr: str, stage_expr: str) -> None:
         kv = R.fresh("k")
@@ -428,7 +400,12 @@ def render_pipelined(R, loop: ir.For) -> None:
             R.buf_override[b] = f"({R.cname(b)}_ring + ({stage_expr}) * {prod(b.static_shape())})"
             if not try_async_copy(R, c, commit=False):
                 # rows too short (or strided) for 16-byte cp.async: a plain copy into the
-                # stage; the barrier at the top of the consuming iteration publishes it
+                # stage; the barrier at the top of the consuming iteration publishes it.
+                # Plain fills are kept apart by a barrier (structural and conservative: all
+                # of them in the prologue, all but the first after the iteration's barrier)
+                if prologue[0] or plain[0]:
+                    R.barrier()
+                plain[0] += 1
                 render_copy(R, c)
             del R.buf_override[b]
         del R.var_override[loop.var]
@@ -442,13 +419,13 @@ def render_pipelined(R, loop: ir.For) -> None:
     R.open(f"for (int32_t {v} = {start}; {v} < {end}; ++{v})")
     R.emit(f"kf::cp_async_wait<{S - 2}>();")
     R.barrier()
+    prologue[0], plain[0] = False, 0
     R.open("")
     issue(f"{v} + {S - 1}", f"({v} - {start} + {S - 1}) % {S}")
     R.close()
     _render_stage(R, loop, copies, v, start)
     R.close()
     R.emit("kf::cp_async_wait<0>();")
-    R.pend_w = R.pend_r = True
 
 
 def _render_stage(R, loop: ir.For, copies, v: str, start: str) -> None:
@@ -473,7 +450,6 @@ def render_tma_pipelined(R, loop: ir.For) -> None:
     start, v = R.expr(loop.start), R.var_name(loop.var)
     end = R.fresh("end")
     R.nonneg_vars.add(loop.var)
-    R.before(True, True)
     R.emit(f"const int32_t {end} = {start} + {R.cast_to(loop.extent, I32)};")
     cuda_tma.render_init(R, bars, S)
 
@@ -494,11 +470,9 @@ def render_tma_pipelined(R, loop: ir.For) -> None:
     R.emit(f"kf::mbarrier_wait_parity({bars} + ({v} - {start}) % {S}, (uint32_t)((({v} - {start}) / {S}) & 1));")
     # every thread is done with the stage refilled next (generic reads/writes before async-proxy writes)
     R.emit("kf::fence_proxy_async(); __syncthreads();")
-    R.pend_w = R.pend_r = False
     R.open("")
     issue(f"{v} + {S - 1}", f"({v} - {start} + {S - 1}) % {S}")
     R.close()
     _render_stage(R, loop, [t.copy for t in tiles], v, start)
     R.close()
     cuda_tma.render_inval(R, bars, S)
-    R.pend_w = R.pend_r = True

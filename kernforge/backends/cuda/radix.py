@@ -42,8 +42,6 @@ def try_histogram(R, p: ir.Parallel) -> bool:
         return False
     cond, atomic = found
     R.headers.add("kf/radix.cuh")
-    reads, writes = R.smem_use(p)
-    R.before(reads, writes)
     saved = (R.reg_ctx, R.in_parallel)
     R.in_parallel, R.reg_ctx = True, None
     total, threads = prod(p.extents), R.k.threads
@@ -62,7 +60,6 @@ def try_histogram(R, p: ir.Parallel) -> bool:
            f"{int(atomic.value.value)}, kf_ok);")
     R.close()
     R.reg_ctx, R.in_parallel = saved
-    R.after(writes)
     return True
 
 
@@ -72,7 +69,6 @@ def render_find_bucket(R, s: ir.RadixFindBucket) -> None:
     in its copy of ``need`` and ``bucket``.  The planner keeps ``hist``/``above`` in shared
     memory; the renderer only takes the op natively when the block is whole warps."""
     R.headers.add("kf/radix.cuh")
-    R.before(True, True)
     need, bucket = R.buffer_name(s.need), R.buffer_name(s.bucket)
     R.open("")
     R.emit(f"const kf::RadixBucket kf_found = kf::radix_find_bucket<{R.k.threads}>({R.buffer_name(s.hist)}, "
@@ -80,5 +76,4 @@ def render_find_bucket(R, s: ir.RadixFindBucket) -> None:
            "reinterpret_cast<int32_t*>(kf_scan_scratch));")
     R.emit(f"{bucket}[0] = kf_found.digit;")
     R.emit(f"{need}[0] = kf_found.need;")
-    R.close()
-    R.pend_w = R.pend_r = False  # it ends with a barrier
+    R.close()  # the helper ends with a barrier (the barrier pass knows)

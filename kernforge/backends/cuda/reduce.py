@@ -155,12 +155,10 @@ def block_scan_ok(R, c: ir.Cumsum) -> bool:
 def render_cumsum(R, c: ir.Cumsum) -> None:
     """Inclusive scan: the whole block for a 1-D shared array, else one thread per line."""
     if not R.in_parallel and block_scan_ok(R, c):
-        R.before(True, True)
         ct = R.ctype(c.src.dtype)
         R.emit(f"kf::block_inclusive_scan<{R.k.threads}>({R.buffer_name(c.src)}, {R.buffer_name(c.dst)}, "
                f"{c.src.static_shape()[0]}, {'true' if c.reverse else 'false'}, "
-               f"reinterpret_cast<{ct}*>(kf_scan_scratch));")
-        R.pend_w = R.pend_r = False
+               f"reinterpret_cast<{ct}*>(kf_scan_scratch));")  # ends with a barrier
         return
     shape = c.src.static_shape()
     ext = shape[c.dim]

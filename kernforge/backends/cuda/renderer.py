@@ -21,8 +21,11 @@ How the tile program maps onto a thread block (DESIGN.md §1-2):
   renders the cp.async variant the launcher falls back to).
 * gemm -> ``wgmma`` (sm_90a) or ``mma.sync`` m16n8k16 (sm_80, sm_100a), or a
   scalar loop for dtypes and shapes the tensor cores do not take.
-* barriers: inserted where shared memory written since the last barrier is
-  read, or read/written memory is about to be overwritten.
+* barriers: ``ir.Sync`` statements, placed by the barrier pass
+  (:mod:`kernforge.backends.cuda.barriers`, the last transform) where shared
+  memory written since the last barrier is read, or read/written memory is
+  about to be overwritten; the renderer emits them and infers none (the
+  barriers inside one lowering's protocol, listed there, stay in it).
 
 Every PTX instruction sits in a ``kf::`` function of the device library, so
 the output also compiles for host emulation (``-DKF_HOST_EMULATION``).
@@ -40,6 +43,7 @@ from kernforge import dtypes
 from kernforge.codegen import ir
 from kernforge.backends.cuda.layouts import AccumLayout
 from kernforge.codegen.passes import Analysis, simplify
+from kernforge.backends.cuda.barriers import barrier_pass
 from kernforge.backends.cuda.fp8_operands import cuda_fp8_operands
 from kernforge.backends.cuda.layout_plan import LayoutPlan, nodes, plan_layouts
 from kernforge.backends.cuda.pipeline_plan import PipelinePlan, plan_pipelines
@@ -67,7 +71,8 @@ class Arch:
 ARCHS = {a.name: a for a in (Arch("sm_80", 80, False, 163 * 1024), Arch("sm_90a", 90, True, 227 * 1024),
                              Arch("sm_100a", 100, False, 227 * 1024))}
 DEFAULT_ARCH = "sm_90a"
-# IR -> IR passes before rendering; the analyses of ``CudaRenderer.pipeline`` then read the result
+# IR -> IR passes before rendering; ``CudaRenderer.pipeline`` appends the target's barrier pass,
+# then the analyses read the result
 TRANSFORMS = (simplify, cuda_fp8_operands)
 
 
@@ -119,7 +124,8 @@ _SCALAR_ABI = {dtypes.bool_: "int32_t", dtypes.int8: "int32_t", dtypes.int16: "i
 class CudaRenderer(CRenderer, Renderer):
     """``render(kernel, target) -> CudaProgram``; tile statements are lowered in :mod:`cuda_ops`.
 
-    The pipeline ends in three analyses the emitter reads: fragment ``layouts`` (which
+    The transforms end with the barrier pass (``ir.Sync`` where blocks must synchronise), and
+    the pipeline with three analyses the emitter reads: fragment ``layouts`` (which
     fragments live in registers, in which layout; which gemm instruction), the ``pipelines``
     (ring copies of each ``T.Pipelined`` loop) and ``tma`` (which of those rings load by
     TMA on sm_90a, and the tensor maps they need; none for the ``cp.async`` variant)."""
@@ -130,7 +136,7 @@ class CudaRenderer(CRenderer, Renderer):
     def pipeline(self, kernel: ir.Kernel, target: Target) -> tuple:
         arch = arch_info(target.arch)
         tma = arch.wgmma and target.variant != "cp.async"
-        return TRANSFORMS + (
+        return TRANSFORMS + (barrier_pass(arch.wgmma, tma),) + (
             Analysis("layouts", lambda k, facts: plan_layouts(k, arch.wgmma)),
             Analysis("pipelines", lambda k, facts: plan_pipelines(k, facts["layouts"].staged)),
             Analysis("tma", lambda k, facts: cuda_tma.plan_tma(k, facts["layouts"], facts["pipelines"])
@@ -165,7 +171,6 @@ class CudaRenderer(CRenderer, Renderer):
         self.buf_override: dict[ir.Buffer, str] = {}
         self.reg_ctx: Optional[tuple] = None  # (driver layout, register index name, loop vars)
         self.in_parallel = False
-        self.pend_w = self.pend_r = False
         self.uses_wgmma = "wgmma" in self.plan.gemm_kind.values()
         self.headers: set[str] = set()
         self.smem_offsets: dict[ir.Buffer, int] = {}
@@ -229,43 +234,9 @@ class CudaRenderer(CRenderer, Renderer):
 
     # -- barriers -----------------------------------------------------------------
     def barrier(self) -> None:
+        """A block barrier (an ``ir.Sync``, or one inside a lowering's own protocol); with wgmma,
+        generic-proxy writes to shared memory are also fenced for the async proxy."""
         self.emit("kf::fence_proxy_async(); __syncthreads();" if self.uses_wgmma else "__syncthreads();")
-        self.pend_w = self.pend_r = False
-
-    def before(self, reads: bool, writes: bool) -> None:
-        """Insert a barrier when this statement's shared-memory accesses would race earlier ones."""
-        if (reads and self.pend_w) or (writes and (self.pend_w or self.pend_r)):
-            self.barrier()
-        self.pend_r |= reads
-
-    def after(self, writes: bool) -> None:
-        self.pend_w |= writes
-
-    def smem_use(self, s) -> tuple[bool, bool]:
-        reads = writes = False
-        for n in nodes(s):
-            if isinstance(n, ir.Load) and self.is_smem(n.buffer):
-                reads = True
-            elif isinstance(n, (ir.Store, ir.Atomic)) and self.is_smem(n.buffer):
-                writes = True
-            elif isinstance(n, ir.Copy):
-                reads |= self.is_smem(n.src.buffer)
-                writes |= self.is_smem(n.dst.buffer)
-            elif isinstance(n, ir.Fill):
-                writes |= self.is_smem(n.dst.buffer)
-            elif isinstance(n, ir.Gemm):
-                reads |= self.is_smem(n.a.buffer) or self.is_smem(n.b.buffer) or self.is_smem(n.c.buffer)
-                writes |= self.is_smem(n.c.buffer)
-            elif isinstance(n, (ir.Reduce, ir.Cumsum)):
-                reads |= self.is_smem(n.src) or self.is_smem(n.dst)
-                writes |= self.is_smem(n.dst)
-            elif isinstance(n, ir.RadixFindBucket):
-                reads = writes = True
-            elif isinstance(n, ir.OnlineSoftmax):
-                touched = any(self.is_smem(b) for b in (n.scores, n.row_max, n.row_sum, n.rescale))
-                reads |= touched
-                writes |= touched
-        return reads, writes
 
     # -- kernel ---------------------------------------------------------------------
     def allocate_smem(self) -> None:
@@ -366,7 +337,7 @@ class CudaRenderer(CRenderer, Renderer):
 
 
 HANDLERS: dict[type, Callable] = {
-    ir.Seq: cuda_ops.render_seq, ir.Allocate: cuda_ops.render_allocate, ir.Store: cuda_ops.render_store,
+    ir.Seq: cuda_ops.render_seq, ir.Sync: cuda_ops.render_sync, ir.Allocate: cuda_ops.render_allocate, ir.Store: cuda_ops.render_store,
     ir.Atomic: cuda_ops.render_atomic, ir.If: cuda_ops.render_if, ir.For: cuda_ops.render_for,
     ir.Parallel: cuda_ops.render_parallel, ir.Copy: cuda_ops.render_copy, ir.Fill: cuda_ops.render_fill,
     ir.Gemm: cuda_gemm.render_gemm, ir.Reduce: cuda_reduce.render_reduce, ir.Cumsum: cuda_reduce.render_cumsum,

@@ -44,11 +44,9 @@ def render_online_softmax(R, s: ir.OnlineSoftmax) -> None:
     rows, cols = s.scores.static_shape()
     row, col = ir.Var(R.fresh("row"), I32), ir.Var(R.fresh("j"), I32)
     R.nonneg_vars |= {row, col}
-    R.before(True, True)
     R.open(f"for (int32_t {R.cname(row)} = {R.tid}; {R.cname(row)} < {rows}; {R.cname(row)} += {R.k.threads})")
     at = f"{names[0]}[{R.offset(s.scores, (row, col))}]"
     vec = [f"{n}[{R.offset(b, (row,))}]" for n, b in zip(names[1:], (s.row_max, s.row_sum, s.rescale))]
     R.emit(f"kf::online_softmax_row([&](int32_t {R.cname(col)}) -> float& {{ return {at}; }}, {cols}, "
            f"{', '.join(vec)}, {scale});")
     R.close()
-    R.after(True)

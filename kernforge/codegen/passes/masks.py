@@ -14,15 +14,28 @@ edge tiles pay for the per-element test::
 Dimensions proven in bounds from variable ranges (static shapes, constant
 grids) get no mask at all.  On-chip buffers have static shapes that the author's
 tile indices stay inside (the verifier checks constant starts), so they are
-never masked.  Backends that keep ``Copy`` as a tile op (CUDA's cp.async/TMA)
-can reuse :func:`edge_conditions` to learn which dimensions need a guard.
+never masked.
+
+The mask logic itself (which dimensions of a region need a bounds test, the
+per-element condition, the whole-tile test of the fast path) is shared with the
+backends that keep ``Copy`` as a tile op: :func:`edge_conditions`,
+:func:`element_mask` and :func:`tile_mask` take a *bounds prover*.  This pass
+uses :class:`RangeBounds` (the kernel's variable-range table).  The CUDA
+renderer (``backends/cuda/ops.py``: scalar copies and fills, the edge chunks
+of its 16-byte ``cp.async`` copies, the paired accumulator stores) calls the
+same functions with :class:`ConstBounds`, which proves a dimension in bounds
+only from constant starts and shapes: its generated sources are pinned byte for
+byte, and the range table would drop masks CUDA has always emitted (switching
+it is a one-argument change, and a deliberate change of CUDA output).  CUDA
+keeps its per-element tests without the hoisted whole-tile branch: its copies
+are spread over a block's threads, the vector path tests per 16-byte chunk.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Optional, Union
 
-from kernforge.codegen import ir
+from kernforge.codegen import arith, ir
 from kernforge.codegen.passes import ranges
 
 
@@ -33,18 +46,80 @@ def _all(conds: list[ir.Expr]) -> Optional[ir.Expr]:
     return out
 
 
-def edge_conditions(region: ir.Region, table: dict) -> list[tuple[int, bool, bool]]:
+@dataclass(frozen=True)
+class RangeBounds:
+    """Proves a tile dimension in bounds from the kernel's variable ranges (``ranges.var_ranges``)."""
+
+    table: dict
+
+    def needs(self, start: ir.Expr, ext: int, dim: ir.Expr) -> tuple[bool, bool]:
+        """``(needs a lower test, needs an upper test)`` for ``[start, start + ext)`` in ``[0, dim)``."""
+        return (not ranges.proves(ir.binary(ir.Op.GE, start, 0), self.table),
+                not ranges.proves(ir.binary(ir.Op.LE, ir.fold(ir.binary(ir.Op.ADD, start, ext)), dim), self.table))
+
+
+@dataclass(frozen=True)
+class ConstBounds:
+    """The weaker prover CUDA uses: a dimension is in bounds only when its start and size are
+    constants that fit; otherwise it is tested above, and below unless ``start`` is provably
+    non-negative (``arith.nonnegative`` over the variables in ``known``)."""
+
+    known: Union[set, frozenset] = frozenset()
+
+    def needs(self, start: ir.Expr, ext: int, dim: ir.Expr) -> tuple[bool, bool]:
+        s0, d0 = arith.const_int(start), arith.const_int(dim)
+        if s0 is not None and d0 is not None and s0 >= 0 and s0 + ext <= d0:
+            return False, False
+        return not arith.nonnegative(start, self.known), True
+
+
+Bounds = Union[RangeBounds, ConstBounds]
+
+
+def _bounds(b: Union[Bounds, dict]) -> Bounds:
+    return RangeBounds(b) if isinstance(b, dict) else b
+
+
+def edge_conditions(region: ir.Region, bounds: Union[Bounds, dict]) -> list[tuple[int, bool, bool]]:
     """``(dim, needs_lower, needs_upper)`` for each dimension of a *global* region
-    that may fall outside its buffer (empty for on-chip regions)."""
+    that may fall outside its buffer (empty for on-chip regions).  ``bounds`` is a
+    prover (:class:`RangeBounds`, :class:`ConstBounds`) or a variable-range table."""
     if region.buffer.scope != ir.Scope.GLOBAL:
         return []
+    bounds = _bounds(bounds)
     out = []
     for d, (start, ext, dim) in enumerate(zip(region.starts, region.extents, region.buffer.shape)):
-        lower = not ranges.proves(ir.binary(ir.Op.GE, start, 0), table)
-        upper = not ranges.proves(ir.binary(ir.Op.LE, ir.fold(ir.binary(ir.Op.ADD, start, ext)), dim), table)
+        lower, upper = bounds.needs(start, ext, dim)
         if lower or upper:
             out.append((d, lower, upper))
     return out
+
+
+def element_mask(region: ir.Region, indices, bounds: Union[Bounds, dict], upper_first: bool = False
+                 ) -> Optional[ir.Expr]:
+    """The condition that element ``indices`` (full indices into ``region.buffer``) of the
+    tile lies inside the buffer, None when :func:`edge_conditions` finds no dimension to
+    test: ``idx >= 0`` and ``idx < dim`` per tested dimension, ANDed in dimension order
+    (``upper_first`` puts each dimension's upper test first, CUDA's order)."""
+    conds = []
+    for d, lower, upper in edge_conditions(region, bounds):
+        lo = [ir.binary(ir.Op.GE, indices[d], 0)] if lower else []
+        hi = [ir.binary(ir.Op.LT, indices[d], region.buffer.shape[d])] if upper else []
+        conds += hi + lo if upper_first else lo + hi
+    return _all(conds)
+
+
+def tile_mask(region: ir.Region, bounds: Union[Bounds, dict]) -> Optional[ir.Expr]:
+    """The condition that the whole tile lies inside its buffer (the interior fast path's
+    test), None when no dimension needs one."""
+    conds = []
+    for d, lower, upper in edge_conditions(region, bounds):
+        start, ext, dim = region.starts[d], region.extents[d], region.buffer.shape[d]
+        if lower:
+            conds.append(ir.binary(ir.Op.GE, start, 0))
+        if upper:
+            conds.append(ir.binary(ir.Op.LE, ir.fold(ir.binary(ir.Op.ADD, start, ext)), dim))
+    return _all(conds)
 
 
 class _Tile:
@@ -55,18 +130,9 @@ class _Tile:
         it = iter(vars_)
         self.indices = tuple(ir.fold(ir.binary(ir.Op.ADD, s, next(it))) if e != 1 else s
                              for s, e in zip(region.starts, region.extents))
-        edges = edge_conditions(region, table)
-        tile, elem = [], []
-        for d, lower, upper in edges:
-            start, ext, dim, idx = region.starts[d], region.extents[d], region.buffer.shape[d], self.indices[d]
-            if lower:
-                tile.append(ir.binary(ir.Op.GE, start, 0))
-                elem.append(ir.binary(ir.Op.GE, idx, 0))
-            if upper:
-                tile.append(ir.binary(ir.Op.LE, ir.fold(ir.binary(ir.Op.ADD, start, ext)), dim))
-                elem.append(ir.binary(ir.Op.LT, idx, dim))
-        self.tile_cond = _all(tile)
-        self.elem_cond = _all(elem)
+        bounds = RangeBounds(table)
+        self.tile_cond = tile_mask(region, bounds)
+        self.elem_cond = element_mask(region, self.indices, bounds)
 
 
 class _Lower(ir.Mutator):

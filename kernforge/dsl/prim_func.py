@@ -69,6 +69,11 @@ class PrimFunc:
     def params(self):
         return self.ir.params
 
+    @property
+    def artifact_name(self) -> str:
+        """The build artifacts' name (JIT cache tag): :attr:`kernforge.codegen.ir.Kernel.artifact_name`."""
+        return self.ir.artifact_name
+
     def script(self) -> str:
         return repr(self.ir)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import kernforge
+from kernforge import backends
 from kernforge.kernels.registry import KernelSpec
 
 
@@ -43,7 +44,7 @@ def run_spec(spec: KernelSpec, backend: str, problem: str = "demo", repeat: int 
         return RunResult(spec.name, backend, problem, False, time.perf_counter() - t0, None,
                          f"build: {type(e).__name__}: {e}")
     build_s = time.perf_counter() - t0
-    device = "cuda" if kernel.backend.device == "cuda" else "cpu"
+    device = backends.device(backend)  # the torch device type the backend's buffers live on
     inputs = spec.make_inputs(prob.params, seed, device)
     try:
         kernel(*inputs)

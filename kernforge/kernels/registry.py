@@ -1,6 +1,6 @@
 """The kernel library's catalogue: what ``kernforge list/emit/run/build/demo`` iterate.
 
-Each kernel family module registers one :class:`KernelSpec` per kernel.  A spec
+Each kernel family's ``problems`` module registers one :class:`KernelSpec` per kernel.  A spec
 knows how to specialise its DSL factory for a problem size, make random inputs
 (never all zeros), and compute an independent torch reference, so the CLI, the
 demo, the tests and ``benchmarks/gpu_check.py`` all check kernels the same way.
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 # modules that register kernels when imported
-_FAMILIES = ("kernforge.kernels.topk", "kernforge.kernels.mla_decode", "kernforge.kernels.grouped_gemm")
+_FAMILIES = ("kernforge.kernels.topk.problems", "kernforge.kernels.mla_decode.problems",
+             "kernforge.kernels.grouped_gemm.problems")
 
 
 @dataclass(frozen=True)

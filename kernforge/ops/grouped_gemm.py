@@ -24,7 +24,9 @@ from typing import Optional
 import torch
 
 import kernforge
+from kernforge import backends
 from kernforge.kernels import grouped_gemm as kernels
+from kernforge.kernels.grouped_gemm import config
 
 _alignment = 128
 
@@ -59,9 +61,9 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     if m == 0:
         return
     m_indices = _row_experts(grouped_layout, m, groups, use_psum_layout)
-    backend = backend or ("cuda" if a.is_cuda else "cpu")
+    backend = backends.for_tensor(a, backend)
     kernel = _kernel(kernels.m_grouped_gemm_nt_contiguous, backend,
-                     **choose_config(backend, groups, n, k))
+                     **config.choose(backend, groups, n, k, alignment=_alignment))
     kernel(a, b, m_indices, d)
 
 
@@ -87,9 +89,9 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple, b: tuple, d: torch.Tensor,
     if m == 0:
         return
     m_indices = _row_experts(grouped_layout, m, groups, use_psum_layout)
-    backend = backend or ("cuda" if a_data.is_cuda else "cpu")
+    backend = backends.for_tensor(a_data, backend)
     kernel = _kernel(kernels.m_grouped_fp8_gemm_nt_contiguous, backend,
-                     **choose_config(backend, groups, n, k, fp8=True))
+                     **config.choose_fp8(backend, groups, n, k, alignment=_alignment))
     kernel(a_data, sfa, b_data, sfb, m_indices, d)
 
 
@@ -121,9 +123,8 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
         raise ValueError("a, b, d and masked_m must be on one device")
     if max_m == 0:
         return
-    backend = backend or ("cuda" if a.is_cuda else "cpu")
-    cfg = choose_config(backend, groups, n, k)
-    cfg["block_M"] = 64 if expected_m <= 64 else 128
+    backend = backends.for_tensor(a, backend)
+    cfg = config.choose_masked(backend, groups, n, k, expected_m)
     _kernel(kernels.m_grouped_gemm_nt_masked, backend, **cfg)(a, b, masked_m, d)
 
 
@@ -131,20 +132,10 @@ m_grouped_gemm_fp8_fp8_bf16_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous  # 
 
 
 def choose_config(backend: str, groups: int, n: int, k: int, fp8: bool = False) -> dict:
-    """Tile sizes.  ``block_M`` divides the alignment so a tile never spans two experts
-    (128 rows when the alignment allows).  GPUs use 128x128 output tiles with 64-deep K
-    steps (three stages fit Hopper shared memory); host backends take 128x128 tiles with
-    256-deep K steps, so each call of the packed tile GEMM amortises its packing.  FP8
-    tiles are 128 deep (one scale block) by construction."""
-    gpu = backend.startswith("cuda")
-    block_M = next(bm for bm in (128, 64, 32, 16, 8, 4, 2, 1) if _alignment % bm == 0)
-    cfg = dict(num_groups=groups, N=n, K=k, block_M=block_M, block_N=128,
-               num_stages=3 if gpu else 1)
-    if not fp8:
-        cfg["block_K"] = 64 if gpu else 256
-    elif gpu:
-        cfg["threads"] = 256   # two 128x128 float32 fragments: 128 threads spill (ptxas: 2.7 KB)
-    return cfg
+    """The tile sizes these ops compile with at the current alignment: the family's
+    choosers (:mod:`kernforge.kernels.grouped_gemm.config`)."""
+    chooser = config.choose_fp8 if fp8 else config.choose
+    return chooser(backend, groups, n, k, alignment=_alignment)
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,7 @@ page 64), any architecture, ``attn_sink`` on the dense path too, and a bf16 cach
 the sparse (``indices``) path besides the V3.2 FP8 one (``is_fp8_kvcache=True``, 656
 bytes per token).  Not yet supported (``NotImplementedError``): the MODEL1 (V4) FP8
 layout and the extra KV cache.  The dense path splits the KV range of small batches
-over several blocks plus a combine kernel (:func:`choose_splits`);
+over several blocks plus a combine kernel (``config.choose_splits``);
 ``tile_scheduler_metadata`` records the shape configuration but holds no per-request
 schedule.
 """
@@ -26,7 +26,9 @@ from typing import Optional
 import torch
 
 import kernforge
+from kernforge import backends
 from kernforge.kernels import mla_decode as kernels
+from kernforge.kernels.mla_decode import config
 
 _DTYPES = (torch.bfloat16,)
 
@@ -72,7 +74,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     the first ``topk_length[i]`` slots when that is given.
 
     kernforge additions (keyword-only): ``backend``, and ``num_kv_splits`` to force the
-    dense path's split-KV factor (default: :func:`choose_splits`)."""
+    dense path's split-KV factor (default:
+    :func:`kernforge.kernels.mla_decode.config.choose_splits`)."""
     if extra_k_cache is not None or extra_indices_in_kvcache is not None or extra_topk_length is not None:
         raise NotImplementedError("extra_k_cache / extra_indices_in_kvcache are not supported yet")
     _check_schedule_args(tile_scheduler_metadata, num_splits)
@@ -92,11 +95,11 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             b=b, s_q=s_q, h_q=h_q, page_block_size=page, h_kv=h_kv, causal=causal,
             is_fp8_kvcache=False, topk=None))
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
-    backend = backend or ("cuda" if q.is_cuda else "cpu")
-    cfg = choose_config(backend, h_q, h_kv, s_q, d, head_dim_v, page, causal)
+    backend = backends.for_tensor(q, backend)
+    cfg = config.choose(backend, h_q, h_kv, s_q, d, head_dim_v, page, causal)
     if num_kv_splits is None:
         row_blocks = -(-s_q * (h_q // h_kv) // cfg["block_H"])
-        splits = choose_splits(backend, b * h_kv * row_blocks,
+        splits = config.choose_splits(backend, b * h_kv * row_blocks,
                                block_table.shape[1] * page // cfg["block_N"], q.device)
     elif isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int) or num_kv_splits < 1:
         raise ValueError(f"num_kv_splits must be a positive int, got {num_kv_splits!r}")
@@ -114,10 +117,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     lse_part = torch.empty(b, splits, h_q, s_q, dtype=torch.float32, device=q.device)
     _kernel(backend, kernels.mla_decode, **cfg, num_splits=splits)(
         q, kv_flat, block_table, cache_seqlens, sink, scale, o_part, lse_part)
-    # GPU: 8 rows per combine block (16 rows spill 1.6 KB of registers per ptxas at h=128)
-    block_R = 8 if backend.startswith("cuda") else 16
-    _kernel(backend, kernels.mla_decode_combine, heads=h_q, num_splits=splits, seq_q=s_q,
-            dim_v=head_dim_v, block_R=block_R)(o_part, lse_part, sink, out, lse)
+    _kernel(backend, kernels.mla_decode_combine,
+            **config.choose_combine(backend, h_q, splits, s_q, head_dim_v))(o_part, lse_part, sink, out, lse)
     return out, lse
 
 
@@ -153,11 +154,9 @@ def _sparse(q, k_cache, indices, topk_length, head_dim_v, meta, softmax_scale, c
         _record_config(meta, dict(b=b, s_q=s_q, h_q=h_q, page_block_size=page, h_kv=1,
                                   causal=False, is_fp8_kvcache=fp8, topk=topk))
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
-    backend = backend or ("cuda" if q.is_cuda else "cpu")
-    # slots are gathered one by one, so the KV tile size is free of the page size
-    block_H = choose_config(backend, h_q, 1, 1, d, head_dim_v, page, False)["block_H"]
-    kernel = _kernel(backend, kernels.mla_decode_sparse, heads=h_q, topk=topk, seq_q=s_q, dim=d,
-                     dim_v=head_dim_v, fp8_kv=fp8, block_N=32, block_H=block_H)
+    backend = backends.for_tensor(q, backend)
+    kernel = _kernel(backend, kernels.mla_decode_sparse,
+                     **config.choose_sparse(backend, h_q, topk, s_q, d, head_dim_v, fp8))
     sink = attn_sink if attn_sink is not None else torch.full((h_q,), -float("inf"), device=q.device)
     out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
@@ -166,36 +165,11 @@ def _sparse(q, k_cache, indices, topk_length, head_dim_v, meta, softmax_scale, c
     return out, lse
 
 
-def choose_config(backend: str, h_q: int, h_kv: int, s_q: int, d: int, dim_v: int, page: int,
-                  causal: bool) -> dict:
-    """Compile-time parameters for one call.  Rows (query tokens x heads per KV head)
-    fill a block of ``block_H``: GPUs want a tensor-core friendly 64; host backends
-    gain nothing from padding rows, so they take the exact row count up to 64.
-    KV tiles of 32 tokens keep two pipeline stages of a 64-row, d=576 block within
-    Hopper's 227 KB of shared memory (64-token tiles need 241 KB); host backends take
-    whole 64-token pages (fewer, longer tile GEMMs)."""
-    rows = s_q * (h_q // h_kv)
-    gpu = backend.startswith("cuda")
-    block_H = 64 if gpu else min(rows, 64)
-    block_N = next(n for n in (32 if gpu else 64, 32, 16, 8, 4, 2, 1) if page % n == 0)
-    return dict(heads=h_q, heads_kv=h_kv, seq_q=s_q, dim=d, dim_v=dim_v, page_size=page,
-                causal=causal, block_N=block_N, block_H=block_H)
-
-
-def choose_splits(backend: str, blocks: int, max_tiles: int, device: torch.device) -> int:
-    """Split-KV factor: when ``blocks`` (requests x row blocks) cannot occupy the GPU's
-    SMs, cut each request's KV range into a power of two of splits, keeping at least 4
-    KV tiles per split.  It depends only on shapes (``max_tiles`` comes from the block
-    table's width), so one decode step picks one value for every layer, as FlashMLA's
-    schedule.  Host backends default to 1: on the 2-core development machine two splits
-    measured slower than one (docs/performance/kernels.md); ``num_kv_splits`` forces it."""
-    if not backend.startswith("cuda"):
-        return 1
-    units = torch.cuda.get_device_properties(device).multi_processor_count
-    splits = 1
-    while blocks * splits < units and max_tiles >= 8 * splits and splits < 32:
-        splits *= 2
-    return splits
+#: the configuration choosers this op compiles with (kept here under their old names):
+#: ``choose_config(backend, h_q, h_kv, s_q, d, dim_v, page, causal)`` and
+#: ``choose_splits(backend, blocks, max_tiles, device)``
+choose_config = config.choose
+choose_splits = config.choose_splits
 
 
 @functools.lru_cache(maxsize=None)

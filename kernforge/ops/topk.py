@@ -24,10 +24,11 @@ import numpy as np
 import torch
 
 import kernforge
+from kernforge import backends
 from kernforge.kernels import topk as kernels
+from kernforge.kernels.topk import config
 
 INT32_MAX = 2**31 - 1
-_BACKEND_OF_DEVICE = {"cpu": "cpu", "cuda": "cuda", "npu": "ascend"}
 _INDEX_TYPES = (torch.int32, torch.int64)
 
 
@@ -87,9 +88,7 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin=None, end=N
         if bad.numel():
             r = int(bad[0, 0])
             raise TopKValueError(f"end[{r}] = {int(end[r])} must be in [0, vocab_size={vocab}]")
-    name = backend if backend is not None else _BACKEND_OF_DEVICE.get(input.device.type)
-    if name is None:
-        raise TopKValueError(f"no kernforge backend for device {input.device}; pass backend=")
+    name = backends.for_tensor(input, backend)
 
     idx = output_idx if output_idx is not None else _padded_empty(b, topk, indices_type, input.device)
     values = _padded_empty(b, topk, input.dtype, input.device) if return_value else None
@@ -117,38 +116,16 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin=None, end=N
 
 _DTYPE_NAME = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.int32: "int32",
                torch.int64: "int64"}
-#: how each backend appends survivors (both keep index order: results are identical)
-_COMPACTION = {"interp": "tile_scan", "cpu": "group_serial", "cuda": "tile_scan",
-               "cuda-emu": "tile_scan", "ascend": "tile_scan"}
-
-
-def kernel_params(backend: str, k: int, dtype: str, index_dtype: str, sorted_values: bool,
-                  return_value: bool) -> dict:
-    """The kernel parameters this op uses for one call (shared with the benchmarks).
-
-    CPU: 1024-element tiles in groups of 16 (a survivor-free group costs one vector
-    compare; a group with survivors is one 16-lane chunk of the append loop, which the
-    CPU backend compresses with AVX-512), a buffer slack of ``max(2048, 2k)`` and
-    chunks of 128 tiles whose group maxima set the start threshold (``prescan``), and a
-    radix sort of the winners for sorted output,
-    measured on ``benchmarks/bench_topk.py``; the interpreter gets small tiles (its cost is per
-    statement); GPUs scan whole tiles with the parallel compaction."""
-    common = dict(k=k, dtype=dtype, index_dtype=index_dtype, sorted_values=sorted_values,
-                  return_value=return_value, compaction=_COMPACTION.get(backend, "tile_scan"))
-    if backend == "interp":
-        return dict(common, tile=256, group=8, slack=256)
-    if backend == "cpu":
-        return dict(common, tile=1024, group=16, slack=max(2048, 2 * k), mask_append=False, prescan=128,
-                    sort="radix")
-    # GPUs: the buffers (six arrays of k + tile + slack) must fit one block's shared memory
-    small = k <= 1024
-    return dict(common, tile=2048 if small else 1024, group=32, slack=2048 if small else 1024)
+#: the kernel parameters this op uses for one call (shared with the benchmarks and tests):
+#: the family's configuration chooser, ``kernel_params(backend, k, dtype, index_dtype,
+#: sorted_values, return_value)``
+kernel_params = config.choose
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled(backend: str, k: int, dtype: str, index_dtype: str, sorted_values: bool,
               return_value: bool):
-    params = kernel_params(backend, k, dtype, index_dtype, sorted_values, return_value)
+    params = config.choose(backend, k, dtype, index_dtype, sorted_values, return_value)
     return kernforge.compile(kernels.topk_select, backend=backend, **params)
 
 

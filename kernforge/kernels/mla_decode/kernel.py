@@ -26,15 +26,19 @@ fold in V4's per-head attention sink: ``out *= 1 / (1 + exp(sink - lse))`` (a si
 Only tiles the request uses are read: pages past ``cache_seqlens`` (which may hold
 anything, NaN included) are never touched, and rows of the last tile past the end
 are zeroed in shared memory before they meet the probabilities.
+
+The pieces the kernels share are written once, as ``T.macro`` helpers the kernels call
+while they are traced: the block's tiles and softmax state (:func:`_alloc_attention`,
+:func:`_init_softmax`), one KV tile's attention step (:func:`_attend_tile`), and the
+epilogue that normalises rows, folds in the sink and scatters out + lse
+(:func:`_write_rows`, also the split-KV combine's epilogue).
 """
 # no `from __future__ import annotations`: T.Tensor annotations must see the factory's
 # parameters as values when the prim_func is traced
 import math
-
-import torch
+from types import SimpleNamespace
 
 import kernforge.dsl as T
-from kernforge.kernels.registry import KernelSpec, Problem, register
 
 LOG2E = math.log2(math.e)
 
@@ -107,17 +111,7 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
              Out: T.Tensor(out_shape, out_dtype),
              LSE: T.Tensor(lse_shape, accum)):
         with T.Kernel(batch, heads_kv * row_blocks, num_splits, threads=threads) as (bx, by, bz):
-            Q_shared = T.alloc_shared((block_H, dim_v), dtype)
-            KV_shared = T.alloc_shared((block_N, dim_v), dtype)
-            if dpe > 0:
-                Q_pe_shared = T.alloc_shared((block_H, dpe), dtype)
-                K_pe_shared = T.alloc_shared((block_N, dpe), dtype)
-            P_shared = T.alloc_shared((block_H, block_N), dtype)
-            acc_s = T.alloc_fragment((block_H, block_N), accum)
-            acc_o = T.alloc_fragment((block_H, dim_v), accum)
-            m = T.alloc_fragment((block_H,), accum)
-            rescale = T.alloc_fragment((block_H,), accum)
-            l = T.alloc_fragment((block_H,), accum)
+            st = _alloc_attention(block_H, block_N, dim_v, dpe, dtype, accum)
             limit = T.alloc_fragment((block_H,), "int32")
 
             kvh = by // row_blocks
@@ -128,12 +122,12 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
             # gather this block's query rows: row r is token r // group, head kvh*group + r % group
             for i, d in T.Parallel(block_H, dim_v):
                 r = T.min(row0 + i, rows - 1)
-                Q_shared[i, d] = T.if_then_else(row0 + i < rows,
-                                                Q[bx, r // group, kvh * group + r % group, d], 0)
+                st.Q_shared[i, d] = T.if_then_else(row0 + i < rows,
+                                                   Q[bx, r // group, kvh * group + r % group, d], 0)
             if dpe > 0:
                 for i, d in T.Parallel(block_H, dpe):
                     r = T.min(row0 + i, rows - 1)
-                    Q_pe_shared[i, d] = T.if_then_else(
+                    st.Q_pe_shared[i, d] = T.if_then_else(
                         row0 + i < rows, Q[bx, r // group, kvh * group + r % group, dim_v + d], 0)
             # keys a row may see: all of them, or (causal) up to its own token
             for i in T.Parallel(block_H):
@@ -141,9 +135,7 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
                     limit[i] = seqlen - seq_q + T.min(row0 + i, rows - 1) // group + 1
                 else:
                     limit[i] = seqlen
-            T.fill(acc_o, 0)
-            T.fill(l, 0)
-            T.fill(m, -T.infinity(accum))
+            _init_softmax(st)
 
             n_tiles = T.ceildiv(seqlen, block_N)
             per_split = T.ceildiv(n_tiles, num_splits)
@@ -152,49 +144,36 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
                                  num_stages=num_stages):
                 pos0 = t * block_N
                 token0 = block_table[bx, pos0 // page_size] * page_size + pos0 % page_size
-                T.copy(KV[token0, kvh * dim], KV_shared)
+                T.copy(KV[token0, kvh * dim], st.KV_shared)
                 if dpe > 0:
-                    T.copy(KV[token0, kvh * dim + dim_v], K_pe_shared)
+                    T.copy(KV[token0, kvh * dim + dim_v], st.K_pe_shared)
                 if pos0 + block_N > seqlen:
                     # rows past the end may hold anything (NaN): zero them so 0 * v stays 0
                     for j, d in T.Parallel(block_N, dim_v):
-                        KV_shared[j, d] = T.if_then_else(pos0 + j < seqlen, KV_shared[j, d], 0)
-                T.gemm(Q_shared, KV_shared, acc_s, transpose_B=True, clear_accum=True)
-                if dpe > 0:
-                    T.gemm(Q_pe_shared, K_pe_shared, acc_s, transpose_B=True)
-                for i, j in T.Parallel(block_H, block_N):
-                    acc_s[i, j] = T.if_then_else(pos0 + j < limit[i], acc_s[i, j], -T.infinity(accum))
-                _online_softmax_step(acc_s, acc_o, m, rescale, l, P_shared, scale_log2, block_H, dim_v)
-                T.gemm(P_shared, KV_shared, acc_o)
+                        st.KV_shared[j, d] = T.if_then_else(pos0 + j < seqlen, st.KV_shared[j, d], 0)
+                _attend_tile(st, lambda i, j: pos0 + j < limit[i], scale_log2)
+
+            # block row i is query row r = row0 + i (clamped): token r // group, head h
+            def row_of(i):
+                r = T.min(row0 + i, rows - 1)
+                return r, kvh * group + r % group
+
+            def lse_of(i):
+                return st.m[i] * sm_scale + T.log(st.l[i])
 
             if split:
                 # partials for mla_decode_combine: normalised within the split, lse -inf if empty
-                for i, d in T.Parallel(block_H, dim_v):
-                    r = T.min(row0 + i, rows - 1)
-                    if row0 + i < rows:
-                        Out[bx, bz, r // group, kvh * group + r % group, d] = T.if_then_else(
-                            l[i] > 0, acc_o[i, d] / l[i], 0.0)
-                for i in T.Parallel(block_H):
-                    r = T.min(row0 + i, rows - 1)
-                    if row0 + i < rows:
-                        LSE[bx, bz, kvh * group + r % group, r // group] = T.if_then_else(
-                            l[i] > 0, m[i] * sm_scale + T.log(l[i]), -T.infinity(accum))
+                _write_rows(block_H, dim_v, st.acc_o, st.l, lse_of, row_of, lambda i: row0 + i < rows,
+                            Out, lambda rh, i, d: (bx, bz, rh[0] // group, rh[1], d),
+                            LSE, lambda rh, i: (bx, bz, rh[1], rh[0] // group),
+                            sink_of=None, empty_lse=-math.inf)
             else:
                 # normalise, fold in the sink, scatter rows back to [b, s, h]; a row with
                 # nothing visible (l == 0) gets output 0 and lse +inf
-                for i, d in T.Parallel(block_H, dim_v):
-                    r = T.min(row0 + i, rows - 1)
-                    lse = m[i] * sm_scale + T.log(l[i])
-                    h = kvh * group + r % group
-                    sink = T.if_then_else(l[i] > 0, 1.0 / (1.0 + T.exp(attn_sink[h] - lse)), 1.0)
-                    if row0 + i < rows:
-                        Out[bx, r // group, h, d] = T.if_then_else(
-                            l[i] > 0, acc_o[i, d] * sink / l[i], 0.0)
-                for i in T.Parallel(block_H):
-                    r = T.min(row0 + i, rows - 1)
-                    if row0 + i < rows:
-                        LSE[bx, kvh * group + r % group, r // group] = T.if_then_else(
-                            l[i] > 0, m[i] * sm_scale + T.log(l[i]), T.infinity(accum))
+                _write_rows(block_H, dim_v, st.acc_o, st.l, lse_of, row_of, lambda i: row0 + i < rows,
+                            Out, lambda rh, i, d: (bx, rh[0] // group, rh[1], d),
+                            LSE, lambda rh, i: (bx, rh[1], rh[0] // group),
+                            sink_of=lambda rh: attn_sink[rh[1]], empty_lse=math.inf)
 
     return main
 
@@ -238,19 +217,12 @@ def mla_decode_combine(heads: int, num_splits: int, seq_q: int = 1, dim_v: int =
                 for i, d in T.Parallel(block_R, dim_v):
                     r = T.min(row0 + i, rows - 1)
                     acc[i, d] = acc[i, d] + lse_s[i, sp] * O_partial[bx, sp, r // heads, r % heads, d]
-            for i, d in T.Parallel(block_R, dim_v):
-                r = T.min(row0 + i, rows - 1)
-                lse = top[i] + T.log(total[i])
-                sink = T.if_then_else(total[i] > 0,
-                                      1.0 / (1.0 + T.exp(attn_sink[r % heads] - lse)), 1.0)
-                if row0 + i < rows:
-                    Out[bx, r // heads, r % heads, d] = T.if_then_else(
-                        total[i] > 0, acc[i, d] * sink / total[i], 0.0)
-            for i in T.Parallel(block_R):
-                r = T.min(row0 + i, rows - 1)
-                if row0 + i < rows:
-                    LSE[bx, r % heads, r // heads] = T.if_then_else(
-                        total[i] > 0, top[i] + T.log(total[i]), T.infinity(accum))
+            # block row i is (token, head) row r = row0 + i (clamped): token r // heads, head r % heads
+            _write_rows(block_R, dim_v, acc, total, lambda i: top[i] + T.log(total[i]),
+                        lambda i: T.min(row0 + i, rows - 1), lambda i: row0 + i < rows,
+                        Out, lambda r, i, d: (bx, r // heads, r % heads, d),
+                        LSE, lambda r, i: (bx, r % heads, r // heads),
+                        sink_of=lambda r: attn_sink[r % heads], empty_lse=math.inf)
 
     return main
 
@@ -296,17 +268,7 @@ def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim
              Out: T.Tensor((batch, seq_q, heads, dim_v), dtype),
              LSE: T.Tensor((batch, heads, seq_q), accum)):
         with T.Kernel(batch, seq_q * row_blocks, threads=threads) as (bx, by):
-            Q_shared = T.alloc_shared((block_H, dim_v), dtype)
-            KV_shared = T.alloc_shared((block_N, dim_v), dtype)
-            if dpe > 0:
-                Q_pe_shared = T.alloc_shared((block_H, dpe), dtype)
-                K_pe_shared = T.alloc_shared((block_N, dpe), dtype)
-            P_shared = T.alloc_shared((block_H, block_N), dtype)
-            acc_s = T.alloc_fragment((block_H, block_N), accum)
-            acc_o = T.alloc_fragment((block_H, dim_v), accum)
-            m = T.alloc_fragment((block_H,), accum)
-            rescale = T.alloc_fragment((block_H,), accum)
-            l = T.alloc_fragment((block_H,), accum)
+            st = _alloc_attention(block_H, block_N, dim_v, dpe, dtype, accum)
             token = T.alloc_fragment((block_N,), "int32")   # gathered row, -1 = empty slot
             if fp8_kv:
                 tile_scale = T.alloc_fragment((block_N, V32_SCALES), accum)
@@ -315,12 +277,10 @@ def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim
             h0 = (by % row_blocks) * block_H
             n_slots = T.min(topk_length[bx], topk)
             scale_log2 = sm_scale * LOG2E
-            T.copy(Q[bx, s, h0, 0], Q_shared)
+            T.copy(Q[bx, s, h0, 0], st.Q_shared)
             if dpe > 0:
-                T.copy(Q[bx, s, h0, dim_v], Q_pe_shared)
-            T.fill(acc_o, 0)
-            T.fill(l, 0)
-            T.fill(m, -T.infinity(accum))
+                T.copy(Q[bx, s, h0, dim_v], st.Q_pe_shared)
+            _init_softmax(st)
 
             for t in T.Pipelined(T.ceildiv(n_slots, block_N), num_stages=num_stages):
                 for j in T.Parallel(block_N):
@@ -332,37 +292,26 @@ def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim
                                                      "uint32", "float32")
                     for j, d in T.Parallel(block_N, dim_v):
                         nope = T.reinterpret("float8_e4m3", KV[T.max(token[j], 0), d])
-                        KV_shared[j, d] = T.if_then_else(
+                        st.KV_shared[j, d] = T.if_then_else(
                             token[j] >= 0, T.cast(nope, accum) * tile_scale[j, d // V32_TILE], 0)
                     for j, d in T.Parallel(block_N, dpe):
                         rope = _bytes_as(KV, T.max(token[j], 0), V32_ROPE_AT + 2 * d, 2, "uint16",
                                          "bfloat16")
-                        K_pe_shared[j, d] = T.if_then_else(token[j] >= 0, rope, 0)
+                        st.K_pe_shared[j, d] = T.if_then_else(token[j] >= 0, rope, 0)
                 else:
                     for j, d in T.Parallel(block_N, dim_v):
-                        KV_shared[j, d] = T.if_then_else(token[j] >= 0, KV[T.max(token[j], 0), d], 0)
+                        st.KV_shared[j, d] = T.if_then_else(token[j] >= 0, KV[T.max(token[j], 0), d], 0)
                     if dpe > 0:
                         for j, d in T.Parallel(block_N, dpe):
-                            K_pe_shared[j, d] = T.if_then_else(
+                            st.K_pe_shared[j, d] = T.if_then_else(
                                 token[j] >= 0, KV[T.max(token[j], 0), dim_v + d], 0)
-                T.gemm(Q_shared, KV_shared, acc_s, transpose_B=True, clear_accum=True)
-                if dpe > 0:
-                    T.gemm(Q_pe_shared, K_pe_shared, acc_s, transpose_B=True)
-                for i, j in T.Parallel(block_H, block_N):
-                    acc_s[i, j] = T.if_then_else(token[j] >= 0, acc_s[i, j], -T.infinity(accum))
-                _online_softmax_step(acc_s, acc_o, m, rescale, l, P_shared, scale_log2, block_H, dim_v)
-                T.gemm(P_shared, KV_shared, acc_o)
+                _attend_tile(st, lambda i, j: token[j] >= 0, scale_log2)
 
-            for i, d in T.Parallel(block_H, dim_v):
-                h = T.min(h0 + i, heads - 1)
-                lse = m[i] * sm_scale + T.log(l[i])
-                sink = T.if_then_else(l[i] > 0, 1.0 / (1.0 + T.exp(attn_sink[h] - lse)), 1.0)
-                if h0 + i < heads:
-                    Out[bx, s, h, d] = T.if_then_else(l[i] > 0, acc_o[i, d] * sink / l[i], 0.0)
-            for i in T.Parallel(block_H):
-                if h0 + i < heads:
-                    LSE[bx, h0 + i, s] = T.if_then_else(l[i] > 0, m[i] * sm_scale + T.log(l[i]),
-                                                        T.infinity(accum))
+            # block row i is head h0 + i (clamped) of query token s
+            _write_rows(block_H, dim_v, st.acc_o, st.l, lambda i: st.m[i] * sm_scale + T.log(st.l[i]),
+                        lambda i: T.min(h0 + i, heads - 1), lambda i: h0 + i < heads,
+                        Out, lambda h, i, d: (bx, s, h, d), LSE, lambda h, i: (bx, h0 + i, s),
+                        sink_of=lambda h: attn_sink[h], empty_lse=math.inf)
 
     return main
 
@@ -379,27 +328,8 @@ def _bytes_as(buf, row, col, n: int, bits_dtype: str, dtype: str):
     return T.reinterpret(dtype, bits)
 
 
-def quantize_kv_v32(kv: torch.Tensor) -> torch.Tensor:
-    """``[..., 576]`` bf16/float -> FlashMLA's V3.2 bytes ``[..., 656]`` uint8.  Scale per
-    128 values = ``2^ceil(log2(max(amax / 448, 1e-4)))`` (FlashMLA's reference quantizer)."""
-    x = kv.float()
-    nope = x[..., :512].unflatten(-1, (V32_SCALES, V32_TILE))
-    scale = torch.exp2(torch.ceil(torch.log2((nope.abs().amax(-1) / 448).clamp(min=1e-4))))
-    data = (nope / scale[..., None]).to(torch.float8_e4m3fn).flatten(-2)
-    parts = [data.view(torch.uint8), scale.contiguous().view(torch.uint8),
-             x[..., 512:].bfloat16().contiguous().view(torch.uint8)]
-    return torch.cat(parts, dim=-1)
-
-
-def dequantize_kv_v32(raw: torch.Tensor) -> torch.Tensor:
-    """V3.2 bytes ``[..., 656]`` -> ``[..., 576]`` bf16 (e4m3 x scale rounded to bf16)."""
-    nope = raw[..., :512].contiguous().view(torch.float8_e4m3fn).float()
-    scale = raw[..., 512:V32_ROPE_AT].contiguous().view(torch.float32)
-    rope = raw[..., V32_ROPE_AT:].contiguous().view(torch.bfloat16)
-    nope = (nope.unflatten(-1, (V32_SCALES, V32_TILE)) * scale[..., None]).flatten(-2)
-    return torch.cat([nope.bfloat16(), rope], dim=-1)
-
-
+# a plain helper, not a T.macro: its loop keeps the tracer's default names (i0, i1), which the
+# generated sources carry; as a macro they would become (i, d)
 def _online_softmax_step(acc_s, acc_o, m, rescale, l, P_shared, scale_log2, block_H, dim_v):
     """Fold one tile of masked scores (``-inf`` = invisible) into the running max ``m``
     and sum ``l``, rescale ``acc_o``, and leave the tile's probabilities in ``P_shared``
@@ -414,267 +344,81 @@ def _online_softmax_step(acc_s, acc_o, m, rescale, l, P_shared, scale_log2, bloc
         acc_o[i, d] = acc_o[i, d] * rescale[i]
 
 
-# ---------------------------------------------------------------- reference
+# ---------------------------------------------------------------- shared pieces (macros)
 
 
-def reference(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-              cache_seqlens: torch.Tensor, attn_sink: torch.Tensor | None, sm_scale: float,
-              dim_v: int, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain float64 attention over the gathered pages (independent of the DSL).
-
-    q ``[b, s_q, h_q, d]``, kv_cache ``[num_pages, page, h_kv, d]``; returns
-    ``out [b, s_q, h_q, dim_v]`` (float64) and ``lse [b, h_q, s_q]`` (float64)."""
-    b, s_q, h_q, d = q.shape
-    page, h_kv = kv_cache.shape[1], kv_cache.shape[2]
-    group = h_q // h_kv
-    dev = q.device                      # float64 on the inputs' device (GPU-sized problems)
-    out = torch.zeros(b, s_q, h_q, dim_v, dtype=torch.float64, device=dev)
-    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float64, device=dev)
-    for i in range(b):
-        n = int(cache_seqlens[i])
-        if n == 0:
-            continue
-        pages = block_table[i, :-(-n // page)].long()
-        k = kv_cache[pages].reshape(-1, h_kv, d)[:n].double().repeat_interleave(group, dim=1)
-        scores = torch.einsum("shd,lhd->hsl", q[i].double(), k) * sm_scale
-        if causal:
-            pos = torch.arange(max(n, s_q), device=dev)
-            visible = pos[None, :n] < (n - s_q + pos[:s_q] + 1)[:, None]
-            scores = scores.masked_fill(~visible[None], -math.inf)
-        out[i], lse[i] = _softmax_rows(scores, k[..., :dim_v], attn_sink, h_q)
-    return out, lse
+@T.macro
+def _alloc_attention(block_H, block_N, dim_v, dpe, dtype, accum):
+    """One block's tiles: ``block_H`` query rows (``Q_shared``, the key-only tail in
+    ``Q_pe_shared`` when ``dpe > 0``), a ``block_N``-token KV tile (``KV_shared``,
+    ``K_pe_shared``), the tile's scores ``acc_s`` and probabilities ``P_shared``, the
+    output accumulator ``acc_o`` and the online-softmax state (max ``m``, sum ``l``,
+    ``rescale``).  Returned as one namespace with the sizes, for the other macros."""
+    Q_shared = T.alloc_shared((block_H, dim_v), dtype)
+    KV_shared = T.alloc_shared((block_N, dim_v), dtype)
+    Q_pe_shared = None
+    K_pe_shared = None
+    if dpe > 0:
+        Q_pe_shared = T.alloc_shared((block_H, dpe), dtype)
+        K_pe_shared = T.alloc_shared((block_N, dpe), dtype)
+    P_shared = T.alloc_shared((block_H, block_N), dtype)
+    acc_s = T.alloc_fragment((block_H, block_N), accum)
+    acc_o = T.alloc_fragment((block_H, dim_v), accum)
+    m = T.alloc_fragment((block_H,), accum)
+    rescale = T.alloc_fragment((block_H,), accum)
+    l = T.alloc_fragment((block_H,), accum)
+    return SimpleNamespace(Q_shared=Q_shared, KV_shared=KV_shared, Q_pe_shared=Q_pe_shared,
+                           K_pe_shared=K_pe_shared, P_shared=P_shared, acc_s=acc_s, acc_o=acc_o, m=m,
+                           rescale=rescale, l=l, block_H=block_H, block_N=block_N, dim_v=dim_v, dpe=dpe,
+                           accum=accum)
 
 
-def reference_sparse(q: torch.Tensor, kv_flat: torch.Tensor, indices: torch.Tensor,
-                     topk_length: torch.Tensor | None, attn_sink: torch.Tensor | None,
-                     sm_scale: float, dim_v: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 attention of each query token over its listed cache rows.
-
-    q ``[b, s_q, h_q, d]``, kv_flat ``[num_tokens, d]``, indices ``[b, s_q, topk]`` (``-1``
-    = empty; only the first ``topk_length[b]`` slots count)."""
-    b, s_q, h_q, d = q.shape
-    out = torch.zeros(b, s_q, h_q, dim_v, dtype=torch.float64, device=q.device)
-    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float64, device=q.device)
-    for i in range(b):
-        n = indices.shape[-1] if topk_length is None else min(int(topk_length[i]), indices.shape[-1])
-        for t in range(s_q):
-            idx = indices[i, t, :n].long()
-            k = kv_flat[idx[idx != -1]].double()[:, None, :]                   # [L, 1, d]
-            if k.shape[0] == 0:
-                continue
-            scores = torch.einsum("hd,lhd->hl", q[i, t].double(), k.expand(-1, h_q, -1))
-            o, row_lse = _softmax_rows(scores[:, None, :] * sm_scale,
-                                       k[..., :dim_v].expand(-1, h_q, -1), attn_sink, h_q)
-            out[i, t], lse[i, :, t] = o[0], row_lse[:, 0]
-    return out, lse
+@T.macro
+def _init_softmax(st):
+    """Empty accumulator, zero sums, running maxima at ``-inf``."""
+    T.fill(st.acc_o, 0)
+    T.fill(st.l, 0)
+    T.fill(st.m, -T.infinity(st.accum))
 
 
-def _softmax_rows(scores, v, attn_sink, h_q):
-    """softmax(scores) @ v per head, with the sink; rows with nothing visible: 0 and +inf."""
-    row_lse = torch.logsumexp(scores, dim=-1)                          # [h, s]
-    empty = torch.isneginf(row_lse)
-    p = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)
-    o = torch.einsum("hsl,lhd->shd", p, v)
-    if attn_sink is not None:
-        o = o / (1 + torch.exp(attn_sink.double()[:, None] - row_lse)).T[..., None]
-    o = o.masked_fill(empty.T[..., None], 0.0)
-    return o, row_lse.masked_fill(empty, math.inf)
+@T.macro
+def _attend_tile(st, visible, scale_log2):
+    """One KV tile, already in ``st.KV_shared`` (and ``st.K_pe_shared``): scores
+    ``Q K^T``, masked to ``-inf`` where ``visible(i, j)`` (block row i, tile token j) is
+    false, folded into the online softmax, then ``acc_o += P V``."""
+    T.gemm(st.Q_shared, st.KV_shared, st.acc_s, transpose_B=True, clear_accum=True)
+    if st.dpe > 0:
+        T.gemm(st.Q_pe_shared, st.K_pe_shared, st.acc_s, transpose_B=True)
+    for i, j in T.Parallel(st.block_H, st.block_N):
+        st.acc_s[i, j] = T.if_then_else(visible(i, j), st.acc_s[i, j], -T.infinity(st.accum))
+    _online_softmax_step(st.acc_s, st.acc_o, st.m, st.rescale, st.l, st.P_shared, scale_log2, st.block_H,
+                         st.dim_v)
+    T.gemm(st.P_shared, st.KV_shared, st.acc_o)
 
 
-# ---------------------------------------------------------------- library entry
+@T.macro
+def _write_rows(n_rows, dim_v, acc, total, lse_of, row_of, valid, Out, out_at, LSE, lse_at, sink_of,
+                empty_lse, accum="float32"):
+    """The epilogue: normalise ``n_rows`` accumulated rows, fold in the attention sink,
+    and scatter them to ``Out`` and their log-sum-exp to ``LSE``.
 
-# Problem keys that size the inputs but are not compile-time parameters of the kernel.
-_RUNTIME_SIZES = ("batch", "seqlens")
-UNUSED_BLOCK = 2147480000   # FlashMLA's tests put this in unused block_table slots
-
-
-def make_cache(seqlens: list[int], page_size: int, heads_kv: int, dim: int, gen: torch.Generator,
-               dtype=torch.bfloat16, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """A shuffled paged cache for ``seqlens``: ``(kv_cache [pages, page, h_kv, dim], block_table)``.
-    Positions past each request's length are NaN and unused table slots hold
-    ``UNUSED_BLOCK``, so a kernel that reads beyond ``cache_seqlens`` shows up as NaN
-    or a fault rather than passing by luck."""
-    blocks = [-(-n // page_size) for n in seqlens]
-    max_blocks = max(max(blocks), 1)
-    total = sum(blocks) + 1                                   # one spare page nobody owns
-    kv = torch.randn(total, page_size, heads_kv, dim, generator=gen)
-    perm = torch.randperm(total, generator=gen)
-    table = torch.full((len(seqlens), max_blocks), UNUSED_BLOCK, dtype=torch.int32)
-    used = 0
-    for i, (n, nb) in enumerate(zip(seqlens, blocks)):
-        pages = perm[used:used + nb]
-        table[i, :nb] = pages.int()
-        flat = kv[pages].reshape(-1, heads_kv, dim)
-        flat[n:] = float("nan")
-        kv[pages] = flat.reshape(nb, page_size, heads_kv, dim)
-        used += nb
-    kv[perm[used:]] = float("nan")
-    return kv.to(dtype).to(device), table.to(device)
-
-
-def make_inputs(params: dict, seed: int, device: str = "cpu") -> list:
-    g = torch.Generator().manual_seed(seed)
-    b, heads, seq_q, dim = params["batch"], params["heads"], params.get("seq_q", 1), params.get("dim", 576)
-    dim_v, page, heads_kv = params.get("dim_v", 512), params.get("page_size", 64), params.get("heads_kv", 1)
-    seqlens = params["seqlens"]
-    kv, table = make_cache(seqlens, page, heads_kv, dim, g, device=device)
-    q = torch.randn(b, seq_q, heads, dim, generator=g).bfloat16().to(device)
-    sink = torch.randn(heads, generator=g).to(device)
-    out = torch.full((b, seq_q, heads, dim_v), float("nan"), dtype=torch.bfloat16, device=device)
-    lse = torch.full((b, heads, seq_q), float("nan"), device=device)
-    lens = torch.tensor(seqlens, dtype=torch.int32, device=device)
-    return [q, kv.view(-1, heads_kv * dim), table, lens, sink, dim ** -0.5, out, lse]
-
-
-def _reference(inputs: list, params: dict) -> list:
-    q, kv, table, lens, sink, scale = inputs[:6]
-    page, heads_kv, dim = params.get("page_size", 64), params.get("heads_kv", 1), q.shape[-1]
-    out, lse = reference(q, kv.view(-1, page, heads_kv, dim), table, lens, sink, scale,
-                         params.get("dim_v", 512), params.get("causal", False))
-    return [out, lse]
-
-
-def tolerances(q: torch.Tensor, kv: torch.Tensor, sm_scale: float, max_len: int,
-               dim_v: int) -> tuple[float, float]:
-    """Absolute error bounds ``(out, lse)`` for bf16 inputs with float32 accumulation.
-
-    * scores: bf16 x bf16 products are exact in float32, so a d-term dot product is off
-      by at most ``d * 2^-24 * sum|q_i k_i| <= d * 2^-24 * |q| |k|`` (Cauchy-Schwarz),
-      times ``sm_scale``; the float32 running sum of up to ``max_len`` terms adds a
-      relative ``max_len * 2^-24`` to the normaliser, i.e. that much to the lse.
-    * output: a score error ``e`` scales a probability by at most ``exp(2e)``; the
-      probabilities are rounded to bf16 (relative 2^-8) before P.V and the output is
-      rounded to bf16 once more (2^-8 of max|v|), so ``|err| <= (2^-7 + 4e) max|v|``.
-    """
-    finite = kv[~torch.isnan(kv.float()).any(-1)].float()
-    qn = q.float().norm(dim=-1).max().item()
-    kn = finite.norm(dim=-1).max().item() if finite.numel() else 0.0
-    d = q.shape[-1]
-    e_score = sm_scale * d * 2.0 ** -24 * qn * kn
-    e_lse = e_score + (max_len + 8) * 2.0 ** -24
-    vmax = finite[:, :dim_v].abs().max().item() if finite.numel() else 0.0
-    return (2.0 ** -7 + 4 * e_lse) * vmax + 1e-6, e_lse + 1e-6
-
-
-def assert_close(out, lse, exp_out, exp_lse, tol_out: float, tol_lse: float) -> None:
-    """Outputs within ``tol_out``; lse within ``tol_lse`` and +inf exactly where expected."""
-    got, exp_out, exp_lse = out.cpu().double(), exp_out.cpu(), exp_lse.cpu()
-    assert not torch.isnan(got).any(), "output has NaN (unwritten or poisoned elements)"
-    err = (got - exp_out).abs().max().item()
-    assert err <= tol_out, f"output differs by {err:.3g} > {tol_out:.3g}"
-    gl = lse.cpu().double()
-    assert not torch.isnan(gl).any(), "lse has NaN (unwritten or poisoned elements)"
-    inf_got, inf_exp = torch.isinf(gl), torch.isinf(exp_lse)
-    assert torch.equal(inf_got, inf_exp), "lse is +inf for a different set of rows than expected"
-    finite = ~inf_exp
-    if finite.any():
-        e = (gl[finite] - exp_lse[finite]).abs().max().item()
-        assert e <= tol_lse, f"lse differs by {e:.3g} > {tol_lse:.3g}"
-
-
-def _check(outputs: list, expected: list, inputs: list, params: dict) -> None:
-    q, kv, scale = inputs[0], inputs[1], inputs[5]
-    tol_out, tol_lse = tolerances(q, kv, scale, max(params["seqlens"]), params.get("dim_v", 512))
-    assert_close(outputs[0], outputs[1], expected[0], expected[1], tol_out, tol_lse)
-
-
-def _flops(p: dict) -> float:
-    rows = p["heads"] * p.get("seq_q", 1)
-    return sum(2.0 * rows * n * (p.get("dim", 576) + p.get("dim_v", 512)) for n in p["seqlens"])
-
-
-def _bytes(p: dict) -> float:
-    rows = p["heads"] * p.get("seq_q", 1)
-    kv = sum(p["seqlens"]) * p.get("heads_kv", 1) * p.get("dim", 576) * 2
-    return kv + p["batch"] * rows * (p.get("dim", 576) + p.get("dim_v", 512)) * 2
-
-
-SPEC = register(KernelSpec(
-    name="mla_decode",
-    family="mla_decode",
-    description="FlashMLA-style dense paged MLA decode: online softmax, bf16 in, fp32 accum, out + lse",
-    factory=mla_decode,
-    runtime_sizes=_RUNTIME_SIZES,
-    problems={
-        # V4 tiny test geometry (head_dim 96 = 64 value + 32 rope), MTP with causal mask
-        "small": Problem("small", dict(batch=2, seqlens=[37, 5], heads=8, heads_kv=1, seq_q=2,
-                                       dim=96, dim_v=64, page_size=16, causal=True,
-                                       block_N=16, block_H=16)),
-        "demo": Problem("demo", dict(batch=2, seqlens=[700, 333], heads=64, seq_q=1,
-                                     dim=576, dim_v=512, block_N=32, block_H=64)),
-        # FlashMLA's dense perf shape (b=128, h_q=128, s_q=1, s_k=4096)
-        "bench": Problem("bench", dict(batch=128, seqlens=[4096] * 128, heads=128, seq_q=1,
-                                       dim=576, dim_v=512, block_N=32, block_H=64)),
-    },
-    make_inputs=make_inputs,
-    outputs=(6, 7),
-    reference=_reference,
-    check=_check,
-    flops=_flops,
-    bytes=_bytes,
-    tags=("attention", "decode", "paged"),
-))
-
-
-_SPARSE_RUNTIME_SIZES = ("batch", "num_tokens", "topk_lengths")
-
-
-def make_inputs_sparse(params: dict, seed: int, device: str = "cpu") -> list:
-    g = torch.Generator().manual_seed(seed)
-    b, heads, seq_q, topk = params["batch"], params["heads"], params.get("seq_q", 1), params["topk"]
-    dim, dim_v, num_tokens = params.get("dim", 576), params.get("dim_v", 512), params["num_tokens"]
-    lengths = torch.tensor(params["topk_lengths"], dtype=torch.int32)
-    kv = torch.randn(num_tokens, dim, generator=g).bfloat16()
-    indices = torch.randint(0, num_tokens, (b, seq_q, topk), generator=g, dtype=torch.int32)
-    indices[torch.rand(b, seq_q, topk, generator=g) < 0.1] = -1            # empty slots
-    for i, n in enumerate(lengths.tolist()):
-        indices[i, :, n:] = UNUSED_BLOCK                                    # never read
-    q = torch.randn(b, seq_q, heads, dim, generator=g).bfloat16()
-    sink = torch.randn(heads, generator=g)
-    out = torch.full((b, seq_q, heads, dim_v), float("nan"), dtype=torch.bfloat16)
-    lse = torch.full((b, heads, seq_q), float("nan"))
-    tensors = [q, kv, indices, lengths, sink]
-    return [t.to(device) for t in tensors] + [dim ** -0.5] + [out.to(device), lse.to(device)]
-
-
-def _reference_sparse(inputs: list, params: dict) -> list:
-    q, kv, indices, lengths, sink, scale = inputs[:6]
-    return list(reference_sparse(q, kv, indices, lengths, sink, scale, params.get("dim_v", 512)))
-
-
-def _check_sparse(outputs: list, expected: list, inputs: list, params: dict) -> None:
-    tol_out, tol_lse = tolerances(inputs[0], inputs[1], inputs[5], params["topk"],
-                                  params.get("dim_v", 512))
-    assert_close(outputs[0], outputs[1], expected[0], expected[1], tol_out, tol_lse)
-
-
-def _flops_sparse(p: dict) -> float:
-    rows = p["heads"] * p.get("seq_q", 1)
-    return sum(2.0 * rows * min(n, p["topk"]) * (p.get("dim", 576) + p.get("dim_v", 512))
-               for n in p["topk_lengths"])
-
-
-SPEC_SPARSE = register(KernelSpec(
-    name="mla_decode_sparse",
-    family="mla_decode",
-    description="Sparse (index-selected, DSA) MLA decode with topk_length and attention sink",
-    factory=mla_decode_sparse,
-    runtime_sizes=_SPARSE_RUNTIME_SIZES,
-    problems={
-        "small": Problem("small", dict(batch=2, num_tokens=90, topk_lengths=[24, 11], heads=8,
-                                       topk=24, seq_q=2, dim=96, dim_v=64, block_N=16, block_H=8)),
-        # V4 geometry: 64 heads, d = dim_v = 512, index_topk 512
-        "demo": Problem("demo", dict(batch=2, num_tokens=4096, topk_lengths=[512, 300], heads=64,
-                                     topk=512, dim=512, dim_v=512, block_N=32, block_H=64)),
-        # FlashMLA's sparse perf shape (b=148... scaled to b=128, s_q=2, topk=2048, h=128)
-        "bench": Problem("bench", dict(batch=128, num_tokens=32768, topk_lengths=[2048] * 128,
-                                       heads=128, topk=2048, seq_q=2, dim=576, dim_v=512,
-                                       block_N=32, block_H=64)),
-    },
-    make_inputs=make_inputs_sparse,
-    outputs=(6, 7),
-    reference=_reference_sparse,
-    check=_check_sparse,
-    flops=_flops_sparse,
-    tags=("attention", "decode", "sparse"),
-))
+    ``acc [n_rows, dim_v]`` holds unnormalised outputs and ``total[i]`` the row's softmax
+    sum (0: nothing was visible: output 0, lse ``empty_lse``); ``lse_of(i)`` is the row's
+    natural-log lse.  ``row_of(i)`` computes the row's coordinates once per loop body (the
+    index expressions share them); ``valid(i)``: block row i exists; ``out_at(row, i, d)``
+    and ``lse_at(row, i)``: its indices into ``Out`` and ``LSE``.  ``sink_of(row)``: its
+    sink logit (``out *= 1 / (1 + exp(sink - lse))``), or ``None`` for split partials."""
+    for i, d in T.Parallel(n_rows, dim_v):
+        rw = row_of(i)
+        if sink_of is None:
+            if valid(i):
+                Out[out_at(rw, i, d)] = T.if_then_else(total[i] > 0, acc[i, d] / total[i], 0.0)
+        else:
+            sink = T.if_then_else(total[i] > 0, 1.0 / (1.0 + T.exp(sink_of(rw) - lse_of(i))), 1.0)
+            if valid(i):
+                Out[out_at(rw, i, d)] = T.if_then_else(total[i] > 0, acc[i, d] * sink / total[i], 0.0)
+    for i in T.Parallel(n_rows):
+        rw = row_of(i)
+        if valid(i):
+            LSE[lse_at(rw, i)] = T.if_then_else(
+                total[i] > 0, lse_of(i), T.infinity(accum) if empty_lse > 0 else -T.infinity(accum))

@@ -38,7 +38,6 @@ import functools
 import torch
 
 import kernforge.dsl as T
-from kernforge.kernels.registry import KernelSpec, Problem, register
 
 #: written over a whole row of indices when that row holds a NaN and the caller
 #: asked not to abort (DeepSelect's marker)
@@ -88,6 +87,91 @@ def _count_digit(hist4, i, key, shift: int, mask) -> None:
     break the store-to-load chain a serial loop has on a hot bucket."""
     d = T.cast((key >> shift) & mask, "int32")
     hist4[i & 3, d] = hist4[i & 3, d] + 1
+
+
+# ---------------------------------------------------------------- shared steps (macros)
+
+
+@T.macro
+def _tile_keys(keys, xt, x, row, tile_of, length, tile: int, group: int, kdt, bits: int):
+    """The ordered keys of tile ``tile_of()`` of the row, into ``keys [tile / group, group]``:
+    read straight from ``x`` for a whole tile; the row's last tile is copied to ``xt`` (zero
+    beyond the vocab) and keys beyond ``length`` are 0, below every real key.  ``tile_of``
+    builds the tile number afresh at each use, as the expression written out would."""
+    ngroups = tile // group
+    if (tile_of() + 1) * tile <= length:
+        for g, j in T.Parallel(ngroups, group):
+            keys[g, j] = _ordered_key(x[row, tile_of() * tile + g * group + j], kdt, bits)
+    else:
+        T.copy(x[row, tile_of() * tile], xt)
+        for g, j in T.Parallel(ngroups, group):
+            keys[g, j] = T.where(tile_of() * tile + g * group + j < length,
+                                 _ordered_key(xt[g * group + j], kdt, bits), T.cast(0, kdt))
+
+
+@T.macro
+def _list_hot(hot, nhot, ngroups: int, is_hot):
+    """``hot[:nhot]``: the groups ``g`` with ``is_hot(g)``, ascending; branch-free (always
+    write, advance on a hit)."""
+    nhot = 0
+    for g in T.serial(ngroups):
+        hot[nhot] = g
+        nhot = nhot + T.cast(is_hot(g), "int32")
+
+
+@T.macro
+def _append_hot(cand_key, cand_idx, cnt, hot, nhot, t, tile: int, group: int, thr, key_of, inside=None):
+    """Append the survivors (key ``> thr``, and ``inside(h, j)`` when given) of the hot
+    groups of tile ``t`` to the buffer in index order; ``key_of(h, j)`` is the key of
+    element ``j`` of hot group ``h``.  Branch-free: always write, advance on a survivor."""
+    for h in T.serial(nhot):
+        for j in T.serial(group):
+            cand_key[cnt] = key_of(h, j)
+            cand_idx[cnt] = t * tile + hot[h] * group + j
+            if inside is None:
+                cnt = cnt + T.cast(key_of(h, j) > thr, "int32")
+            else:
+                cnt = cnt + T.cast((key_of(h, j) > thr) & inside(h, j), "int32")
+
+
+@T.macro
+def _count_digits(hist4, hist, keys, n, shift: int, width: int, mask, prefix=None):
+    """``hist[d]``: how many of ``keys[:n]`` have digit ``d`` (``width`` bits at ``shift``,
+    ``mask`` = the key-typed ``2^width - 1``), counted serially into four interleaved
+    histograms (:func:`_count_digit`) and summed.  With ``prefix``, only keys whose digits
+    above this one equal the prefix's are counted."""
+    T.clear(hist4)
+    for i in T.serial(n):
+        if prefix is None:
+            _count_digit(hist4, i, keys[i], shift, mask)
+        else:
+            if (keys[i] >> (shift + width)) == (prefix >> (shift + width)):
+                _count_digit(hist4, i, keys[i], shift, mask)
+    T.reduce_sum(hist4, hist, dim=0)
+
+
+@T.macro
+def _take_digit(hist, above, need, bucket, prefix, shift: int, kdt):
+    """The k-th key's digit: the last bucket whose suffix count reaches ``need`` (which
+    becomes the count still to take inside it), appended to ``prefix``."""
+    T.radix_find_bucket(hist, above, need, bucket)
+    prefix = prefix | (T.cast(bucket, kdt) << shift)
+
+
+@T.macro
+def _keep_bucket(sub_key, nsub, keys, n, shift: int, prefix):
+    """``sub_key[:nsub]``: the keys of ``keys[:n]`` in the chosen bucket (digits from ``shift``
+    up equal the prefix's), which is all the later digits look at."""
+    nsub = 0
+    for i in T.serial(n):
+        sub_key[nsub] = keys[i]
+        nsub = nsub + T.cast((keys[i] >> shift) == (prefix >> shift), "int32")
+
+
+def _sort_digit(key, p: int, kdt, maxkey: int):
+    """8-bit digit ``p`` of the inverted key ``key ^ maxkey`` (value descending order) as an
+    int32 bucket, for the radix sort of the winners."""
+    return T.cast(((key ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")
 
 
 def _next_pow2(n: int) -> int:
@@ -225,15 +309,8 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                         # not kept: the append pass recomputes them for the few hot groups)
                         ctiles = T.min(ntiles - t, prescan)
                         for u in T.serial(ctiles):
-                            if (t + u + 1) * tile <= length:
-                                for g, j in T.Parallel(ngroups, group):
-                                    keys[g, j] = _ordered_key(x[row, (t + u) * tile + g * group + j], kdt, bits)
-                            else:
-                                # the row's last tile stays in `xt` for the append pass
-                                T.copy(x[row, (t + u) * tile], xt)
-                                for g, j in T.Parallel(ngroups, group):
-                                    keys[g, j] = T.where((t + u) * tile + g * group + j < length,
-                                                         _ordered_key(xt[g * group + j], kdt, bits), T.cast(0, kdt))
+                            # (the row's last tile stays in `xt` for the append pass)
+                            _tile_keys(keys, xt, x, row, lambda: t + u, length, tile, group, kdt, bits)
                             T.reduce_max(keys, gmax, dim=1)
                             for g in T.Parallel(ngroups):
                                 gmax_c[u * ngroups + g] = gmax[g]
@@ -258,21 +335,13 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                 ghist4 = T.alloc_shared((4, nb), "int32")
                                 ghist = T.alloc_shared((nb,), "int32")
                                 gabove = T.alloc_shared((nb,), "int32")
-                                T.clear(ghist4)
                                 if p == 0:
-                                    for i in T.serial(nvalid):
-                                        _count_digit(ghist4, i, smax[i], shift, mask)
+                                    _count_digits(ghist4, ghist, smax, nvalid, shift, width, mask)
                                 else:
-                                    for i in T.serial(nsub):
-                                        _count_digit(ghist4, i, sub_key[i], shift, mask)
-                                T.reduce_sum(ghist4, ghist, dim=0)
-                                T.radix_find_bucket(ghist, gabove, need, bucket)
-                                prefix = prefix | (T.cast(bucket, kdt) << shift)
+                                    _count_digits(ghist4, ghist, sub_key, nsub, shift, width, mask)
+                                _take_digit(ghist, gabove, need, bucket, prefix, shift, kdt)
                                 if p == 0:
-                                    nsub = 0
-                                    for i in T.serial(nvalid):
-                                        sub_key[nsub] = smax[i]
-                                        nsub = nsub + T.cast((smax[i] >> shift) == (prefix >> shift), "int32")
+                                    _keep_bucket(sub_key, nsub, smax, nvalid, shift, prefix)
                             # at least k disjoint sets have a maximum >= prefix, so the row's k-th key is too
                             thr = T.where(prefix == T.cast(0, kdt), T.cast(0, kdt), prefix - T.cast(1, kdt))
                     cbase = (t % prescan) * ngroups
@@ -289,15 +358,11 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                             above = T.alloc_shared((nb,), "int32")
                             if serial:
                                 hist4 = T.alloc_shared((4, nb), "int32")
-                                T.clear(hist4)
                                 if p == 0:
-                                    for i in T.serial(cnt):
-                                        _count_digit(hist4, i, cand_key[i], shift, mask)
+                                    _count_digits(hist4, hist, cand_key, cnt, shift, width, mask)
                                 else:
-                                    for i in T.serial(nsub):
-                                        if (sub_key[i] >> (shift + width)) == (prefix >> (shift + width)):
-                                            _count_digit(hist4, i, sub_key[i], shift, mask)
-                                T.reduce_sum(hist4, hist, dim=0)
+                                    # only keys whose higher digits match the prefix chosen so far
+                                    _count_digits(hist4, hist, sub_key, nsub, shift, width, mask, prefix)
                             else:
                                 T.clear(hist)
                                 for i in T.Parallel(cap):
@@ -306,9 +371,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                         counted = counted & ((cand_key[i] >> (shift + width)) == (prefix >> (shift + width)))
                                     if counted:
                                         T.atomic_add(hist[T.cast((cand_key[i] >> shift) & mask, "int32")], 1)
-                            # the k-th key's digit: the last bucket whose suffix count reaches `need`
-                            T.radix_find_bucket(hist, above, need, bucket)
-                            prefix = prefix | (T.cast(bucket, kdt) << shift)
+                            _take_digit(hist, above, need, bucket, prefix, shift, kdt)
                             if serial and p == 0:
                                 if bucket_refine and t < ntiles:
                                     # cheap refinement: keep the whole bucket of the k-th key (valid
@@ -325,10 +388,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                     exact = T.cast(cnt > k + slack // 2, "int32")
                                 if exact:
                                     # later digits only look at the keys in the chosen top bucket
-                                    nsub = 0
-                                    for i in T.serial(cnt):
-                                        sub_key[nsub] = cand_key[i]
-                                        nsub = nsub + T.cast((cand_key[i] >> shift) == (prefix >> shift), "int32")
+                                    _keep_bucket(sub_key, nsub, cand_key, cnt, shift, prefix)
                     if exact:
                         # `prefix` is now the k-th key; the first `need` keys equal to it are kept
                         if serial:
@@ -361,47 +421,23 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                 if prescan:
                     if t < ntiles:
                         # maxima from the chunk pass; keys recomputed for the hot groups only
-                        nhot = 0
-                        for g in T.serial(ngroups):
-                            hot[nhot] = g
-                            nhot = nhot + T.cast(gmax_c[cbase + g] > thr, "int32")
+                        _list_hot(hot, nhot, ngroups, lambda g: gmax_c[cbase + g] > thr)
                         if (t + 1) * tile <= length:
-                            for h in T.serial(nhot):
-                                for j in T.serial(group):
-                                    cand_key[cnt] = _ordered_key(x[row, t * tile + hot[h] * group + j], kdt, bits)
-                                    cand_idx[cnt] = t * tile + hot[h] * group + j
-                                    cnt = cnt + T.cast(_ordered_key(x[row, t * tile + hot[h] * group + j], kdt, bits)
-                                                       > thr, "int32")
+                            _append_hot(cand_key, cand_idx, cnt, hot, nhot, t, tile, group, thr,
+                                        lambda h, j: _ordered_key(x[row, t * tile + hot[h] * group + j], kdt, bits))
                         else:
-                            for h in T.serial(nhot):
-                                for j in T.serial(group):
-                                    cand_key[cnt] = _ordered_key(xt[hot[h] * group + j], kdt, bits)
-                                    cand_idx[cnt] = t * tile + hot[h] * group + j
-                                    cnt = cnt + T.cast((_ordered_key(xt[hot[h] * group + j], kdt, bits) > thr)
-                                                       & (t * tile + hot[h] * group + j < length), "int32")
+                            _append_hot(cand_key, cand_idx, cnt, hot, nhot, t, tile, group, thr,
+                                        lambda h, j: _ordered_key(xt[hot[h] * group + j], kdt, bits),
+                                        lambda h, j: t * tile + hot[h] * group + j < length)
                 elif t < ntiles:
-                    if (t + 1) * tile <= length:
-                        for g, j in T.Parallel(ngroups, group):
-                            keys[g, j] = _ordered_key(x[row, t * tile + g * group + j], kdt, bits)
-                    else:
-                        # the row's last tile: copy (zero beyond the vocab), mask beyond `end`
-                        T.copy(x[row, t * tile], xt)
-                        for g, j in T.Parallel(ngroups, group):
-                            keys[g, j] = T.where(t * tile + g * group + j < length,
-                                                 _ordered_key(xt[g * group + j], kdt, bits), T.cast(0, kdt))
+                    _tile_keys(keys, xt, x, row, lambda: t, length, tile, group, kdt, bits)
                     if serial and not mask_append:
                         # list the groups holding survivors, then append from those only;
                         # both loops are branch-free (always write, advance on a hit)
                         T.reduce_max(keys, gmax, dim=1)
-                        nhot = 0
-                        for g in T.serial(ngroups):
-                            hot[nhot] = g
-                            nhot = nhot + T.cast(gmax[g] > thr, "int32")
-                        for h in T.serial(nhot):
-                            for j in T.serial(group):
-                                cand_key[cnt] = keys[hot[h], j]
-                                cand_idx[cnt] = t * tile + hot[h] * group + j
-                                cnt = cnt + T.cast(keys[hot[h], j] > thr, "int32")
+                        _list_hot(hot, nhot, ngroups, lambda g: gmax[g] > thr)
+                        _append_hot(cand_key, cand_idx, cnt, hot, nhot, t, tile, group, thr,
+                                    lambda h, j: keys[hot[h], j])
                     elif serial:
                         # one bit per survivor, one 8-bit mask per group; the groups with
                         # survivors are listed, then each appends its survivors with one
@@ -409,10 +445,7 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                         for g, j in T.Parallel(ngroups, group):
                             bits_[g, j] = T.cast(keys[g, j] > thr, "int32") << j
                         T.reduce_sum(bits_, gmask, dim=1)
-                        nhot = 0
-                        for g in T.serial(ngroups):
-                            hot[nhot] = g
-                            nhot = nhot + T.cast(gmask[g] != 0, "int32")
+                        _list_hot(hot, nhot, ngroups, lambda g: gmask[g] != 0)
                         for h in T.serial(nhot):
                             for j in T.Parallel(group):
                                 cand_key[cnt + j] = keys[hot[h], bit_pos[gmask[hot[h]], j]]
@@ -444,18 +477,14 @@ def topk_select(k: int, dtype: str = "float32", index_dtype: str = "int64",
                                                           else (rs_key, rs_idx, cand_key, cand_idx))
                     T.clear(rhist)
                     for i in T.serial(cnt):
-                        rhist[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")] = \
-                            rhist[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")] + 1
+                        rhist[_sort_digit(src_key[i], p, kdt, maxkey)] = rhist[_sort_digit(src_key[i], p, kdt, maxkey)] + 1
                     T.cumsum(rhist, rpos)
                     for b in T.Parallel(256):
                         rpos[b] = rpos[b] - rhist[b]
                     for i in T.serial(cnt):
-                        dst_key[rpos[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")]] = \
-                            src_key[i]
-                        dst_idx[rpos[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")]] = \
-                            src_idx[i]
-                        rpos[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")] = \
-                            rpos[T.cast(((src_key[i] ^ T.cast(maxkey, kdt)) >> (8 * p)) & T.cast(255, kdt), "int32")] + 1
+                        dst_key[rpos[_sort_digit(src_key[i], p, kdt, maxkey)]] = src_key[i]
+                        dst_idx[rpos[_sort_digit(src_key[i], p, kdt, maxkey)]] = src_idx[i]
+                        rpos[_sort_digit(src_key[i], p, kdt, maxkey)] = rpos[_sort_digit(src_key[i], p, kdt, maxkey)] + 1
             elif sorted_values:
                 # padding ranks last: key 0 is below every real key, and the indices differ
                 for i in T.Parallel(pow2):
@@ -544,131 +573,3 @@ def _bit_tables(device: str):
         pos[m, :len(ones)] = torch.tensor(ones, dtype=torch.int32)
         count[m] = len(ones)
     return pos.to(device), count.to(device)
-
-
-# ---------------------------------------------------------------- reference
-
-
-def ordered_keys(x: torch.Tensor) -> torch.Tensor:
-    """int64 keys with the kernel's total order: float order, ``-0 < +0``, NaN largest."""
-    if x.dtype == torch.bfloat16:
-        raw = x.view(torch.int16).to(torch.int64) & 0xFFFF
-        bits = 16
-    else:
-        raw = x.float().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-        bits = 32
-    top = 1 << (bits - 1)
-    keys = torch.where(raw >= top, ((1 << bits) - 1) - raw, raw + top)
-    return torch.where(torch.isnan(x), torch.full_like(keys, (1 << bits) - 1), keys)
-
-
-def reference(x: torch.Tensor, k: int, end=None, sorted_values: bool = False,
-              offset=None, idx_fill: int = 2**31 - 1, val_fill: float = float("-inf"),
-              index_dtype=torch.int64):
-    """Plain torch top-k with the kernel's semantics, by a stable full sort (independent
-    of the radix select): ``(values, indices, nan_rows)``.
-
-    Winners are the ``min(end[i], k)`` largest keys, ties to the lowest index;
-    unsorted output is in ascending index order.  NaN rows get the marker row."""
-    b, n = x.shape
-    values = torch.empty((b, k), dtype=x.dtype)
-    indices = torch.empty((b, k), dtype=index_dtype)
-    nan_rows = torch.zeros(b, dtype=torch.int32)
-    fill = torch.tensor(val_fill, dtype=torch.float32).to(x.dtype)
-    for r in range(b):
-        length = n if end is None else int(end[r])
-        keys = ordered_keys(x[r, :length].cpu())
-        order = torch.sort(keys, descending=True, stable=True).indices[:k]
-        if not sorted_values:
-            order = torch.sort(order).values
-        c = order.numel()
-        values[r, :c] = x[r, order].cpu()
-        values[r, c:] = fill
-        off = 0 if offset is None else int(offset[r])
-        indices[r, :c] = (order.to(torch.int64) + off).to(index_dtype)
-        indices[r, c:] = idx_fill
-        if bool(torch.isnan(x[r, :length]).any()):
-            nan_rows[r] = 1
-            indices[r] = NAN_ROW_MARKER
-    return values, indices, nan_rows
-
-
-# ---------------------------------------------------------------- catalogue
-
-
-def _make_inputs(params, seed, device):
-    g = torch.Generator().manual_seed(seed)
-    b, n, k = params["batch"], params["vocab"], params["k"]
-    dt = getattr(torch, params.get("dtype", "float32"))
-    idt = getattr(torch, params.get("index_dtype", "int64"))
-    x = torch.randn((b, n), generator=g).to(dt)
-    end = torch.randint(0, n + 1, (b,), generator=g, dtype=torch.int32)
-    end[0] = n
-    offset = torch.randint(-1000, 1000, (b,), generator=g, dtype=torch.int32)
-    nan_rows = torch.full((b,), -1, dtype=torch.int32)
-    out_idx = torch.full((b, k), -77, dtype=idt)
-    out_val = torch.full((b, k), float("nan"), dtype=dt)
-    ins = [x, end, offset, 2**31 - 1, float("-inf"), nan_rows, out_idx, out_val, *bit_tables()]
-    return [a.to(device) if isinstance(a, torch.Tensor) else a for a in ins]
-
-
-def _reference(inputs, params):
-    x, end, offset, idx_fill, val_fill = inputs[:5]
-    v, i, nan = reference(x.cpu(), params["k"], end.cpu(), params.get("sorted_values", False),
-                          offset.cpu(), idx_fill, val_fill,
-                          getattr(torch, params.get("index_dtype", "int64")))
-    return [nan, i, v]
-
-
-def _check(outputs, expected, inputs, params):
-    names = ("nan_rows", "indices", "values")
-    for name, got, want in zip(names, outputs, expected):
-        got = got.cpu()
-        same = (torch.equal(got.view(torch.int16), want.view(torch.int16))
-                if got.dtype == torch.bfloat16 else
-                torch.equal(got.view(torch.int32), want.view(torch.int32))
-                if got.dtype == torch.float32 else torch.equal(got, want))
-        if not same:
-            bad = (got != want).nonzero()[:5].tolist()
-            raise AssertionError(f"topk {name} differ at {bad}: got {got.flatten()[:8].tolist()}..., "
-                                 f"want {want.flatten()[:8].tolist()}...")
-
-
-def _problems(**kernel):
-    return {
-        "small": Problem("small", dict(batch=3, vocab=700, k=16, tile=128, group=8, slack=128,
-                                       compaction="tile_scan", **kernel)),
-        "demo": Problem("demo", dict(batch=8, vocab=32768, k=512, **kernel)),
-        "bench": Problem("bench", dict(batch=32, vocab=129280, k=512, **kernel)),
-    }
-
-
-register(KernelSpec(
-    name="topk_fp32",
-    family="topk",
-    description="TopK select over float32 rows (the sampler path), values sorted descending",
-    factory=topk_select,
-    runtime_sizes=("batch", "vocab"),
-    problems=_problems(dtype="float32", index_dtype="int64", sorted_values=True),
-    make_inputs=_make_inputs,
-    outputs=(5, 6, 7),
-    reference=_reference,
-    check=_check,
-    bytes=lambda p: p["batch"] * p["vocab"] * 4 + p["batch"] * p["k"] * 12,
-    tags=("topk", "sampler"),
-))
-
-register(KernelSpec(
-    name="topk_bf16",
-    family="topk",
-    description="TopK select over bfloat16 rows (the DSA lightning-indexer path), int32 indices",
-    factory=topk_select,
-    runtime_sizes=("batch", "vocab"),
-    problems=_problems(dtype="bfloat16", index_dtype="int32"),
-    make_inputs=_make_inputs,
-    outputs=(5, 6, 7),
-    reference=_reference,
-    check=_check,
-    bytes=lambda p: p["batch"] * p["vocab"] * 2 + p["batch"] * p["k"] * 6,
-    tags=("topk", "indexer"),
-))

@@ -1,0 +1,48 @@
+"""Grouped GEMM's compile-time configuration: the one place its tile sizes are chosen.
+
+The choosers return keyword parameters of one kernel factory and are used by both
+:mod:`kernforge.ops.grouped_gemm` and the catalogue's production-sized problems
+(:mod:`.problems`).  They key on the language a backend generates
+(:func:`kernforge.backends.lang`), never on backend names.
+"""
+from __future__ import annotations
+
+from kernforge import backends
+
+
+def _gpu(backend: str) -> bool:
+    return backends.lang(backend) == "cuda"
+
+
+def block_m(alignment: int) -> int:
+    """Rows per tile: the largest power of two up to 128 dividing the layout alignment,
+    so a tile never spans two experts."""
+    return next(bm for bm in (128, 64, 32, 16, 8, 4, 2, 1) if alignment % bm == 0)
+
+
+def choose(backend: str, num_groups: int, N: int, K: int, alignment: int = 128) -> dict:
+    """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_contiguous` parameters.
+    GPUs use 128x128 output tiles with 64-deep K steps (three stages fit Hopper shared
+    memory); host backends take 128x128 tiles with 256-deep K steps, so each call of the
+    packed tile GEMM amortises its packing."""
+    gpu = _gpu(backend)
+    return dict(num_groups=num_groups, N=N, K=K, block_M=block_m(alignment), block_N=128,
+                num_stages=3 if gpu else 1, block_K=64 if gpu else 256)
+
+
+def choose_fp8(backend: str, num_groups: int, N: int, K: int, alignment: int = 128) -> dict:
+    """:func:`~kernforge.kernels.grouped_gemm.m_grouped_fp8_gemm_nt_contiguous` parameters:
+    as :func:`choose`, but tiles are 128 deep (one scale block) by construction, and GPUs
+    run 256 threads (two 128x128 float32 fragments: 128 threads spill, ptxas: 2.7 KB)."""
+    gpu = _gpu(backend)
+    cfg = dict(num_groups=num_groups, N=N, K=K, block_M=block_m(alignment), block_N=128,
+               num_stages=3 if gpu else 1)
+    if gpu:
+        cfg["threads"] = 256
+    return cfg
+
+
+def choose_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int) -> dict:
+    """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_masked` parameters: the
+    contiguous tiles, with a row tile sized by ``expected_m`` (typical rows per group)."""
+    return dict(choose(backend, num_groups, N, K), block_M=64 if expected_m <= 64 else 128)

@@ -1,0 +1,203 @@
+"""The grouped GEMM catalogue entries: problems, layouts, inputs, references and error bounds."""
+from __future__ import annotations
+
+import torch
+
+from kernforge.kernels.grouped_gemm import config
+from kernforge.kernels.grouped_gemm.kernel import (m_grouped_fp8_gemm_nt_contiguous, m_grouped_gemm_nt_contiguous,
+                                                  m_grouped_gemm_nt_masked)
+from kernforge.kernels.grouped_gemm.reference import (dequantize, per_block_cast_to_fp8, per_token_cast_to_fp8,
+                                                     reference, reference_masked)
+from kernforge.kernels.registry import KernelSpec, Problem, register
+
+
+_RUNTIME_SIZES = ("group_rows", "alignment")
+
+
+def contiguous_layout(group_rows: list[int], alignment: int, device="cpu") -> torch.Tensor:
+    """``m_indices`` for experts with ``group_rows`` rows: each segment padded with ``-1``
+    up to a multiple of ``alignment`` (DeepGEMM's contiguous layout)."""
+    ids: list[int] = []
+    for g, n in enumerate(group_rows):
+        ids += [g] * n + [-1] * (-(-n // alignment) * alignment - n)
+    return torch.tensor(ids, dtype=torch.int32, device=device)
+
+
+def make_inputs(params: dict, seed: int, device: str = "cpu") -> list:
+    g = torch.Generator().manual_seed(seed)
+    m_indices = contiguous_layout(params["group_rows"], params.get("alignment", 128), device)
+    m, n, k = m_indices.numel(), params["N"], params["K"]
+    a = torch.randn(m, k, generator=g)
+    a[m_indices.cpu() < 0] = torch.randn(int((m_indices < 0).sum()), k, generator=g) * 1e3  # padding: garbage
+    b = torch.randn(params["num_groups"], n, k, generator=g)
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    return [a.bfloat16().to(device), b.bfloat16().to(device), m_indices, d.to(device)]
+
+
+def _reference(inputs: list, params: dict) -> list:
+    a, b, m_indices = inputs[:3]
+    return [reference(a, b, m_indices)]
+
+
+def error_bound(a: torch.Tensor, b: torch.Tensor, m_indices: torch.Tensor,
+                expected: torch.Tensor, rounding_steps: int = 1) -> torch.Tensor:
+    """Elementwise bound on ``|D - reference|`` for float32 accumulation and a bf16 store.
+
+    Products of bf16 (or e4m3) values are exact in float32; summing K of them errs by at
+    most ``K * 2^-24 * sum|a_i b_i|`` (``rounding_steps`` more roundings per term for
+    scaled partial sums), and the bf16 store adds ``2^-8 |d|``."""
+    absprod = reference(a.abs(), b.abs(), m_indices)
+    k = a.shape[1]
+    return 2.0 ** -8 * expected.abs() + (k + rounding_steps + 1) * 2.0 ** -24 * absprod + 1e-30
+
+
+def assert_close(d: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> None:
+    got = d.cpu().double()
+    assert not torch.isnan(got).any(), "D has NaN (unwritten or poisoned elements)"
+    if got.numel() == 0:
+        return
+    excess = (got - expected.cpu()).abs() - bound.cpu()
+    worst = excess.max().item()
+    where = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+    assert worst <= 0, f"D exceeds its error bound by {worst:.3g} at {where}"
+
+
+def _check(outputs: list, expected: list, inputs: list, params: dict) -> None:
+    a, b, m_indices = inputs[:3]
+    assert_close(outputs[0], expected[0], error_bound(a, b, m_indices, expected[0]))
+
+
+def _flops(p: dict) -> float:
+    return 2.0 * sum(p["group_rows"]) * p["N"] * p["K"]
+
+
+def _bytes(p: dict) -> float:
+    m = sum(p["group_rows"])
+    return 2.0 * (m * p["K"] + p["num_groups"] * p["N"] * p["K"] + m * p["N"])
+
+
+SPEC = register(KernelSpec(
+    name="m_grouped_gemm_nt_contiguous",
+    family="grouped_gemm",
+    description="DeepGEMM-style MoE grouped GEMM, contiguous layout (m_indices), bf16 in, fp32 accum",
+    factory=m_grouped_gemm_nt_contiguous,
+    runtime_sizes=_RUNTIME_SIZES,
+    # "small" and "demo" pin their tiles on purpose (smaller than the chooser's 128x128, so
+    # these shapes have several tiles per dimension and ragged N/K edges); "bench" takes the
+    # CUDA configuration the op uses
+    problems={
+        # an expert with no rows, unaligned row counts, N/K not multiples of the tiles
+        "small": Problem("small", dict(group_rows=[5, 0, 70, 32], alignment=32, num_groups=4,
+                                       N=40, K=72, block_M=32, block_N=32, block_K=32)),
+        "demo": Problem("demo", dict(group_rows=[200, 77, 0, 310], alignment=128, num_groups=4,
+                                     N=256, K=512, block_M=64, block_N=64, block_K=64)),
+        # DeepGEMM's contiguous test shape (G=4, 8192 rows each, N=4096, K=2048: V4 MoE dims)
+        "bench": Problem("bench", dict(group_rows=[8192] * 4, alignment=128, **config.choose(
+            "cuda", num_groups=4, N=4096, K=2048, alignment=128))),
+    },
+    make_inputs=make_inputs,
+    outputs=(3,),
+    reference=_reference,
+    check=_check,
+    flops=_flops,
+    bytes=_bytes,
+    tags=("moe", "gemm"),
+))
+
+
+def make_inputs_fp8(params: dict, seed: int, device: str = "cpu") -> list:
+    a, b, m_indices, d = make_inputs(params, seed, "cpu")
+    a = a.float().masked_fill((m_indices < 0)[:, None], 0.0)   # amax of garbage rows would be inf in e4m3
+    (a8, sfa), (b8, sfb) = per_token_cast_to_fp8(a), per_block_cast_to_fp8(b.float())
+    return [t.to(device) for t in (a8, sfa, b8, sfb, m_indices, d)]
+
+
+def _dequantized(inputs: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a8, sfa, b8, sfb, m_indices = inputs[:5]
+    return dequantize(a8, sfa, (1, 128)), dequantize(b8, sfb, (128, 128)), m_indices
+
+
+def _reference_fp8(inputs: list, params: dict) -> list:
+    return [reference(*_dequantized(inputs))]
+
+
+def _check_fp8(outputs: list, expected: list, inputs: list, params: dict) -> None:
+    assert_close(outputs[0], expected[0], error_bound(*_dequantized(inputs), expected[0],
+                                                      rounding_steps=3))
+
+
+SPEC_FP8 = register(KernelSpec(
+    name="m_grouped_fp8_gemm_nt_contiguous",
+    family="grouped_gemm",
+    description="DeepGEMM-style MoE grouped GEMM, fp8 e4m3 with 1x128 / 128x128 float32 scales",
+    factory=m_grouped_fp8_gemm_nt_contiguous,
+    runtime_sizes=_RUNTIME_SIZES,
+    # "small" and "demo" pin small tiles on purpose (several N tiles per 128-wide scale
+    # block, ragged edges); "bench" takes the CUDA configuration the op uses
+    problems={
+        "small": Problem("small", dict(group_rows=[40, 0, 9], alignment=32, num_groups=3,
+                                       N=160, K=200, block_M=32, block_N=64)),
+        "demo": Problem("demo", dict(group_rows=[200, 77, 0, 310], alignment=128, num_groups=4,
+                                     N=256, K=256, block_M=64, block_N=64)),
+        "bench": Problem("bench", dict(group_rows=[8192] * 4, alignment=128, **config.choose_fp8(
+            "cuda", num_groups=4, N=4096, K=2048, alignment=128))),
+    },
+    make_inputs=make_inputs_fp8,
+    outputs=(5,),
+    reference=_reference_fp8,
+    check=_check_fp8,
+    flops=_flops,
+    bytes=lambda p: _bytes(p) / 2 + 2.0 * sum(p["group_rows"]) * p["N"],
+    tags=("moe", "gemm", "fp8"),
+))
+
+
+_MASKED_RUNTIME_SIZES = ("masked_rows", "max_m")
+
+
+def make_inputs_masked(params: dict, seed: int, device: str = "cpu") -> list:
+    g = torch.Generator().manual_seed(seed)
+    groups, max_m, n, k = params["num_groups"], params["max_m"], params["N"], params["K"]
+    a = torch.randn(groups, max_m, k, generator=g).bfloat16()
+    b = torch.randn(groups, n, k, generator=g).bfloat16()
+    masked_m = torch.tensor(params["masked_rows"], dtype=torch.int32)
+    d = torch.full((groups, max_m, n), float("nan"), dtype=torch.bfloat16)
+    return [t.to(device) for t in (a, b, masked_m, d)]
+
+
+def _check_masked(outputs: list, expected: list, inputs: list, params: dict) -> None:
+    """Rows below ``masked_m[g]`` within their bound; rows past it still hold the poison."""
+    a, b, masked_m = inputs[:3]
+    d, e = outputs[0], expected[0]
+    for grp, rows in enumerate(masked_m.tolist()):
+        assert_close(d[grp, :rows], e[grp, :rows],
+                     error_bound(a[grp, :rows], b[grp:grp + 1],
+                                 torch.zeros(rows, dtype=torch.int32, device=a.device), e[grp, :rows]))
+        assert torch.isnan(d[grp, rows:].float()).all(), f"group {grp}: rows past masked_m were written"
+
+
+SPEC_MASKED = register(KernelSpec(
+    name="m_grouped_gemm_nt_masked",
+    family="grouped_gemm",
+    description="DeepGEMM-style MoE grouped GEMM, masked layout (decode): rows < masked_m[g]",
+    factory=m_grouped_gemm_nt_masked,
+    runtime_sizes=_MASKED_RUNTIME_SIZES,
+    # "small" and "demo" pin their tiles on purpose (several row and N tiles per group, a
+    # group with no rows, rows past masked_m inside a tile); "bench" takes the CUDA
+    # configuration the op uses
+    problems={
+        "small": Problem("small", dict(masked_rows=[70, 0, 33], max_m=72, num_groups=3, N=36,
+                                       K=40, block_M=32, block_N=32, block_K=32)),
+        "demo": Problem("demo", dict(masked_rows=[20, 0, 64, 7, 33, 50], max_m=64, num_groups=6,
+                                     N=512, K=512, block_M=64, block_N=128, block_K=128)),
+        # DeepGEMM's masked test shape: 32 groups, expected_m 192, M_max 4096 (V4 MoE dims)
+        "bench": Problem("bench", dict(masked_rows=[192] * 32, max_m=256, **config.choose_masked(
+            "cuda", num_groups=32, N=4096, K=2048, expected_m=192))),
+    },
+    make_inputs=make_inputs_masked,
+    outputs=(3,),
+    reference=lambda inputs, params: [reference_masked(*inputs[:3])],
+    check=_check_masked,
+    flops=lambda p: 2.0 * sum(p["masked_rows"]) * p["N"] * p["K"],
+    tags=("moe", "gemm", "decode"),
+))

@@ -1,0 +1,67 @@
+"""MLA decode's compile-time configuration: the one place its tile sizes are chosen.
+
+Every chooser returns keyword parameters of one kernel factory and is used by both
+:func:`kernforge.ops.flash_mla_with_kvcache` and the catalogue's production-sized
+problems (:mod:`.problems`).  They key on the language a backend generates
+(:func:`kernforge.backends.lang`) or the device its buffers live on
+(:func:`kernforge.backends.device`), never on backend names.
+"""
+from __future__ import annotations
+
+from kernforge import backends
+
+
+def _gpu(backend: str) -> bool:
+    return backends.lang(backend) == "cuda"
+
+
+def choose(backend: str, heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, dim_v: int = 512,
+           page_size: int = 64, causal: bool = False) -> dict:
+    """:func:`~kernforge.kernels.mla_decode.mla_decode` parameters.  Rows (query tokens x
+    heads per KV head) fill a block of ``block_H``: GPUs want a tensor-core friendly 64;
+    host backends gain nothing from padding rows, so they take the exact row count up
+    to 64.  KV tiles of 32 tokens keep two pipeline stages of a 64-row, d=576 block
+    within Hopper's 227 KB of shared memory (64-token tiles need 241 KB); host backends
+    take whole 64-token pages (fewer, longer tile GEMMs).  ``block_N`` divides the page."""
+    rows = seq_q * (heads // heads_kv)
+    gpu = _gpu(backend)
+    block_H = 64 if gpu else min(rows, 64)
+    block_N = next(n for n in (32 if gpu else 64, 32, 16, 8, 4, 2, 1) if page_size % n == 0)
+    return dict(heads=heads, heads_kv=heads_kv, seq_q=seq_q, dim=dim, dim_v=dim_v, page_size=page_size,
+                causal=causal, block_N=block_N, block_H=block_H)
+
+
+def choose_sparse(backend: str, heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim_v: int = 512,
+                  fp8_kv: bool = False) -> dict:
+    """:func:`~kernforge.kernels.mla_decode.mla_decode_sparse` parameters.  A block owns
+    ``block_H`` heads of one query token (sized as the dense rows of one token); slots
+    are gathered one by one, so the KV tile is free of the page size: 32 slots."""
+    block_H = choose(backend, heads)["block_H"]
+    return dict(heads=heads, topk=topk, seq_q=seq_q, dim=dim, dim_v=dim_v, fp8_kv=fp8_kv, block_N=32,
+                block_H=block_H)
+
+
+def choose_combine(backend: str, heads: int, num_splits: int, seq_q: int = 1, dim_v: int = 512) -> dict:
+    """:func:`~kernforge.kernels.mla_decode.mla_decode_combine` parameters.  GPU: 8 rows
+    per block (16 rows spill 1.6 KB of registers per ptxas at h=128); hosts: 16."""
+    return dict(heads=heads, num_splits=num_splits, seq_q=seq_q, dim_v=dim_v,
+                block_R=8 if _gpu(backend) else 16)
+
+
+def choose_splits(backend: str, blocks: int, max_tiles: int, device) -> int:
+    """Split-KV factor (``num_splits``): when ``blocks`` (requests x row blocks) cannot
+    occupy the GPU's SMs, cut each request's KV range into a power of two of splits,
+    keeping at least 4 KV tiles per split.  It depends only on shapes (``max_tiles``
+    comes from the block table's width), so one decode step picks one value for every
+    layer, as FlashMLA's schedule.  Backends whose buffers are not on a CUDA device
+    default to 1: on the 2-core development machine two splits measured slower than
+    one (docs/performance/kernels.md); ``num_kv_splits`` forces it."""
+    if backends.device(backend) != "cuda":
+        return 1
+    import torch
+
+    units = torch.cuda.get_device_properties(device).multi_processor_count
+    splits = 1
+    while blocks * splits < units and max_tiles >= 8 * splits and splits < 32:
+        splits *= 2
+    return splits

@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Optional, Protocol, Sequence
 
 from kernforge.codegen import ir
-from kernforge.codegen.renderer import Program, Renderer, Target, c_identifier
+from kernforge.codegen.renderer import Program, Renderer, Target
 
 
 class BackendError(Exception):
@@ -69,15 +69,3 @@ class Backend:
     def build(self, kernel: ir.Kernel, target: Optional[Target] = None) -> Launcher:
         raise NotImplementedError
 
-
-def artifact_name(kernel: ir.Kernel) -> str:
-    """The JIT artifact (cache tag) name of ``kernel``: its C name plus a digest of the
-    compile-time parameters it was specialised with (``kernel.attrs``), so that variants of
-    one kernel never share a name.  Stable across processes (no ``hash()``)."""
-    import hashlib
-
-    name = c_identifier(kernel.name)
-    if not kernel.attrs:
-        return name
-    text = repr(sorted((str(k), repr(v)) for k, v in kernel.attrs.items()))
-    return f"{name}_{hashlib.sha256(text.encode()).hexdigest()[:8]}"

@@ -126,3 +126,31 @@ def test_get_kernel_source_is_the_source_that_was_built(arch):
     assert src is kernel.launcher.program.source
     assert src == backends.get("cuda-emu").render(axpy().ir, Target("cuda-emu", arch)).source
     assert f"kernel main for {arch} (" in src
+
+
+@T.tunable(block=[32, 64])
+def scaled_copy(block=32):
+    N = T.symbolic("N")
+
+    @T.prim_func
+    def copy_kernel(X: T.Tensor((N,), "float32"), Y: T.Tensor((N,), "float32")):
+        with T.Kernel(T.ceildiv(N, block), threads=32) as bx:
+            t = T.alloc_fragment((block,), "float32")
+            T.copy(X[bx * block], t)
+            T.copy(t, Y[bx * block])
+    return copy_kernel
+
+
+@pytest.mark.parametrize("name", [backend_param("cpu"), backend_param("cuda-emu")])
+def test_variants_of_one_kernel_are_built_as_distinct_artifacts(name, monkeypatch):
+    from kernforge import runtime
+
+    tags, real = [], runtime.compile
+    monkeypatch.setattr(runtime, "compile", lambda tag, *a, **k: (tags.append(tag), real(tag, *a, **k))[1])
+    for block in (32, 64, 32):
+        kernel = kernforge.compile(scaled_copy, backend=name, block=block)
+        x, y = torch.randn(100), torch.full((100,), float("nan"))
+        kernel(x, y)
+        torch.testing.assert_close(y, x)
+    assert len(tags) == 3 and tags[0] == tags[2] and tags[0] != tags[1]
+    assert all(scaled_copy(block=b).artifact_name in t for t, b in zip(tags, (32, 64, 32)))

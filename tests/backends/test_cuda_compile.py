@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from kernforge.codegen import ir
-from kernforge.codegen.render import cuda_backend
-from kernforge.codegen.render.cuda import CudaRenderError, render_cuda
-from kernforge.jit.backend import BackendError
+from kernforge.backends.cuda import backend as cuda_backend
+from kernforge.backends.cuda.renderer import CudaRenderError, render_cuda
+from kernforge.backends import BackendError
 from kernforge.kernels import registry
 from tests.backends.test_cuda_semantics import gemm, scores_softmax
 

@@ -17,7 +17,7 @@ import kernforge
 import kernforge.dsl as T
 from kernforge.codegen import ir
 from kernforge.codegen.passes import run_pipeline
-from kernforge.codegen.render.cuda import render_cuda
+from kernforge.backends.cuda.renderer import render_cuda
 from kernforge.codegen.verify import verify
 
 LOG2E = math.log2(math.e)

@@ -16,7 +16,7 @@ import torch
 import kernforge
 import kernforge.dsl as T
 from kernforge.codegen import ir
-from kernforge.codegen.render.cuda import render_cuda
+from kernforge.backends.cuda.renderer import render_cuda
 
 
 def histogram(n, bins, threads, step, runtime_value=False):
@@ -185,7 +185,7 @@ def test_find_bucket_prints_and_verifies():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_radix_helpers_compile_to_match_any_without_spills():
     """nvcc: the aggregated histogram is a real MATCH.ANY, the find-bucket a real block step."""
-    from kernforge.codegen.render import cuda_backend
+    from kernforge.backends.cuda import backend as cuda_backend
 
     k = radix_select(1000, 377, 96).ir
     report = cuda_backend.build_report(k, "sm_90a")

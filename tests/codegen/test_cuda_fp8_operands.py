@@ -7,7 +7,7 @@ import numpy as np
 import kernforge.dsl as T
 from kernforge import dtypes
 from kernforge.codegen import ir
-from kernforge.codegen.passes.cuda_fp8_operands import cuda_fp8_operands
+from kernforge.backends.cuda.fp8_operands import cuda_fp8_operands
 from kernforge.codegen.verify import verify
 
 

@@ -3,7 +3,7 @@
 on every target, TopK's digit histograms add through kf::hist_add_warp."""
 import pytest
 
-from kernforge.codegen.render.cuda import render_cuda
+from kernforge.backends.cuda.renderer import render_cuda
 from kernforge.kernels.registry import all_specs
 
 SPECS = all_specs()

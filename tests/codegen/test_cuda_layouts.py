@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernforge.codegen.layouts import AccumLayout, RowLayout, StripedLayout, accum_layout, striped_layout
+from kernforge.backends.cuda.layouts import AccumLayout, RowLayout, StripedLayout, accum_layout, striped_layout
 
 
 def _py(expr: str):

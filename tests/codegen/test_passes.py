@@ -18,7 +18,7 @@ from kernforge import dtypes
 from kernforge.codegen import arith, ir
 from kernforge.codegen.passes import (PassError, edge_conditions, expr_range, lifetimes, lower_copies,
                                       nonneg_vars, plan_memory, proves, run_pipeline, simplify, var_ranges)
-from kernforge.jit import backend as backends
+from kernforge import backends
 
 FEW = settings(max_examples=15, deadline=None)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from kernforge.codegen.render.cuda_emu_backend import EmulatedModule, HostParam, emu_source
+from kernforge.backends.cuda_emu.backend import EmulatedModule, HostParam, emu_source
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernforge
-from kernforge.codegen.render.cuda import render_cuda
+from kernforge.backends.cuda.renderer import render_cuda
 from kernforge.kernels.registry import all_specs
 
 SPECS = all_specs()

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import kernforge
-from kernforge.codegen.render.cuda import render_cuda
-from kernforge.codegen.render.cuda_emu_backend import CudaEmuBackend, EmulatedModule, EmulationError
-from kernforge.codegen.render.cuda_tma import encode_args
+from kernforge.backends.cuda.renderer import render_cuda
+from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError
+from kernforge.backends.cuda.tma import encode_args
 
 from .dsl_kernels import gemm, masked_copy, row_stats
 

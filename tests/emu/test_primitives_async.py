@@ -3,7 +3,7 @@ host emulation (kf/emu/mbarrier.h, kf/emu/tma.h), against PTX ISA semantics."""
 import numpy as np
 import pytest
 
-from kernforge.codegen.render.cuda_emu_backend import EmulationError
+from kernforge.backends.cuda_emu.backend import EmulationError
 
 from .conftest import CudaTestKernel, build_emu_module
 

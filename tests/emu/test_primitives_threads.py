@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from kernforge.codegen.render.cuda_emu_backend import EmulationError
+from kernforge.backends.cuda_emu.backend import EmulationError
 
 from .conftest import CudaTestKernel, build_emu_module
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kernforge
-from kernforge.codegen.render.cuda import render_cuda
+from kernforge.backends.cuda.renderer import render_cuda
 
 from .dsl_kernels import gemm
 

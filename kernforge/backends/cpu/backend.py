@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from kernforge import runtime
-from kernforge.backends.base import Backend, artifact_name
+from kernforge.backends.base import Backend
 from kernforge.backends.cpu import renderer as cpu
 from kernforge.codegen import ir
 from kernforge.codegen.renderer import Program, Target
@@ -112,7 +112,7 @@ class CpuBackend(Backend):
 
     def build(self, kernel: ir.Kernel, target: Optional[Target] = None) -> CpuLauncher:
         program = self.render(kernel, target)
-        module = runtime.compile(f"{self.name}_{artifact_name(kernel)}", program.source, backend="cpu",
+        module = runtime.compile(f"{self.name}_{kernel.artifact_name}", program.source, backend="cpu",
                                  options=self.options, include_dirs=(self.include_dir,),
                                  dependency_signature=_dependency_signature())
         return CpuLauncher(kernel, module.get_function(program.entry), program)

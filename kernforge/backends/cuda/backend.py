@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Optional, Sequence
 
-from kernforge.backends.base import Backend, BackendError, artifact_name
+from kernforge.backends.base import Backend, BackendError
 from kernforge.backends.cuda.renderer import (ARCHS, DEFAULT_ARCH, arch_info, INCLUDE_DIR, TENSOR_MAP_CTYPE, CudaProgram,
                                               CudaRenderer, render_cuda)
 from kernforge.backends.cuda.tma import TensorMapLaunch
@@ -40,7 +40,7 @@ def _compile(program: CudaProgram, kernel: ir.Kernel, load: bool):
     from kernforge import runtime
 
     # the variant is part of the artifact name: "<kernel>_sm_90a_tma" holds the TMA pipelines
-    tag = f"{artifact_name(kernel)}_{program.arch}" + ("_tma" if program.tensor_maps else "")
+    tag = f"{kernel.artifact_name}_{program.arch}" + ("_tma" if program.tensor_maps else "")
     fn = runtime.compile if load else runtime.compile_without_load
     return fn(tag, program.source, backend="cuda", options=compile_options(program.arch),
               include_dirs=(INCLUDE_DIR,), dependency_signature=DEPENDENCY_SIGNATURE)

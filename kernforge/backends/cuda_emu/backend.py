@@ -34,7 +34,7 @@ from typing import Callable, Optional, Sequence
 import jinja2
 import numpy as np
 
-from kernforge.backends.base import Backend, artifact_name
+from kernforge.backends.base import Backend
 from kernforge.backends.cuda.renderer import INCLUDE_DIR as CUDA_INCLUDE_DIR
 from kernforge.backends.cuda.renderer import CudaProgram, CudaRenderer
 from kernforge.backends.cuda.tma import TensorMapLaunch
@@ -252,7 +252,7 @@ class CudaEmuBackend(Backend):
         only when a launch needs it (module tag ``..._cpasync``)."""
         target = target or self.target()
         program = self.render(kernel, target)
-        tag = f"emu_{artifact_name(kernel)}_{program.arch}" + (
+        tag = f"emu_{kernel.artifact_name}_{program.arch}" + (
             "_cpasync" if target.variant == "cp.async" and program.arch == "sm_90a" else "")
         module = EmulatedModule(tag, program.source, dynamic_smem=program.dynamic_smem, arch=program.arch)
         fallback = ((lambda: self.build(kernel, dataclasses.replace(target, variant="cp.async")))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from kernforge import runtime
-from kernforge.backends.base import Backend, artifact_name
+from kernforge.backends.base import Backend
 from kernforge.backends.cpu.backend import CpuLauncher
 from kernforge.backends.cpu.renderer import INCLUDE_DIR
 from kernforge.codegen import ir
@@ -19,6 +19,6 @@ class SerialBackend(Backend):
 
     def build(self, kernel: ir.Kernel, target: Optional[Target] = None) -> CpuLauncher:
         program = self.render(kernel, target)
-        module = runtime.compile(f"serial_{artifact_name(kernel)}", program.source, backend="cpu",
+        module = runtime.compile(f"serial_{kernel.artifact_name}", program.source, backend="cpu",
                                  options=("-ffp-contract=off", "-fno-openmp"), include_dirs=(INCLUDE_DIR,))
         return CpuLauncher(kernel, module.get_function(program.entry), program)

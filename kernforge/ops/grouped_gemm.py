@@ -2,9 +2,9 @@
 
 ``m_grouped_bf16_gemm_nt_contiguous``, ``m_grouped_fp8_gemm_nt_contiguous`` and
 ``m_grouped_bf16_gemm_nt_masked`` take DeepGEMM's arguments
-(``specs/deepgemm-grouped.md``) and write ``d`` in place;
-``backend=`` picks the kernforge backend (default ``"cuda"`` for CUDA tensors,
-``"cpu"`` otherwise).  ``grouped_layout`` is the per-row expert index (``-1`` =
+(DeepGEMM's public API, as the upstream spec ``deepgemm-grouped.md`` describes it; not
+shipped) and write ``d`` in place; ``backend=`` picks the kernforge backend (default: the
+one ``kernforge.backends.for_tensor`` gives the tensors' device).  ``grouped_layout`` is the per-row expert index (``-1`` =
 padding; legacy name ``m_indices``) or, with ``use_psum_layout=True``, each
 group's cumulative end row.  The alignment rule (each expert's segment starts on a
 multiple of ``get_mk_alignment_for_contiguous_layout()``, ids constant inside an

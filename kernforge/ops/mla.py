@@ -1,8 +1,9 @@
 """FlashMLA's decode API on kernforge kernels: ``get_mla_metadata`` + ``flash_mla_with_kvcache``.
 
-The signatures follow FlashMLA (``specs/flashmla-decode.md``), including its legacy
-call forms, so code written for FlashMLA runs unchanged; ``backend=`` picks the
-kernforge backend (default: ``"cuda"`` for CUDA tensors, ``"cpu"`` otherwise).
+The signatures follow FlashMLA (the upstream spec ``flashmla-decode.md``; not shipped),
+including its legacy call forms, so code written for FlashMLA runs unchanged; ``backend=``
+picks the kernforge backend (default: the one ``kernforge.backends.for_tensor`` gives the
+tensors' device).
 Every argument is checked on the host before a kernel starts, with an error that
 names the argument: a wrong block table or sequence length is an exception here,
 never a read of someone else's page.

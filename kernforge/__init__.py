@@ -1,10 +1,17 @@
 """kernforge: tile kernels written once in Python, generated for CPU C++, CUDA and Ascend C.
 
 ``import kernforge.dsl as T`` to author kernels; ``kernforge.compile(f, backend=...)``
-to build and call them.  Submodules load on first use, so that ``import kernforge``
-stays cheap for processes that only touch the runtime or the recipe layer.
+to build and call them.  The names in ``__all__`` load on first use (``kernforge.jit``
+pulls in the backends and codegen, about 0.3 s), so that ``import kernforge`` stays cheap
+for processes that only touch the runtime or the recipe layer.  ``dir(kernforge)``,
+``from kernforge import *`` and editors (through the ``TYPE_CHECKING`` imports below) see
+them all the same.
 """
-import importlib
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:  # what editors and type checkers resolve the lazy names to
+    from kernforge.jit import ArgumentError, BackendError, CompiledKernel, ShapeError, compile
 
 __version__ = "0.1.0"
 _LAZY = {"compile": "kernforge.jit", "CompiledKernel": "kernforge.jit",
@@ -17,4 +24,10 @@ def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'kernforge' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -80,7 +80,9 @@ def get(name: str) -> Backend:
     if isinstance(factory, str):
         module, _, attr = factory.partition(":")
         factory = getattr(importlib.import_module(module), attr)
-    backend = _INSTANCES[name] = factory()
+    backend = factory()
+    backend.name, backend.device, backend.lang = e.name, e.device, e.lang
+    _INSTANCES[name] = backend
     return backend
 
 

@@ -154,3 +154,10 @@ def test_variants_of_one_kernel_are_built_as_distinct_artifacts(name, monkeypatc
         torch.testing.assert_close(y, x)
     assert len(tags) == 3 and tags[0] == tags[2] and tags[0] != tags[1]
     assert all(scaled_copy(block=b).artifact_name in t for t, b in zip(tags, (32, 64, 32)))
+
+
+@pytest.mark.parametrize("name", ["interp", "cpu", "cuda-emu", "cuda"])
+def test_a_backend_carries_its_table_line(name):
+    backend, line = backends.get(name), backends.entry(name)
+    assert (backend.name, backend.device, backend.lang) == (line.name, line.device, line.lang)
+    assert backend.target().backend == name

@@ -160,6 +160,23 @@ class KernelError(Exception):
         super().__init__(f"{loc}: {message}" if loc else message)
 
 
+class CheckError(KernelError):
+    """Checked mode found an out-of-bounds access while the kernel ran: ``buffer``, ``index``
+    (a region's start for tile ops), ``shape`` and ``kind`` name it; the message reads like
+    the interpreter's (``file:line: out-of-bounds read A[5, 130] (shape (4, 128))``)."""
+
+    def __init__(self, kind: str, buffer: str, index: Sequence[int], shape: Sequence[int],
+                 loc: Optional[SourceLoc] = None, extents: Sequence[int] = ()):
+        self.kind, self.buffer = kind, buffer
+        self.index, self.shape, self.extents = tuple(index), tuple(shape), tuple(extents)
+        if extents:
+            where = "[" + ", ".join(f"{i}:+{e}" for i, e in zip(self.index, self.extents)) + "]"
+            text = f"out-of-bounds {kind} {buffer}{where} (shape {self.shape})"
+        else:
+            text = f"out-of-bounds {kind} {buffer}{list(self.index)} (shape {self.shape})"
+        super().__init__(text, loc)
+
+
 # ---------------------------------------------------------------- expressions
 
 
@@ -561,6 +578,29 @@ class Sync(Stmt):
     loc: Optional[SourceLoc] = _LOC
 
 
+@dataclass(frozen=True, eq=False, repr=False)
+class Check(Stmt):
+    """Checked mode's bounds test (``kernforge.compile(..., checks=True)``): when ``cond`` is
+    false, the ``kind`` access ("read", "write", "atomic", or a tile op's "copy region", ...)
+    of buffer ``name`` (its ``shape``) at ``indices`` is out of bounds.
+
+    Authors do not write it: :mod:`kernforge.codegen.passes.checks` puts one before every
+    access it cannot prove in bounds, and guards the access itself with ``cond`` so a
+    violation never touches memory.  A backend records the first violation of a launch
+    (``site``, the index and shape values) and its launcher raises :class:`CheckError`;
+    the interpreter raises it at once.  ``extents`` is the tile of a region check (empty
+    for an element access)."""
+
+    cond: Expr
+    name: str
+    indices: tuple[Expr, ...]
+    shape: tuple[Expr, ...]
+    kind: str
+    site: int
+    extents: tuple[int, ...] = ()
+    loc: Optional[SourceLoc] = _LOC
+
+
 #: tile ops that passes.composites can spell in primitive statements
 COMPOSITES = (OnlineSoftmax, RadixFindBucket)
 
@@ -774,6 +814,31 @@ def walk(node) -> Iterator[Any]:
             stack.extend(reversed(n.shape + n.strides))
             continue
         stack.extend(reversed(list(children(n))))
+
+
+_IR_NODE = (Expr, Stmt, Region, Buffer)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def nodes(root):
+    """Pre-order walk of ``root`` like :func:`walk`, but without descending into buffers' shapes
+    and strides: analyses that walk large bodies many times (CUDA's plans, the barrier pass)
+    only need the tree, and the field names are looked up once per node type."""
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, (Buffer, Var, Const)):
+            continue
+        names = _FIELDS.get(type(n))
+        if names is None:
+            names = _FIELDS.setdefault(type(n), tuple(f.name for f in fields(n) if f.name != "loc"))
+        for name in reversed(names):
+            v = getattr(n, name)
+            if isinstance(v, tuple):
+                stack.extend(x for x in reversed(v) if isinstance(x, _IR_NODE))
+            elif isinstance(v, _IR_NODE):
+                stack.append(v)
 
 
 def structural_equal(a, b) -> bool:

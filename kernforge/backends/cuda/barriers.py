@@ -53,7 +53,7 @@ from dataclasses import replace
 
 from kernforge.codegen import ir
 from kernforge.codegen.passes.barriers import BarrierInsertion, Effect
-from kernforge.backends.cuda.layout_plan import LayoutPlan, nodes, plan_layouts
+from kernforge.backends.cuda.layout_plan import LayoutPlan, plan_layouts
 from kernforge.backends.cuda.pipeline_plan import PipelinePlan, plan_pipelines
 from kernforge.backends.cuda import ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce
 from kernforge.backends.cuda import softmax as cuda_softmax, tma as cuda_tma
@@ -97,7 +97,7 @@ class CudaBarriers(BarrierInsertion):
         """``render_parallel``'s thread-local map: every thread runs every element."""
         return (cuda_radix._match(self, p) is None and cuda_ops._driver(self, p) is None
                 and any(isinstance(n, (ir.Store, ir.Atomic)) and n.buffer.scope == ir.Scope.LOCAL
-                        for n in nodes(p.body)))
+                        for n in ir.nodes(p.body)))
 
     def loop(self, s: ir.For) -> list[ir.Stmt]:
         copies = self.pipes.prefetch.get(s)

@@ -16,7 +16,7 @@ saying "fragment"); ``kernel`` itself is not changed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from kernforge import dtypes
 from kernforge.codegen import ir
@@ -34,30 +34,6 @@ class LayoutPlan:
     staged: set[ir.Buffer] = field(default_factory=set)  # fragments living in shared memory
     core_tiles: set[ir.Buffer] = field(default_factory=set)  # shared tiles in core-matrix order
     gemm_kind: dict[ir.Gemm, str] = field(default_factory=dict)  # "wgmma" | "mma" | "scalar"
-
-
-_IR_NODE = (ir.Expr, ir.Stmt, ir.Region, ir.Buffer)
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def nodes(root):
-    """Pre-order walk of ``root`` like ``ir.walk``, but without descending into buffers' shapes
-    and strides: the CUDA analyses walk large bodies many times, and only need the tree."""
-    stack = [root]
-    while stack:
-        n = stack.pop()
-        yield n
-        if isinstance(n, (ir.Buffer, ir.Var, ir.Const)):
-            continue
-        names = _FIELDS.get(type(n))
-        if names is None:
-            names = _FIELDS.setdefault(type(n), tuple(f.name for f in fields(n) if f.name != "loc"))
-        for name in reversed(names):
-            v = getattr(n, name)
-            if isinstance(v, tuple):
-                stack.extend(x for x in reversed(v) if isinstance(x, _IR_NODE))
-            elif isinstance(v, _IR_NODE):
-                stack.append(v)
 
 
 def _whole(r: ir.Region) -> bool:
@@ -86,7 +62,7 @@ class _Planner:
     def __init__(self, kernel: ir.Kernel, wgmma: bool):
         self.k = kernel
         self.wgmma = wgmma
-        self.frags = [n.buffer for n in nodes(kernel.body)
+        self.frags = [n.buffer for n in ir.nodes(kernel.body)
                       if isinstance(n, ir.Allocate) and n.buffer.scope == ir.Scope.FRAGMENT]
         self.plan = LayoutPlan()
 
@@ -268,7 +244,7 @@ class _Planner:
                 and len(p.vars) == 2 and idx[0] is p.vars[0]
             if not (same or rows):
                 bad.add(b)
-        for n in nodes(p.body):
+        for n in ir.nodes(p.body):
             if isinstance(n, (ir.Parallel, ir.Copy, ir.Fill, ir.Gemm, ir.Reduce, ir.Cumsum, ir.OnlineSoftmax,
                               ir.RadixFindBucket)):
                 bad |= {b for b, _ in accesses if b in regs}
@@ -283,20 +259,20 @@ class _Planner:
 
     def _scan_exprs(self, exprs, regs, bad: set) -> None:
         for e in exprs:
-            for n in nodes(e):
+            for n in ir.nodes(e):
                 if isinstance(n, ir.Load) and n.buffer in regs:
                     bad.add(n.buffer)
 
     # -- helpers ---------------------------------------------------------
     def _nodes(self, cls):
         if not hasattr(self, "_all"):
-            self._all = list(nodes(self.k.body))
+            self._all = list(ir.nodes(self.k.body))
         return [n for n in self._all if isinstance(n, cls)]
 
     @staticmethod
     def _accesses(body) -> list[tuple[ir.Buffer, tuple]]:
         out = []
-        for n in nodes(body):
+        for n in ir.nodes(body):
             if isinstance(n, ir.Load) and n.buffer.scope == ir.Scope.FRAGMENT:
                 out.append((n.buffer, n.indices))
             elif isinstance(n, (ir.Store, ir.Atomic)) and n.buffer.scope == ir.Scope.FRAGMENT:

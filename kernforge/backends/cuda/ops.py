@@ -18,7 +18,6 @@ from kernforge import dtypes
 from kernforge.codegen import arith, ir
 from kernforge.codegen.passes import masks
 from kernforge.backends.cuda.layouts import AccumLayout, RowLayout
-from kernforge.backends.cuda.layout_plan import nodes
 from kernforge.backends.cuda import radix as cuda_radix, tma as cuda_tma
 
 I32 = dtypes.int32
@@ -104,7 +103,7 @@ def render_for(R, s: ir.For) -> None:
 
 
 def _driver(R, p: ir.Parallel):
-    cands = [R.plan.registers[n.buffer] for n in nodes(p.body)
+    cands = [R.plan.registers[n.buffer] for n in ir.nodes(p.body)
              if isinstance(n, (ir.Load, ir.Store)) and n.buffer in R.plan.registers
              and len(n.indices) == len(p.vars) and all(i is v for i, v in zip(n.indices, p.vars))
              and n.buffer.static_shape() == p.extents]
@@ -128,7 +127,7 @@ def render_parallel(R, p: ir.Parallel) -> None:
         return
     driver = _driver(R, p)
     if driver is None and any(isinstance(n, (ir.Store, ir.Atomic)) and n.buffer.scope == ir.Scope.LOCAL
-                              for n in nodes(p.body)):
+                              for n in ir.nodes(p.body)):
         # a map into thread-local storage: every thread computes every element of its own copy,
         # as block statements do (shared/global side effects in it stay once per block)
         body = p.body
@@ -142,7 +141,7 @@ def render_parallel(R, p: ir.Parallel) -> None:
         r = R.fresh("r")
         R.emit("#pragma unroll")
         R.open(f"for (int {r} = 0; {r} < {driver.regs}; ++{r})")
-        used = {n for n in nodes(p.body) if isinstance(n, ir.Var)}
+        used = {n for n in ir.nodes(p.body) if isinstance(n, ir.Var)}
         for v, c in zip(p.vars, driver.coords(r, R.tid)):
             if v in used:
                 R.emit(f"const int32_t {R.cname(v)} = {c};")
@@ -159,7 +158,7 @@ def render_parallel(R, p: ir.Parallel) -> None:
         total = prod(p.extents)
         R.open(f"for (int {e} = {R.tid}; {e} < {total}; {e} += {R.k.threads})")
         inner = 1
-        used = {n for n in nodes(p.body) if isinstance(n, ir.Var)}
+        used = {n for n in ir.nodes(p.body) if isinstance(n, ir.Var)}
         for v, ext in reversed(list(zip(p.vars, p.extents))):
             if v in used:
                 R.emit(f"const int32_t {R.cname(v)} = ({e} / {inner}) % {ext};" if inner > 1

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kernforge.codegen import ir
-from kernforge.backends.cuda.layout_plan import nodes
 
 
 @dataclass
@@ -32,11 +31,11 @@ def _stmts(s: ir.Stmt) -> tuple[ir.Stmt, ...]:
 
 
 def _written_locals(s: ir.Stmt) -> set:
-    return {n.buffer for n in nodes(s) if isinstance(n, (ir.Store, ir.Atomic))}
+    return {n.buffer for n in ir.nodes(s) if isinstance(n, (ir.Store, ir.Atomic))}
 
 
 def _touches(s: ir.Stmt, b: ir.Buffer) -> bool:
-    for n in nodes(s):
+    for n in ir.nodes(s):
         if isinstance(n, (ir.Load, ir.Store, ir.Atomic)) and n.buffer is b:
             return True
         if isinstance(n, ir.Region) and n.buffer is b:
@@ -51,7 +50,7 @@ def _touches(s: ir.Stmt, b: ir.Buffer) -> bool:
 
 
 def _invariant(e: ir.Expr, loop: ir.For, outer_vars: set, written: set) -> bool:
-    for n in nodes(e):
+    for n in ir.nodes(e):
         if isinstance(n, ir.Var) and n is not loop.var and n not in outer_vars:
             return False
         if isinstance(n, ir.Load) and (n.buffer.scope not in (ir.Scope.GLOBAL, ir.Scope.LOCAL)

@@ -16,7 +16,6 @@ from math import prod
 
 from kernforge import dtypes
 from kernforge.codegen import ir
-from kernforge.backends.cuda.layout_plan import nodes
 
 
 def _match(R, p: ir.Parallel) -> tuple[ir.Expr | None, ir.Atomic] | None:
@@ -30,7 +29,7 @@ def _match(R, p: ir.Parallel) -> tuple[ir.Expr | None, ir.Atomic] | None:
         return None
     if not (isinstance(body.value, ir.Const) and R.k.threads % 32 == 0):
         return None
-    if any(isinstance(n, ir.Load) and n.buffer in R.plan.registers for n in nodes(p.body)):
+    if any(isinstance(n, ir.Load) and n.buffer in R.plan.registers for n in ir.nodes(p.body)):
         return None  # a register fragment drives its own loop
     return cond, body
 
@@ -47,7 +46,7 @@ def try_histogram(R, p: ir.Parallel) -> bool:
     total, threads = prod(p.extents), R.k.threads
     e = R.fresh("e")
     R.open(f"for (int {e} = {R.tid}; {e} < {-(-total // threads) * threads}; {e} += {threads})")
-    used = {n for n in nodes(p.body) if isinstance(n, ir.Var)}
+    used = {n for n in ir.nodes(p.body) if isinstance(n, ir.Var)}
     inner = 1
     for v, ext in reversed(list(zip(p.vars, p.extents))):
         if v in used:

@@ -45,7 +45,7 @@ from kernforge.backends.cuda.layouts import AccumLayout
 from kernforge.codegen.passes import Analysis, simplify
 from kernforge.backends.cuda.barriers import barrier_pass
 from kernforge.backends.cuda.fp8_operands import cuda_fp8_operands
-from kernforge.backends.cuda.layout_plan import LayoutPlan, nodes, plan_layouts
+from kernforge.backends.cuda.layout_plan import LayoutPlan, plan_layouts
 from kernforge.backends.cuda.pipeline_plan import PipelinePlan, plan_pipelines
 from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tma as cuda_tma
 from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol, safe_identifier
@@ -241,7 +241,7 @@ class CudaRenderer(CRenderer, Renderer):
     # -- kernel ---------------------------------------------------------------------
     def allocate_smem(self) -> None:
         off = 0
-        for n in nodes(self.k.body):
+        for n in ir.nodes(self.k.body):
             if isinstance(n, ir.Allocate) and self.is_smem(n.buffer) and n.buffer not in self.smem_offsets:
                 b = n.buffer
                 self.smem_offsets[b] = off
@@ -250,18 +250,18 @@ class CudaRenderer(CRenderer, Renderer):
         for loop in self.tma_loops:
             self.mbarrier_offsets[loop] = off
             off += -(-8 * loop.num_stages // SMEM_ALIGN) * SMEM_ALIGN
-        scratch = max((cuda_reduce.reduce_scratch_floats(self, r) for r in nodes(self.k.body)
+        scratch = max((cuda_reduce.reduce_scratch_floats(self, r) for r in ir.nodes(self.k.body)
                        if isinstance(r, ir.Reduce)), default=0)
         if scratch:
             self.scratch_offset = off
             off += -(-scratch * 4 // SMEM_ALIGN) * SMEM_ALIGN
-        softmax = max((cuda_softmax.scratch_floats(self, s) for s in nodes(self.k.body)
+        softmax = max((cuda_softmax.scratch_floats(self, s) for s in ir.nodes(self.k.body)
                        if isinstance(s, ir.OnlineSoftmax)), default=0)
         if softmax:
             self.softmax_scratch_offset = off
             off += -(-softmax * 4 // SMEM_ALIGN) * SMEM_ALIGN
         if any((isinstance(c, ir.Cumsum) and cuda_reduce.block_scan_ok(self, c)) or isinstance(c, ir.RadixFindBucket)
-               for c in nodes(self.k.body)):
+               for c in ir.nodes(self.k.body)):
             self.scan_scratch_offset = off
             off += 32 * 8
         self.smem_bytes = off
@@ -315,9 +315,9 @@ class CudaRenderer(CRenderer, Renderer):
             self.headers.add({"wgmma": "kf/wgmma.cuh", "mma": "kf/mma.cuh", "scalar": "kf/common.cuh"}[kind])
         if self.tma_loops:
             self.headers.add("kf/tma.cuh")
-        if any(isinstance(n, ir.OnlineSoftmax) for n in nodes(self.k.body)):
+        if any(isinstance(n, ir.OnlineSoftmax) for n in ir.nodes(self.k.body)):
             self.headers.add("kf/softmax.cuh")
-        if self.pipes.prefetch or any(isinstance(n, ir.Copy) for n in nodes(self.k.body)):
+        if self.pipes.prefetch or any(isinstance(n, ir.Copy) for n in ir.nodes(self.k.body)):
             self.headers.add("kf/cp_async.cuh")
         self.headers |= {"kf/reduce.cuh", "kf/atomic.cuh"}
         params = self.params()

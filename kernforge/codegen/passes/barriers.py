@@ -59,17 +59,6 @@ class Effect:
     synced_after: bool = False  # its lowering ends with a barrier: nothing is pending after it
 
 
-def _nodes(root):
-    """Pre-order walk without descending into buffers (their shapes hold no accesses)."""
-    stack = [root]
-    while stack:
-        n = stack.pop()
-        yield n
-        if isinstance(n, (ir.Buffer, ir.Var, ir.Const)):
-            continue
-        stack.extend(reversed(list(ir.children(n))))
-
-
 class BarrierInsertion:
     """``BarrierInsertion(kernel).run()``: ``kernel`` with a ``Sync`` before every racing statement."""
 
@@ -90,7 +79,7 @@ class BarrierInsertion:
             return got
         sh = self.shared
         reads = writes = False
-        for n in _nodes(s):
+        for n in ir.nodes(s):
             if isinstance(n, ir.Load) and sh(n.buffer):
                 reads = True
             elif isinstance(n, (ir.Store, ir.Atomic)) and sh(n.buffer):
@@ -116,7 +105,7 @@ class BarrierInsertion:
         return reads, writes
 
     def expr_reads(self, e: ir.Expr) -> bool:
-        return any(isinstance(n, ir.Load) and self.shared(n.buffer) for n in _nodes(e))
+        return any(isinstance(n, ir.Load) and self.shared(n.buffer) for n in ir.nodes(e))
 
     def effect(self, s: ir.Stmt) -> Effect:
         """The accesses of a statement the walk does not enter (stores, tile ops, maps)."""
@@ -212,4 +201,4 @@ def insert_barriers(kernel: ir.Kernel) -> ir.Kernel:
 def syncs(root) -> list[ir.Sync]:
     """The ``Sync`` statements under ``root`` (a kernel or a statement), in program order."""
     body: Optional[ir.Stmt] = root.body if isinstance(root, ir.Kernel) else root
-    return [n for n in _nodes(body) if isinstance(n, ir.Sync)]
+    return [n for n in ir.nodes(body) if isinstance(n, ir.Sync)]

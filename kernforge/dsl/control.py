@@ -20,6 +20,20 @@ def truth(cond) -> bool:
     return bool(cond.value) if isinstance(cond, ir.Const) else bool(cond)
 
 
+def branches(cond, has_else: bool):
+    """The rewritten ``if``'s driver: ``for taken in branches(c, has_else): if taken: ...
+    else: ...``.  Static: one pass with the condition's truth.  Symbolic: the then-body
+    traced inside an ``If`` node, then the else-body (when there is one) in its orelse."""
+    if is_static(cond):
+        yield truth(cond)
+        return
+    with then_(cond):
+        yield True
+    if has_else:
+        with else_():
+            yield False
+
+
 @contextmanager
 def then_(cond):
     b = B.current()

@@ -1,10 +1,12 @@
 """``@T.prim_func`` (trace a kernel into IR) and ``@T.tunable`` (declare its tuning space)."""
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
-import sys
 import itertools
+import sys
+import textwrap
 from typing import Any, Optional
 
 from kernforge import dtypes
@@ -12,7 +14,8 @@ from kernforge.codegen import ir
 from kernforge.dsl import builder as B
 from kernforge.dsl import control, loop, rewrite
 from kernforge.dsl.handles import TensorHandle, VarHandle
-from kernforge.dsl.types import TensorType
+from kernforge.dsl.kernel import name_with
+from kernforge.dsl.types import DTypeError, TensorType
 
 _UNBOUND = object()
 
@@ -32,6 +35,7 @@ def _assign(old, new, name):
 
 
 _HELPERS = {
+    "__kf_branches": control.branches,
     "__kf_is_static": control.is_static,
     "__kf_truth": control.truth,
     "__kf_then": control.then_,
@@ -39,6 +43,7 @@ _HELPERS = {
     "__kf_lookup": lambda scope, name: scope.get(name, _UNBOUND),
     "__kf_assign": _assign,
     "__kf_name_loop": loop.name_loop,
+    "__kf_name_with": name_with,
 }
 
 
@@ -53,11 +58,34 @@ def _annotations(fn, caller_locals: Optional[dict] = None) -> dict:
     scope.update(caller_locals or {})
     for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
         scope[name] = cell.cell_contents
-    return {k: eval(v, scope) if isinstance(v, str) else v for k, v in raw.items()}
+    out = {}
+    for k, v in raw.items():
+        try:
+            out[k] = eval(v, scope) if isinstance(v, str) else v
+        except DTypeError as e:  # raised inside eval's "<string>": point at the parameter
+            raise DTypeError(f"parameter {k!r}: {e.message}", _param_loc(fn, k)) from None
+    return out
+
+
+def _param_loc(fn, param: str) -> ir.SourceLoc:
+    """The line of ``fn``'s parameter ``param`` in its source (the ``def`` line when the
+    source is not available)."""
+    loc = ir.SourceLoc(fn.__code__.co_filename, fn.__code__.co_firstlineno)
+    try:
+        src, start = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(src)))
+    except (OSError, TypeError, SyntaxError):
+        return loc
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.arg == param:
+            return ir.SourceLoc(loc.file, start + node.lineno - 1)
+    return loc
 
 
 class PrimFunc:
-    """A traced kernel: its IR (``.ir``) plus what ``kernforge.compile`` needs."""
+    """What ``@T.prim_func`` returns: a traced kernel, its IR in ``.ir`` (``print(f.script())``
+    shows it), ready for ``kernforge.compile(f, backend=...)``.  Tracing happened at
+    decoration, so mistakes inside the kernel body were already reported there."""
 
     def __init__(self, fn, name: Optional[str] = None, attrs: Optional[dict] = None,
                  caller_locals: Optional[dict] = None):
@@ -75,6 +103,7 @@ class PrimFunc:
         return self.ir.artifact_name
 
     def script(self) -> str:
+        """The kernel's IR as text: what the interp backend runs and ``emit`` shows for it."""
         return repr(self.ir)
 
     def __repr__(self) -> str:
@@ -92,8 +121,12 @@ def trace(fn, name: str, attrs: dict, caller_locals: Optional[dict] = None) -> i
             buf = a.make_buffer(p.name)
             params.append(buf)
             args.append(TensorHandle(buf))
-        elif isinstance(a, dtypes.DType) or (isinstance(a, str) and a in dtypes.BY_NAME):
-            v = ir.Var(p.name, dtypes.dtype(a))
+        elif isinstance(a, (dtypes.DType, str)):
+            try:
+                dt = dtypes.dtype(a)
+            except TypeError as e:
+                raise DTypeError(f"scalar parameter {p.name!r} of {name}: {e}", _param_loc(fn, p.name)) from None
+            v = ir.Var(p.name, dt)
             params.append(v)
             args.append(v)
         else:
@@ -135,8 +168,15 @@ def macro(fn):
 
 
 def prim_func(fn=None, *, name: Optional[str] = None):
-    """Trace ``fn`` into a kernel.  Parameters are annotated with ``T.Tensor`` (global
-    tensors) or a dtype (scalars); the body holds exactly one ``with T.Kernel(...)``."""
+    """Trace ``fn`` into a kernel (a :class:`PrimFunc`), as ``@T.prim_func`` or
+    ``@T.prim_func(name="...")``.
+
+    Parameters are annotated with ``T.Tensor`` (global tensors) or a dtype (scalars, e.g.
+    ``n: T.int32``); the body holds exactly one ``with T.Kernel(...)``.  The function runs
+    once, now, with DSL objects for its arguments: Python control flow over compile-time
+    values unrolls, an ``if`` on a runtime value becomes a branch in the kernel, and every
+    mistake is reported as a ``KernelError`` at the author's file and line.  Usually
+    defined inside a factory function whose arguments are the compile-time parameters."""
     caller = sys._getframe(1).f_locals
     if fn is None:
         return lambda f: PrimFunc(f, name, caller_locals=caller)
@@ -144,9 +184,11 @@ def prim_func(fn=None, *, name: Optional[str] = None):
 
 
 class KernelFactory:
-    """A function of compile-time parameters that returns a PrimFunc, with a declared
-    tuning space.  ``kernforge.compile(factory, **params)`` specialises it; a tuner
-    iterates :meth:`configs`."""
+    """What ``@T.tunable`` returns: a function of compile-time parameters that returns a
+    PrimFunc, with a declared tuning space.  ``kernforge.compile(factory, **params)``
+    specialises it (parameters left out take the function's defaults); a tuner iterates
+    :meth:`configs`.  Each distinct parameter set is traced once and memoised, and its
+    values are recorded in the kernel's ``attrs`` (and so in its artifact name)."""
 
     def __init__(self, fn, space: dict[str, tuple]):
         self.fn = fn
@@ -167,6 +209,8 @@ class KernelFactory:
             yield dict(zip(keys, values))
 
     def bind(self, **params) -> dict[str, Any]:
+        """All of the function's parameters for ``params``, defaults applied (a ``TypeError``
+        naming the factory for unknown or missing ones)."""
         try:
             bound = self.signature.bind(**params)
         except TypeError as e:
@@ -201,7 +245,10 @@ def tunable(**space):
             @T.prim_func
             def main(A: T.Tensor((M, K), dtype), ...): ...
             return main
-    """
+
+    Every key must be a parameter of the function (a ``TypeError`` otherwise); the
+    defaults are what ``kernforge.compile(matmul, M=..., N=..., K=...)`` uses.  The result
+    is a :class:`KernelFactory`."""
     def deco(fn):
         return KernelFactory(fn, space)
     return deco

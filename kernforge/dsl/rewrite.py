@@ -9,11 +9,13 @@ errors still point at the author's lines):
 * ``x = value`` where ``x`` holds a ``T.alloc_var`` -- a store, not a rebinding;
   and ``x = T.alloc_*(...)`` names the buffer ``x``.
 * ``for i, j in T.Parallel(...)`` -- loop variables take the author's names.
+* ``with T.Kernel(...) as <names>`` -- the kernel learns the names it is bound to, so a
+  grid whose dimension count does not match them is reported at that line (instead of a
+  tuple of block indices surfacing later as a confusing "got tuple" error).
 """
 from __future__ import annotations
 
 import ast
-import copy
 import inspect
 import textwrap
 
@@ -31,17 +33,31 @@ class _Rewriter(ast.NodeTransformer):
         return node
 
     def visit_If(self, node):
+        """``if c: A else: B`` becomes ``for taken in __kf_branches(c, has_else): if taken: A
+        else: B``: a static condition yields once (its truth), a symbolic one yields True
+        inside the ``If`` node's then-branch and False inside its else-branch.  Each body is
+        written once, so nested ifs do not double the code at every level.  A body that
+        ``break``s or ``continue``s the author's loop would act on the synthetic loop
+        instead; such an ``if`` keeps the two-dispatch form below."""
         self.generic_visit(node)
         self.n += 1
+        if not _jumps_out(node.body + node.orelse):
+            taken = f"__kf_taken{self.n}"
+            branch = ast.If(ast.Name(taken, ast.Load()), node.body, node.orelse)
+            loop = ast.For(ast.Name(taken, ast.Store()),
+                           _call("__kf_branches", node.test, ast.Constant(bool(node.orelse))), [branch], [])
+            for s in (branch, loop):
+                ast.copy_location(s, node)
+            return loop
         tmp = f"__kf_cond{self.n}"
         cond_name = ast.Name(tmp, ast.Load())
         assign = ast.Assign([ast.Name(tmp, ast.Store())], node.test)
         static_if = ast.If(_call("__kf_truth", cond_name), node.body, node.orelse or [])
-        # the runtime branch gets its own copy of the body: a node shared by two parents
-        # would have its line number shifted twice
-        runtime = [ast.With([ast.withitem(_call("__kf_then", cond_name))], copy.deepcopy(node.body))]
+        # both dispatches share the body's nodes: the compiler only reads the tree, and the
+        # line numbers were shifted before the rewrite
+        runtime = [ast.With([ast.withitem(_call("__kf_then", cond_name))], node.body)]
         if node.orelse:
-            runtime.append(ast.With([ast.withitem(_call("__kf_else"))], copy.deepcopy(node.orelse)))
+            runtime.append(ast.With([ast.withitem(_call("__kf_else"))], node.orelse))
         dispatch = ast.If(_call("__kf_is_static", cond_name), [static_if], runtime)
         out = [assign, dispatch]
         for s in out:
@@ -65,6 +81,34 @@ class _Rewriter(ast.NodeTransformer):
         return node
 
 
+    def visit_With(self, node):
+        self.generic_visit(node)
+        for item in node.items:
+            names = _target_names(item.optional_vars) if item.optional_vars is not None else None
+            if names is not None:
+                unpacked = isinstance(item.optional_vars, ast.Tuple)
+                item.context_expr = _call("__kf_name_with", item.context_expr,
+                                          ast.Tuple([ast.Constant(n) for n in names], ast.Load()),
+                                          ast.Constant(unpacked))
+        return node
+
+
+def _jumps_out(stmts) -> bool:
+    """Whether ``stmts`` hold a ``break``/``continue`` of an enclosing loop (not of their own)."""
+    stack = list(stmts)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (ast.Break, ast.Continue)):
+            return True
+        if isinstance(n, (ast.For, ast.AsyncFor, ast.While)):
+            stack.extend(n.orelse)  # a loop's own body binds its break/continue
+            continue
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        stack.extend(ast.iter_child_nodes(n))
+    return False
+
+
 def _call(fn, *args):
     return ast.Call(ast.Name(fn, ast.Load()), list(args), [])
 
@@ -77,9 +121,31 @@ def _target_names(t):
     return None
 
 
+# rewritten code by the original function's code object: the rewrite is purely syntactic, so a
+# factory specialised many times (every tunable configuration) parses and compiles its kernel once
+_CODE: dict = {}
+
+
 def rewrite(fn, helpers: dict):
     """Return ``fn`` recompiled with the rewrites above, or ``None`` when its source is
     not available (the caller then traces it unchanged: runtime ``if`` raises clearly)."""
+    if fn.__code__ not in _CODE:
+        _CODE[fn.__code__] = _compile_rewritten(fn)
+    code = _CODE[fn.__code__]
+    if code is None:
+        return None
+    namespace = dict(fn.__globals__)
+    namespace.update(helpers)
+    exec(code, namespace)
+    cells = [c.cell_contents for c in (fn.__closure__ or ())]
+    new = namespace["__kf_factory"](*cells)
+    new.__defaults__ = fn.__defaults__
+    new.__kwdefaults__ = fn.__kwdefaults__
+    return new
+
+
+def _compile_rewritten(fn):
+    """The code of a module defining ``__kf_factory(*closure)``, which returns ``fn`` rewritten."""
     try:
         src = textwrap.dedent(inspect.getsource(fn))
         filename = inspect.getsourcefile(fn) or fn.__code__.co_filename
@@ -89,6 +155,7 @@ def rewrite(fn, helpers: dict):
     fdef = tree.body[0]
     if not isinstance(fdef, ast.FunctionDef):
         return None
+    ast.increment_lineno(fdef, fn.__code__.co_firstlineno - 1)
     fdef = _Rewriter().visit(fdef)
     freevars = fn.__code__.co_freevars
     # wrap in a factory taking the closure's variables, so closures keep working
@@ -100,14 +167,6 @@ def rewrite(fn, helpers: dict):
     if "type_params" in ast.FunctionDef._fields:  # Python >= 3.12
         factory.type_params = []
     module = ast.Module([factory], type_ignores=[])
+    ast.copy_location(factory, fdef)
     ast.fix_missing_locations(module)
-    ast.increment_lineno(module, fn.__code__.co_firstlineno - 1)
-    code = compile(module, filename, "exec")
-    namespace = dict(fn.__globals__)
-    namespace.update(helpers)
-    exec(code, namespace)
-    cells = [c.cell_contents for c in (fn.__closure__ or ())]
-    new = namespace["__kf_factory"](*cells)
-    new.__defaults__ = fn.__defaults__
-    new.__kwdefaults__ = fn.__kwdefaults__
-    return new
+    return compile(module, filename, "exec")

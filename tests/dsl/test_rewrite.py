@@ -1,0 +1,71 @@
+"""The tracer's source rewrite: each `if` body is written once, `break`/`continue` keep their
+meaning, and a function is parsed and compiled once however many times it is specialised."""
+from __future__ import annotations
+
+import ast
+
+import numpy as np
+import pytest
+
+import kernforge
+import kernforge.dsl as T
+from kernforge.dsl import rewrite
+
+
+def _branchy(depth: int, stop_at: int):
+    N = T.symbolic("N")
+
+    @T.prim_func
+    def branchy(X: T.Tensor((N,), "int32"), Y: T.Tensor((N,), "int32")):
+        with T.Kernel(1, threads=1) as bx:
+            for i in T.serial(N):
+                v = T.alloc_var("int32")
+                v = 0
+                for level in range(depth):          # a Python loop: unrolled while tracing
+                    if level == stop_at:           # a static if that breaks the Python loop
+                        break
+                    if X[i] > level:               # a symbolic if, nested `depth` deep below
+                        v = v + (1 << level)
+                    else:
+                        if level % 2 == 0:         # static, inside the symbolic else
+                            v = v - 1
+                        else:
+                            continue
+                Y[i] = v
+    return branchy
+
+
+@pytest.mark.parametrize("depth,stop_at", [(1, 9), (4, 9), (6, 3)])
+def test_nested_static_and_symbolic_ifs_trace_like_python(depth, stop_at):
+    x = np.random.default_rng(depth).integers(-2, 8, size=37).astype(np.int32)
+    y = np.full_like(x, -999)
+    kernforge.compile(_branchy(depth, stop_at), backend="interp")(x, y)
+    want = []
+    for xi in x:
+        v = 0
+        for level in range(depth):
+            if level == stop_at:
+                break
+            if xi > level:
+                v += 1 << level
+            elif level % 2 == 0:
+                v -= 1
+        want.append(v)
+    np.testing.assert_array_equal(y, np.array(want, np.int32))
+
+
+def test_each_if_body_is_compiled_once_not_once_per_dispatch():
+    """Eight nested ifs: a rewrite that duplicates bodies would hold 2**8 copies of the
+    innermost statement."""
+    src = "def f(x):\n" + "".join("    " * (d + 1) + f"if x > {d}:\n" for d in range(8)) + "    " * 9 + "y = 1\n"
+    tree = rewrite._Rewriter().visit(ast.parse(src).body[0])
+    assert sum(isinstance(n, ast.Assign) and n.targets[0].id == "y" for n in ast.walk(tree)) == 1
+
+
+def test_a_function_is_parsed_once_however_often_it_is_specialised(monkeypatch):
+    parsed = []
+    real_parse = ast.parse
+    monkeypatch.setattr(rewrite.ast, "parse", lambda *a, **k: (parsed.append(1), real_parse(*a, **k))[1])
+    for depth in (2, 3, 4):
+        _branchy(depth, 9)
+    assert len(parsed) <= 1  # zero when an earlier test already compiled this body

@@ -11,12 +11,13 @@ import importlib as _importlib
 import typing as _typing
 
 if _typing.TYPE_CHECKING:  # what editors and type checkers resolve the lazy names to
+    from kernforge.codegen.ir import CheckError
     from kernforge.jit import ArgumentError, BackendError, CompiledKernel, ShapeError, compile
 
 __version__ = "0.1.0"
 _LAZY = {"compile": "kernforge.jit", "CompiledKernel": "kernforge.jit",
          "ArgumentError": "kernforge.jit", "ShapeError": "kernforge.jit",
-         "BackendError": "kernforge.jit"}
+         "BackendError": "kernforge.jit", "CheckError": "kernforge.codegen.ir"}
 __all__ = sorted(_LAZY) + ["__version__"]
 
 

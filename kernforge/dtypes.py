@@ -7,6 +7,7 @@ keep their own ``type_map`` from :class:`DType` to a C spelling.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +98,9 @@ def dtype(x) -> DType:
     if isinstance(x, str):
         d = BY_NAME.get(x) or _ALIASES.get(x)
         if d is None:
-            raise TypeError(f"unknown dtype {x!r}; known: {', '.join(BY_NAME)}")
+            close = difflib.get_close_matches(x, [*BY_NAME, *_ALIASES], n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"unknown dtype {x!r}{hint}; known: {', '.join(BY_NAME)}")
         return d
     mod = type(x).__module__
     if mod.startswith("torch"):

@@ -1,7 +1,10 @@
 """The kernforge tile language, spelled as TileLang spells it: ``import kernforge.dsl as T``.
 
 Every call records one typed IR node; nothing here knows about targets or text.
+``docs/tutorial.md`` teaches the language; ``docs/dsl.md`` is the reference of every name
+below, generated from these docstrings (``tools/gen_dsl_reference.py``).
 """
+from kernforge.codegen.ir import KernelError
 from kernforge.dsl.alloc import alloc_fragment, alloc_local, alloc_shared, alloc_var
 from kernforge.dsl.atomic import atomic_add, atomic_max
 from kernforge.dsl.copy import clear, copy, fill
@@ -16,12 +19,12 @@ from kernforge.dsl.prim_func import KernelFactory, PrimFunc, macro, prim_func, t
 from kernforge.dsl.radix import radix_find_bucket
 from kernforge.dsl.reduce import cumsum, reduce_max, reduce_min, reduce_sum
 from kernforge.dsl.softmax import online_softmax
-from kernforge.dsl.types import Buffer, StridedTensor, Tensor, dynamic, symbolic
+from kernforge.dsl.types import Buffer, DTypeError, StridedTensor, Tensor, dynamic, symbolic
 from kernforge.dtypes import (bfloat16, bool_, float8_e4m3, float16, float32, float64, int8, int16,
                               int32, int64, uint8, uint16, uint32, uint64)
 
 __all__ = [
-    "Buffer", "GemmWarpPolicy", "HintError", "Kernel", "KernelFactory", "Parallel", "Pipelined", "PrimFunc", "StridedTensor",
+    "Buffer", "DTypeError", "GemmWarpPolicy", "HintError", "Kernel", "KernelError", "KernelFactory", "Parallel", "Pipelined", "PrimFunc", "StridedTensor",
     "Tensor", "abs", "alloc_fragment", "alloc_local", "alloc_shared", "alloc_var", "atomic_add",
     "atomic_max", "bfloat16", "bool_", "cast", "ceil", "ceildiv", "clear", "copy", "cumsum",
     "dynamic", "exp", "exp2", "fill", "float16", "float32", "float64", "float8_e4m3", "floor",

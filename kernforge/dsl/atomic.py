@@ -55,12 +55,21 @@ def _atomic_tile(op: ir.Op, dst, value: TensorHandle, loc) -> None:
 
 
 def atomic_add(dst, value, return_prev: bool = False) -> None:
+    """``dst += value`` atomically, for blocks (or threads) that update one location.
+
+    ``dst`` is an element of a global or shared buffer (``C[i, j]``) and ``value`` a scalar;
+    or ``dst`` is a tile start and ``value`` a tile, added element-wise (elements outside
+    ``dst``'s buffer are skipped, as ``T.copy`` does).  The dtype must be float32, float64,
+    int32, int64 or uint32.  Float sums depend on the arrival order, so results agree to
+    rounding only.  ``return_prev=True`` (TileLang's fetch-and-add) is not supported."""
     if return_prev:
         raise B.error("T.atomic_add(return_prev=True) is not supported")
     _atomic(ir.Op.ATOMIC_ADD, dst, value)
 
 
 def atomic_max(dst, value, return_prev: bool = False) -> None:
+    """``dst = max(dst, value)`` atomically; operands and dtypes as in :func:`atomic_add`.
+    Being a max, the result does not depend on the arrival order."""
     if return_prev:
         raise B.error("T.atomic_max(return_prev=True) is not supported")
     _atomic(ir.Op.ATOMIC_MAX, dst, value)

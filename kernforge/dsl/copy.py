@@ -16,8 +16,14 @@ def _shape_of(x):
 
 
 def copy(src, dst, **hints) -> None:
-    """Copy a tile, converting dtype.  Edge tiles are masked by the buffers' shapes:
-    elements read outside ``src`` become 0, elements written outside ``dst`` are skipped.
+    """Copy a tile, converting dtype: global -> shared/fragment, shared -> fragment, back.
+
+    Each side is a buffer, a slice (``A[0:32, k:k + 16]``) or an element ``A[i, j]``: an
+    element names the tile that starts there, with the other side's shape (TileLang's
+    rule), so ``T.copy(A[by * BM, k * BK], A_s)`` loads an (BM, BK) tile.  Unit dimensions
+    may differ between the sides.  Edge tiles are masked by the buffers' shapes: elements
+    read outside ``src`` become 0, elements written outside ``dst`` are skipped, so sizes
+    that are not multiples of the tile need no extra code.
 
     TileLang's hints: ``disable_tma=True`` is recorded (``ir.Copy.disable_tma``) and keeps the
     copy off TMA on CUDA; ``coalesced_width`` and an ``eviction_policy`` other than
@@ -35,7 +41,9 @@ def copy(src, dst, **hints) -> None:
 
 
 def fill(buffer, value) -> None:
-    """Set every element of a tile to ``value``."""
+    """Set every element of a tile (a buffer, or a slice ``A[r0:r1, :]``) to ``value``, cast
+    to the tile's dtype: ``T.fill(m, -T.infinity("float32"))``.  Elements of a slice that
+    fall outside its buffer are skipped, as in :func:`copy`."""
     loc = B.user_loc(2)
     r = to_region(buffer, None, "fill destination")
     v = ir.cast(unwrap_expr(value, r.buffer.dtype), r.buffer.dtype)
@@ -43,7 +51,8 @@ def fill(buffer, value) -> None:
 
 
 def clear(buffer) -> None:
-    """Zero a tile."""
+    """Zero a tile: ``T.fill(tile, 0)``, spelled as TileLang does before accumulating into
+    it (``T.clear(C_f)`` then ``T.gemm(..., C_f)``)."""
     loc = B.user_loc(2)
     r = to_region(buffer, None, "clear destination")
     B.current().emit(ir.Fill(r, ir.cast(0, r.buffer.dtype), loc))

@@ -8,8 +8,15 @@ _BLOCK_NAMES = ("bx", "by", "bz")
 
 
 class Kernel:
-    """Opens the kernel body.  Yields one block index per grid dimension (a single
-    var for a 1-D grid), as TileLang does."""
+    """``with T.Kernel(*grid, threads=N) as (bx, by, ...)``: opens the kernel body.
+
+    ``grid`` is 1 to 3 integer extents (ints or expressions of ``T.symbolic`` sizes, e.g.
+    ``T.ceildiv(N, BN)``); the kernel runs one block per grid point, ``bx`` indexing the
+    first dimension.  ``threads`` (an int, or a tuple whose product is used) is the CUDA
+    block size, at most 1024; the CPU and the interpreter run a block as one thread, so
+    there it only matters for the kernels' lowering choices.  It yields one block index per
+    grid dimension (a single index for a 1-D grid), as TileLang does; binding a number of
+    names that differs from the number of grid dimensions is an error at the ``with`` line."""
 
     def __init__(self, *grid, threads: int = 128):
         if not 1 <= len(grid) <= 3:
@@ -28,15 +35,32 @@ class Kernel:
         self.threads = threads
         self.loc = B.user_loc(2)
         self._frame = None
+        self._names = None  # (names, unpacked) the author binds, from the tracer's rewrite
+
+    def _check_names(self) -> None:
+        names, unpacked = self._names
+        n = len(self.grid)
+        if (len(names) if unpacked else 1) == n:
+            return
+        target = f"({', '.join(names)})" if unpacked else names[0]
+        want = _BLOCK_NAMES[0] if n == 1 else f"({', '.join(_BLOCK_NAMES[:n])})"
+        grid = ", ".join(map(str, self.grid))
+        raise B.error(f"T.Kernel({grid}) has {n} grid dimension{'s' * (n != 1)} but `as {target}` "
+                      f"binds {len(names) if unpacked else 1} name{'s' * (unpacked and len(names) != 1)}: "
+                      f"bind one per dimension, e.g. `as {want}`", self.loc)
 
     def __enter__(self):
         b = B.current()
         if b.kernel is not None:
             raise B.error("a prim_func has exactly one `with T.Kernel(...)` block", self.loc)
+        if self._names is not None:
+            self._check_names()
         self.vars = tuple(b.new_var(n) for n in _BLOCK_NAMES[: len(self.grid)])
         b.kernel = {"grid": self.grid, "threads": self.threads, "vars": self.vars, "loc": self.loc}
         self._cm = b.frame("kernel")
         self._frame = self._cm.__enter__()
+        if self._names is not None and self._names[1]:
+            return self.vars  # `as (bx,)` unpacks a tuple, even for a 1-D grid
         return self.vars[0] if len(self.vars) == 1 else self.vars
 
     def __exit__(self, exc_type, exc, tb):
@@ -46,3 +70,11 @@ class Kernel:
         self._cm.__exit__(None, None, None)
         b.kernel["body"] = ir.seq(self._frame.stmts, self.loc)
         return False
+
+
+def name_with(obj, names: tuple, unpacked: bool):
+    """Called by the tracer's source rewrite on ``with obj as <names>``: tells a
+    :class:`Kernel` what the author binds (other context managers pass through)."""
+    if isinstance(obj, Kernel):
+        obj._names = (names, unpacked)
+    return obj

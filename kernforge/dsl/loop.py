@@ -23,7 +23,13 @@ class _Loop:
 
 
 class Parallel(_Loop):
-    """``for i, j in T.Parallel(M, N)``: an element-wise map over an M x N tile."""
+    """``for i, j in T.Parallel(M, N)``: an element-wise map over an M x N tile.
+
+    The extents are positive compile-time ints (tile shapes).  Iterations are independent
+    and may run in any order or at once (CUDA spreads them over the block's threads, the
+    CPU vectorises them): two iterations must not store to the same element, which the
+    interpreter reports as a race.  A runtime ``if`` inside masks lanes (the ragged edge
+    of a tile).  One ``T.Parallel`` takes several extents; nesting them is an error."""
 
     def __init__(self, *extents):
         self.loc = B.user_loc(2)
@@ -73,7 +79,11 @@ class _Sequential(_Loop):
 
 
 class serial(_Sequential):  # noqa: N801 - TileLang spelling
-    """``for k in T.serial(n)`` / ``T.serial(start, stop)``: a sequential loop kept in the IR."""
+    """``for k in T.serial(n)`` / ``T.serial(start, stop)``: a sequential loop kept in the IR.
+
+    Bounds may be runtime values (symbolic sizes, scalar parameters, loaded values).  A
+    plain Python ``range`` loop unrolls while tracing instead, so use ``range`` only for
+    short compile-time trip counts."""
 
     def __init__(self, start, stop=None):
         super().__init__(start, stop)
@@ -81,8 +91,14 @@ class serial(_Sequential):  # noqa: N801 - TileLang spelling
 
 class Pipelined(_Sequential):
     """``for k in T.Pipelined(n, num_stages=3)``: a sequential loop whose global->shared
-    copies a backend may overlap with compute over ``num_stages`` buffers.  TileLang's
-    ``order=``/``stage=`` schedule hints are rejected: the backend plans the schedule."""
+    copies a backend may overlap with compute over ``num_stages`` buffers.
+
+    The results are those of ``T.serial``: on CUDA the copies at the top of the body
+    become a ring of ``num_stages`` shared-memory buffers filled ahead of use (``cp.async``
+    or TMA with mbarriers on sm_90a); the CPU and the interpreter run it as a plain loop.
+    ``kernforge.backends.get("cuda").render(f.ir, dump=sys.stdout)`` shows the plan
+    (the ``pipelines`` analysis).  TileLang's ``order=``/``stage=`` schedule hints are
+    rejected: the backend plans the schedule."""
 
     kind = ir.LoopKind.PIPELINED
 
@@ -94,7 +110,8 @@ class Pipelined(_Sequential):
 
 
 class unroll(_Sequential):  # noqa: N801
-    """``for k in T.unroll(n)``: a sequential loop the backend unrolls."""
+    """``for k in T.unroll(n)``: a sequential loop kept in the IR that the backend asks its
+    compiler to unroll (``#pragma unroll``); the semantics are those of ``T.serial``."""
 
     kind = ir.LoopKind.UNROLLED
 

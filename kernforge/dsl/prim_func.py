@@ -95,6 +95,8 @@ class PrimFunc:
 
     @property
     def params(self):
+        """The kernel's parameters as IR nodes, in order: ``ir.Buffer`` for tensors (``.name``,
+        ``.shape``, ``.dtype``), ``ir.Var`` for scalars."""
         return self.ir.params
 
     @property

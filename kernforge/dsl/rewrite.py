@@ -80,7 +80,6 @@ class _Rewriter(ast.NodeTransformer):
                               ast.Tuple([ast.Constant(n) for n in names], ast.Load()))
         return node
 
-
     def visit_With(self, node):
         self.generic_visit(node)
         for item in node.items:

@@ -180,3 +180,133 @@ def test_macro_gets_runtime_if_and_runs():
     b = np.full(8, np.nan, np.float32)
     kernforge.compile(main)(a, b)
     np.testing.assert_array_equal(b, np.minimum(a, 0.5))
+
+
+# ------------------------------------------------- grid / name mismatch, dtype typos (issue 16)
+
+
+def _raised_at(build, mark: str, error=ir.KernelError) -> ir.KernelError:
+    """The error ``build()`` raises, checked to start with this file and the marked line."""
+    with pytest.raises(error) as ei:
+        build()
+    err = ei.value
+    line = _line_of(build, f"# MARK {mark}")
+    assert err.loc is not None and (err.loc.file, err.loc.line) == (__file__, line), err.loc
+    assert str(err).startswith(f"{__file__}:{line}: ")
+    return err
+
+
+@pytest.mark.parametrize("grid, target, names", [
+    ((4, 8), "bx", 1), ((4, 8, 2), "(bx, by)", 2), ((4,), "(bx, by)", 2)])
+def test_grid_bound_to_wrong_number_of_names_is_one_clear_line(grid, target, names):
+    def build():
+        @T.prim_func
+        def main(A: T.Tensor((32, 32), "float32")):
+            if len(grid) == 1:
+                with T.Kernel(*grid, threads=32) as (bx, by):  # MARK kernel1
+                    A[bx, by] = 1.0
+            elif len(grid) == 2:
+                with T.Kernel(*grid, threads=32) as bx:  # MARK kernel2
+                    s = T.alloc_shared((8, 4), "float32")
+                    T.copy(A[bx * 128, 0], s)  # (bx, by) * 128 used to build a 256-element tuple
+            else:
+                with T.Kernel(*grid, threads=32) as (bx, by):  # MARK kernel3
+                    A[bx, by] = 1.0
+        return main
+    err = _raised_at(build, f"kernel{len(grid)}")
+    msg = str(err)
+    assert "\n" not in msg and len(msg) < len(__file__) + 160, msg
+    n = len(grid)
+    assert f"{n} grid dimension{'s' if n > 1 else ''}" in err.message
+    assert f"`as {target}` binds {names} name" in err.message
+    assert "tuple" not in msg
+
+
+def test_matching_names_still_bind_and_one_tuple_name_unpacks_a_1d_grid():
+    @T.prim_func
+    def main(A: T.Tensor((4, 8), "float32"), B: T.Tensor((4,), "float32")):
+        with T.Kernel(8, 4) as (bx, by):
+            A[by, bx] = 1.0
+    assert [v.name for v in main.ir.block_vars] == ["bx", "by"]
+
+    @T.prim_func
+    def one(B: T.Tensor((4,), "float32")):
+        with T.Kernel(4) as (b,):
+            B[b] = 2.0
+    import numpy as np
+    out = np.zeros(4, np.float32)
+    kernforge.compile(one)(out)
+    np.testing.assert_array_equal(out, 2.0)
+
+
+@pytest.mark.parametrize("case", ["tensor", "shared", "fragment", "var", "cast", "strided"])
+def test_dtype_typo_is_typed_error_at_the_line_with_suggestion(case):
+    def build():
+        if case == "tensor":
+            @T.prim_func
+            def main(A: T.Tensor((4,), "flaot32")):  # MARK tensor
+                with T.Kernel(1) as bx:
+                    A[0] = 1.0
+        elif case == "strided":
+            @T.prim_func
+            def main(A: T.StridedTensor((4,), (1,), "flaot32")):  # MARK strided
+                with T.Kernel(1) as bx:
+                    A[0] = 1.0
+        else:
+            @T.prim_func
+            def main(A: T.Tensor((4,), "float32")):
+                with T.Kernel(1) as bx:
+                    if case == "shared":
+                        s = T.alloc_shared((4,), "flaot32")  # MARK shared
+                    if case == "fragment":
+                        s = T.alloc_fragment((4,), "flaot32")  # MARK fragment
+                    if case == "var":
+                        v = T.alloc_var("flaot32")  # MARK var
+                    if case == "cast":
+                        A[0] = T.cast(bx, "flaot32")  # MARK cast
+        return main
+    err = _raised_at(build, case, T.DTypeError)
+    assert isinstance(err, TypeError)  # what kernforge.dtypes.dtype raised before, still catchable
+    assert "unknown dtype 'flaot32' (did you mean 'float32'?)" in err.message
+    what = {"tensor": "T.Tensor", "strided": "T.StridedTensor", "shared": "T.alloc_shared",
+            "fragment": "T.alloc_fragment", "var": "T.alloc_var", "cast": "T.cast"}[case]
+    # this file postpones annotations, so T.Tensor runs inside the tracer, which names the parameter
+    prefix = "parameter 'A': " if case in ("tensor", "strided") else ""
+    assert err.message.startswith(f"{prefix}{what}: ")
+
+
+def test_dtype_typo_under_postponed_annotations_points_at_the_parameter(tmp_path):
+    """With ``from __future__ import annotations`` the annotation is evaluated inside the
+    tracer, far from the author's frame; the error still names the parameter's line."""
+    src = tmp_path / "kern.py"
+    src.write_text("from __future__ import annotations\n"
+                   "import kernforge.dsl as T\n"
+                   "@T.prim_func\n"
+                   "def main(A: T.Tensor((4,), 'float32'),\n"
+                   "         n: 'bfloat61'):\n"
+                   "    with T.Kernel(1) as bx:\n"
+                   "        A[0] = 1.0\n")
+    src2 = tmp_path / "kern2.py"
+    src2.write_text(src.read_text().replace("'float32'),\n         n: 'bfloat61'", "'float32'),\n"
+                                            "         B: T.Tensor((4,), 'flaot32')"))
+    src3 = tmp_path / "kern3.py"  # annotations evaluated eagerly, at the def
+    src3.write_text(src2.read_text().replace("from __future__ import annotations\n", "#\n"))
+    import importlib.util
+
+    for path, bad, hint in ((src, "n", "did you mean 'bfloat16'?"), (src2, "B", "did you mean 'float32'?"),
+                            (src3, "flaot32", "did you mean 'float32'?")):
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        with pytest.raises(T.DTypeError) as ei:
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        assert str(ei.value).startswith(f"{path}:5: ") and f"'{bad}'" in str(ei.value)
+        assert hint in str(ei.value)
+
+
+def test_unknown_dtype_outside_the_dsl_suggests_too():
+    from kernforge import dtypes
+
+    with pytest.raises(TypeError, match=r"unknown dtype 'in32' \(did you mean 'int32'\?\)"):
+        dtypes.dtype("in32")
+    with pytest.raises(TypeError) as ei:
+        dtypes.dtype("complex128")
+    assert "did you mean" not in str(ei.value)  # nothing close: no guess

@@ -27,6 +27,7 @@ Semantics every backend implements identically (the interpreter, kernforge/inter
 from __future__ import annotations
 
 import enum
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -138,6 +139,8 @@ class SourceLoc:
 
 _INTERNAL_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
                        for d in ("dsl", "codegen"))
+# the DSL's context managers (T.Kernel, runtime branches) are entered through contextlib's frames
+_PASS_THROUGH = frozenset({os.path.abspath(contextlib.__file__)})
 
 
 def caller_loc() -> Optional[SourceLoc]:
@@ -145,7 +148,8 @@ def caller_loc() -> Optional[SourceLoc]:
     the kernel author's line."""
     f = sys._getframe(1)
     while f is not None:
-        if not os.path.abspath(f.f_code.co_filename).startswith(_INTERNAL_DIRS):
+        path = os.path.abspath(f.f_code.co_filename)
+        if not path.startswith(_INTERNAL_DIRS) and path not in _PASS_THROUGH:
             return SourceLoc(f.f_code.co_filename, f.f_lineno)
         f = f.f_back
     return None

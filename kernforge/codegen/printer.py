@@ -74,6 +74,9 @@ def _lines(s: ir.Stmt, depth: int) -> list[str]:
                 f"bucket={s.bucket.name}"]
     if isinstance(s, ir.Sync):
         return [f"{pad}sync {s.scope}"]
+    if isinstance(s, ir.Check):
+        idx = ", ".join(format_expr(i) for i in s.indices)
+        return [f"{pad}check #{s.site} {format_expr(s.cond)} else {s.kind} {s.name}[{idx}]"]
     if isinstance(s, ir.Atomic):
         idx = ", ".join(format_expr(i) for i in s.indices)
         return [f"{pad}{s.op.value} {s.buffer.name}[{idx}] <- {format_expr(s.value)}"]

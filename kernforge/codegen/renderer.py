@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from kernforge import dtypes
 from kernforge.codegen import arith, ir
+from kernforge.codegen.passes.checks import sites as check_sites
 from kernforge.codegen.passes.pipeline import run_pipeline
 from kernforge.codegen.verify import verify
 
@@ -41,20 +42,25 @@ from kernforge.codegen.verify import verify
 class Target:
     """What to render for: the backend, its architecture (``sm_90a``; None: the backend's
     default) and a backend-specific ``variant`` (CUDA: ``"cp.async"`` renders the pipelines
-    without TMA)."""
+    without TMA).  ``checks`` renders checked mode: a bounds test before every access
+    (:mod:`kernforge.codegen.passes.checks`), off by default and then byte-identical."""
 
     backend: str
     arch: Optional[str] = None
     variant: str = ""
+    checks: bool = False
 
 
 @dataclass
 class Program:
     """A rendered kernel: its source text and the symbol the launcher calls.  Backends
-    subclass it for the launch metadata they need."""
+    subclass it for the launch metadata they need.  ``checks`` is None for an unchecked
+    build, else the checks of a checked one by site (``passes.checks.sites``): the launcher
+    passes a violation record and names a violation from it."""
 
     source: str
     entry: str
+    checks: Optional[dict] = field(default=None, kw_only=True)
 
 
 class Renderer:
@@ -89,7 +95,10 @@ class Renderer:
 
     def render(self, kernel: ir.Kernel, target: Target, dump=None) -> Program:
         lowered, facts = self.lower(kernel, target, dump)
-        return self.emitter().emit_program(lowered, facts, target)
+        program = self.emitter().emit_program(lowered, facts, target)
+        if target.checks:
+            program.checks = check_sites(lowered)
+        return program
 
 
 def c_identifier(name: str) -> str:
@@ -253,6 +262,16 @@ class CRenderer:
 
     def load(self, e: ir.Load) -> str:
         return f"{self.buffer_name(e.buffer)}[{self.offset(e.buffer, e.indices)}]"
+
+    def check_call(self, s: ir.Check) -> str:
+        """An ``ir.Check`` as one C statement: when the condition fails, ``kf_check_fail``
+        (``kf/check.h``, ``kf/check.cuh``) records the site, index and shape values in the
+        launch's violation record ``kf_check``."""
+        idx = ", ".join(f"(int64_t)({self.expr(i)})" for i in s.indices) or "0"
+        shape = ", ".join(f"(int64_t)({self.expr(d)})" for d in s.shape) or "0"
+        return (f"if (!({self.expr(s.cond)})) {{ const int64_t kf_ci[] = {{{idx}}}; "
+                f"const int64_t kf_cs[] = {{{shape}}}; kf_check_fail(kf_check, {s.site}, {len(s.indices)}, "
+                f"kf_ci, kf_cs); }}")
 
     # expressions ---------------------------------------------------------------
     def literal(self, c: ir.Const) -> str:

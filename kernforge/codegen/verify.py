@@ -108,6 +108,11 @@ class _Verifier:
         elif isinstance(s, (ir.Reduce, ir.Cumsum)):
             self.live(s.src, s)
             self.live(s.dst, s)
+        elif isinstance(s, ir.Check):
+            for e in (s.cond,) + s.indices + s.shape:
+                self.expr(e, s)
+            if not s.cond.dtype.is_bool:
+                self.fail(f"check condition {s.cond} is {s.cond.dtype}, not bool", s)
         elif isinstance(s, ir.Sync):
             if s.scope != "block":
                 self.fail(f"unknown barrier scope {s.scope!r} (only 'block')", s)

@@ -160,6 +160,17 @@ class Interpreter:
     def s_Sync(self, s, mask):
         """A barrier orders threads; the interpreter runs the block as one, so it has no effect."""
 
+    def s_Check(self, s: ir.Check, mask):
+        """Checked mode's bounds test: the first lane where it fails is the violation."""
+        ok = np.asarray(self.eval(s.cond, mask)).astype(bool)
+        bad = ~ok if mask is None else mask & ~ok
+        if not np.any(bad):
+            return
+        lane = tuple(int(x[0]) for x in np.nonzero(bad)) if bad.ndim else ()
+        index = [int(np.broadcast_to(self.eval(i, mask), bad.shape)[lane]) for i in s.indices]
+        shape = [int(self.eval(d)) for d in s.shape]
+        raise ir.CheckError(s.kind, s.name, index, shape, s.loc, s.extents)
+
     def s_Store(self, s, mask):
         self.store(s, mask)
 

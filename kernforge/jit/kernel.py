@@ -7,6 +7,8 @@ a typed error naming the parameter; no backend ever sees a bad pointer.
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -30,10 +32,17 @@ class CompiledKernel:
 
     ``kernel(*args)`` takes torch tensors or numpy arrays for every parameter
     except those listed in ``out_idx``, which it allocates and returns (as
-    ``tilelang.compile(..., out_idx=...)`` does)."""
+    ``tilelang.compile(..., out_idx=...)`` does).  Outputs are numpy arrays when every
+    buffer argument is one, torch tensors otherwise.  Any other object with
+    ``__dlpack__`` (CuPy, JAX, a DLPack-only wrapper) is taken as a zero-copy torch view
+    (``torch.from_dlpack``), so the kernel's writes land in the producer's memory and the
+    outputs are torch tensors; torch and numpy arguments skip that conversion.
+
+    :meth:`as_torch_op` registers the kernel as a torch custom op (docs/torch-ops.md)."""
 
     def __init__(self, prim_func: PrimFunc, backend: str = "interp",
-                 out_idx: Optional[Union[int, Sequence[int]]] = None, arch: Optional[str] = None):
+                 out_idx: Optional[Union[int, Sequence[int]]] = None, arch: Optional[str] = None,
+                 checks: bool = False):
         self.prim_func = prim_func
         self.ir: ir.Kernel = prim_func.ir
         self.backend_name = backend
@@ -60,6 +69,12 @@ class CompiledKernel:
         self._strides = {p: [arith.compile_int(d) for d in p.strides] for p in self.ir.buffer_params}
         self._plans: dict = {}
         self.target = self.backend.target(arch, launch=True)
+        if checks:
+            if not getattr(self.backend, "supports_checks", False):
+                raise ArgumentError(f"checks=True: backend {backend!r} has no checked mode "
+                                    f"(docs/checked-mode.md lists the backends that do)")
+            self.target = dataclasses.replace(self.target, checks=True)
+        self.checks = self.target.checks
         self.launcher = self.backend.build(self.ir, self.target)
         self._launcher_takes_torch = getattr(self.launcher, "takes_torch", False)
 
@@ -71,12 +86,55 @@ class CompiledKernel:
         """The source that was built for this kernel's launches (for the target it runs on)."""
         return self.launcher.program.source
 
+    def as_torch_op(self, qualname: str):
+        """Register this kernel as the torch custom op ``qualname`` (``"mylib::name"``) and
+        return it (a ``torch.library.CustomOpDef``; ``torch.ops.mylib.name`` is the same op),
+        so ``torch.compile(fullgraph=True)`` traces through a call instead of breaking the graph.
+
+        The schema follows the parameters: every parameter not in ``out_idx`` is an argument
+        in order (buffers ``Tensor``, scalars ``int`` / ``float`` / ``bool``), the ``out_idx``
+        buffers are returned, and an argument buffer the kernel body writes is declared
+        mutated (``Tensor(a!)``), which is what lets torch.compile and functionalization order
+        the writes.  The fake implementation runs this kernel's argument checks on the
+        tensors' metadata and returns the outputs' shapes (symbolic dimensions bound from the
+        inputs), so bad shapes fail while tracing, with the same typed errors.  Autograd is
+        not supported: an input that requires grad (with grad mode on) raises
+        :class:`AutogradError`."""
+        params = self.ir.params
+        written = _written_params(self.ir)
+        args, mutated = [], []
+        for i, p in enumerate(params):
+            if i in self.out_idx:
+                continue
+            if not isinstance(p, ir.Buffer):
+                args.append(f"{'bool' if p.dtype.is_bool else 'int' if p.dtype.is_int else 'float'} {p.name}")
+            elif p in written:
+                args.append(f"Tensor(a{len(mutated)}!) {p.name}")
+                mutated.append(p.name)
+            else:
+                args.append(f"Tensor {p.name}")
+        rets = ", ".join("Tensor" for _ in self.out_idx)
+        schema = f"({', '.join(args)}) -> " + (rets if len(self.out_idx) == 1 else f"({rets})")
+
+        def run(*args):
+            return self(*args)
+
+        def fake(*args):
+            _, _, shapes, _ = self._plan(args)
+            outs = tuple(self._empty(params[i], shape, True) for i, shape in zip(self.out_idx, shapes))
+            return outs[0] if len(outs) == 1 else (outs or None)
+
+        return register_torch_op(qualname, run, schema, fake, mutated)
+
     # ------------------------------------------------------------------ calling
     def __call__(self, *args):
         params = self.ir.params
         key = _signature(args)
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
+            if key is None:  # off the torch/numpy fast path: DLPack producers become torch views
+                args = self._from_dlpack(args)
+                key = _signature(args)
             plan = self._plan(args)
             if key is not None:
                 if len(self._plans) >= _PLAN_CACHE_SIZE:
@@ -212,6 +270,22 @@ class CompiledKernel:
             return torch.empty(shape, dtype=p.dtype.torch, device=self.backend.device)
         return np.empty(shape, dtype=p.dtype.np_dtype)
 
+    def _from_dlpack(self, args) -> tuple:
+        """``args`` with every buffer argument that is neither torch nor numpy but has
+        ``__dlpack__`` replaced by ``torch.from_dlpack(arg)`` (a view: no copy)."""
+        inputs = [p for i, p in enumerate(self.ir.params) if i not in self.out_idx]
+        if len(inputs) != len(args):
+            return args  # _plan names the count mismatch
+        out = []
+        for p, a in zip(inputs, args):
+            if isinstance(p, ir.Buffer) and not is_torch(a) and not isinstance(a, np.ndarray) \
+                    and hasattr(a, "__dlpack__"):
+                import torch
+
+                a = torch.from_dlpack(a)
+            out.append(a)
+        return tuple(out)
+
     def _device_view(self, a):
         """What the launcher takes for buffer ``a``: CPU launchers that read a torch tensor's
         pointer themselves (``takes_torch``) get the tensor, the others a numpy view."""
@@ -220,7 +294,7 @@ class CompiledKernel:
         return a
 
     def __repr__(self) -> str:
-        return f"<CompiledKernel {self.name} backend={self.backend_name}>"
+        return f"<CompiledKernel {self.name} backend={self.backend_name}{' checked' if self.checks else ''}>"
 
 
 _PLAN_CACHE_SIZE = 64
@@ -245,10 +319,100 @@ def _fmt(exprs) -> str:
     return "(" + ", ".join(str(e) for e in exprs) + ")"
 
 
+# ---------------------------------------------------------------- torch custom ops
+
+
+class AutogradError(ArgumentError, RuntimeError):
+    """A kernforge torch op was called with an input that requires grad while grad mode is on:
+    the ops are inference-only (no backward formula exists)."""
+
+
+def _written_params(kernel: ir.Kernel) -> set:
+    """The buffers the kernel body writes (stores, atomics, tile-op destinations).  A
+    statement type this table does not know counts every buffer it names as written, so a
+    new tile op can only make the declared mutations pessimistic, never wrong."""
+    written: set = set()
+    for n in ir.nodes(kernel.body):
+        if isinstance(n, (ir.Store, ir.Atomic)):
+            written.add(n.buffer)
+        elif isinstance(n, (ir.Copy, ir.Fill)):
+            written.add(n.dst.buffer)
+        elif isinstance(n, ir.Gemm):
+            written.add(n.c.buffer)
+        elif isinstance(n, (ir.Reduce, ir.Cumsum)):
+            written.add(n.dst)
+        elif isinstance(n, ir.OnlineSoftmax):
+            written.update((n.scores, n.row_max, n.row_sum, n.rescale))
+        elif isinstance(n, ir.RadixFindBucket):
+            written.update((n.above, n.need, n.bucket))
+        elif isinstance(n, ir.Stmt) and not isinstance(n, _READ_ONLY_STMTS):
+            written.update(x for x in ir.walk(n) if isinstance(x, ir.Buffer))
+    return written
+
+
+_READ_ONLY_STMTS = (ir.Seq, ir.Allocate, ir.For, ir.Parallel, ir.If, ir.Sync, ir.Check)
+# one Library per op for the autograd kernels below: re-registering an op replaces its library
+_AUTOGRAD_LIBS: dict = {}
+
+
+def register_torch_op(qualname: str, fn, schema: str, fake, mutates_args=()):
+    """``torch.library.custom_op(qualname, fn, schema=schema)`` with fake implementation
+    ``fake`` and an Autograd kernel that refuses inputs requiring grad *before* ``fn`` runs
+    (custom_op's own would run the kernel and fail only at backward).  Shared by
+    :meth:`CompiledKernel.as_torch_op` and :mod:`kernforge.ops.torch_library`."""
+    import torch
+
+    op = torch.library.custom_op(qualname, fn, mutates_args=tuple(mutates_args), schema=schema)
+    op.register_fake(fake)
+    namespace, name = qualname.split("::")
+    overload = getattr(getattr(torch.ops, namespace), name).default
+    arg_names = [a.name for a in overload._schema.arguments if not a.kwarg_only]
+
+    def no_autograd(keyset, *args, **kwargs):
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args, **kwargs):
+            named = list(zip(arg_names, args)) + list(kwargs.items())
+            culprit = next((n for n, v in named if _requires_grad(v)), "an input")
+            raise AutogradError(f"{qualname}: argument {culprit!r} requires grad, but kernforge ops "
+                                "are inference-only (no backward); call under torch.no_grad() / "
+                                "torch.inference_mode() or pass a detached tensor")
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload.redispatch(keyset & torch._C._after_autograd_keyset, *args, **kwargs)
+
+    old = _AUTOGRAD_LIBS.pop(qualname, None)
+    if old is not None:
+        old._destroy()
+    lib = torch.library.Library(namespace, "FRAGMENT")
+    lib.impl(name, no_autograd, "Autograd", with_keyset=True)
+    _AUTOGRAD_LIBS[qualname] = lib
+    return op
+
+
+def _requires_grad(v) -> bool:
+    if isinstance(v, (list, tuple)):
+        return any(_requires_grad(x) for x in v)
+    return getattr(v, "requires_grad", False) is True
+
+
+def checks_default() -> bool:
+    """``KERNFORGE_CHECKS``: ``1`` turns checked mode on for every ``compile`` that does not
+    say ``checks=``; unset, empty or ``0`` leaves it off."""
+    value = os.environ.get("KERNFORGE_CHECKS", "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ArgumentError(f"KERNFORGE_CHECKS must be 0 or 1, got {value!r}")
+
+
 def compile(func, backend: str = "interp", out_idx=None, arch: Optional[str] = None,
-            target: Optional[str] = None, **params) -> CompiledKernel:
+            target: Optional[str] = None, checks: Optional[bool] = None, **params) -> CompiledKernel:
     """Specialise ``func`` (a PrimFunc, or a ``@T.tunable`` factory with ``params``),
-    build it for ``backend`` and return a callable kernel (TileLang's ``tilelang.compile``)."""
+    build it for ``backend`` and return a callable kernel (TileLang's ``tilelang.compile``).
+
+    ``checks=True`` (default: the ``KERNFORGE_CHECKS`` environment variable) builds the
+    checked mode: every global, shared and fragment access is bounds-tested and a
+    violation raises :class:`kernforge.CheckError` naming the buffer, index, shape and
+    the author's line (docs/checked-mode.md)."""
     if target is not None:
         backend = target
     if isinstance(func, KernelFactory):
@@ -261,4 +425,8 @@ def compile(func, backend: str = "interp", out_idx=None, arch: Optional[str] = N
     if not isinstance(func, PrimFunc):
         raise ArgumentError(f"kernforge.compile expects a @T.prim_func or @T.tunable factory, "
                             f"got {type(func).__name__}")
-    return CompiledKernel(func, backend, out_idx, arch)
+    if checks is None:
+        checks = checks_default()
+    elif not isinstance(checks, bool):
+        raise ArgumentError(f"checks must be True or False, got {checks!r}")
+    return CompiledKernel(func, backend, out_idx, arch, checks)

@@ -69,3 +69,24 @@ def test_a_function_is_parsed_once_however_often_it_is_specialised(monkeypatch):
     for depth in (2, 3, 4):
         _branchy(depth, 9)
     assert len(parsed) <= 1  # zero when an earlier test already compiled this body
+
+
+
+def test_a_runtime_if_and_its_body_record_the_authors_lines():
+    """The branch is entered through contextlib's frames; the location is still the author's."""
+    import inspect
+
+    from kernforge.codegen import ir
+
+    @T.prim_func
+    def k(X: T.Tensor((8,), "float32")):
+        with T.Kernel(1, threads=1) as bx:
+            if X[0] > 0:
+                X[1] = 1.0
+    first = inspect.getsourcelines(test_a_runtime_if_and_its_body_record_the_authors_lines)[1]
+    lines = inspect.getsource(test_a_runtime_if_and_its_body_record_the_authors_lines).splitlines()
+    at = {text.strip(): first + i for i, text in enumerate(lines)}
+    branch, = [n for n in ir.walk(k.ir.body) if isinstance(n, ir.If)]
+    store, = [n for n in ir.walk(k.ir.body) if isinstance(n, ir.Store)]
+    assert (branch.loc.file, branch.loc.line) == (__file__, at["if X[0] > 0:"])
+    assert store.loc.line == at["X[1] = 1.0"]

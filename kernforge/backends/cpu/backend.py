@@ -5,7 +5,10 @@ The launch ABI is ``extern "C" int kf_<name>(void** args, const int64_t* dims)``
 the scalar's dtype) and ``dims`` holds ``kernel.symbols``.  The generated
 function evaluates the grid itself from ``dims`` and the scalars, runs the
 blocks under OpenMP and returns 0 or an error code, which the launcher turns
-into :class:`CpuKernelError`.
+into :class:`CpuKernelError`.  A checked build (``Target.checks``) takes one more
+``args`` entry, the launch's violation record (``passes.checks.RECORD_LEN`` int64s,
+zeroed per call), and returns ``ERR_CHECK`` when a check failed; the launcher raises
+:class:`kernforge.CheckError` from the record.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from kernforge import runtime
 from kernforge.backends.base import Backend
 from kernforge.backends.cpu import renderer as cpu
 from kernforge.codegen import ir
+from kernforge.codegen.passes import checks
 from kernforge.codegen.renderer import Program, Target
 from kernforge.dtypes import is_torch, torch_dtype
 
@@ -57,6 +61,7 @@ class CpuLauncher:
         self.cfunc.restype = ctypes.c_int
         self.params = kernel.params
         self.n_symbols = len(kernel.symbols)
+        self.checks = program.checks
 
     def __call__(self, args: Sequence, dims: Sequence[int], grid: Optional[Sequence[int]] = None) -> None:
         if len(args) != len(self.params):
@@ -64,7 +69,8 @@ class CpuLauncher:
         if len(dims) != self.n_symbols:
             raise TypeError(f"{self.kernel.name} needs {self.n_symbols} symbol values, got {len(dims)}")
         keep = []  # scalar boxes must stay alive for the call
-        pointers = (ctypes.c_void_p * max(1, len(args)))()
+        record = None if self.checks is None else np.zeros(checks.RECORD_LEN, dtype=np.int64)
+        pointers = (ctypes.c_void_p * max(1, len(args) + (record is not None)))()
         for i, (p, a) in enumerate(zip(self.params, args)):
             if isinstance(p, ir.Buffer):
                 pointers[i] = self._buffer_pointer(p, a)
@@ -72,8 +78,12 @@ class CpuLauncher:
                 box = self._scalar_box(p, a)
                 keep.append(box)
                 pointers[i] = box.ctypes.data
+        if record is not None:
+            pointers[len(args)] = record.ctypes.data
         sym = np.array([int(d) for d in dims] or [0], dtype=np.int64)
         status = self.cfunc(ctypes.cast(pointers, ctypes.c_void_p), sym.ctypes.data)
+        if status == cpu.ERR_CHECK and record is not None:
+            raise checks.violation(record, self.checks)
         if status != 0:
             raise CpuKernelError(self.kernel.name, status)
 
@@ -110,9 +120,13 @@ class CpuBackend(Backend):
     # is off.  The GEMM micro-kernel asks for its FMAs explicitly.
     options = ("-ffp-contract=off",)
 
+    supports_checks = True
+
     def build(self, kernel: ir.Kernel, target: Optional[Target] = None) -> CpuLauncher:
+        target = target or self.target()
         program = self.render(kernel, target)
-        module = runtime.compile(f"{self.name}_{kernel.artifact_name}", program.source, backend="cpu",
+        tag = f"{self.name}_{kernel.artifact_name}" + ("_checked" if target.checks else "")
+        module = runtime.compile(tag, program.source, backend="cpu",
                                  options=self.options, include_dirs=(self.include_dir,),
                                  dependency_signature=_dependency_signature())
         return CpuLauncher(kernel, module.get_function(program.entry), program)

@@ -30,6 +30,7 @@ from kernforge.codegen import ir
 from kernforge.codegen.passes import (Analysis, buffer_bytes, lower_copies, nonneg_vars, plan_memory, simplify,
                                       simplify_expr)
 from kernforge.codegen.passes.append import AppendLoop, match_append
+from kernforge.codegen.passes.checks import insert_checks
 from kernforge.codegen.passes.ranges import statements
 from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol
 
@@ -37,6 +38,7 @@ TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templat
 INCLUDE_DIR = os.path.join(TEMPLATE_DIR, "include")
 ERR_GRID = 1  # a grid dimension is negative or does not fit int32
 ERR_ALLOC = 2  # a thread could not allocate its arena
+ERR_CHECK = 3  # checked mode: an access was out of bounds (the violation record says which)
 
 
 class CpuRenderer(CRenderer, Renderer):
@@ -78,17 +80,22 @@ class CpuRenderer(CRenderer, Renderer):
     # ------------------------------------------------------------------ kernel
     def pipeline(self, kernel: ir.Kernel, target: Target) -> tuple:
         """The transforms, then the analyses the emitter reads: C names, the variables
-        proven non-negative (plain ``/`` and ``%``), and the on-chip arena's layout."""
-        return self.transforms + (
+        proven non-negative (plain ``/`` and ``%``), and the on-chip arena's layout.  Checked
+        mode (``target.checks``) inserts its bounds tests after the first simplify, before
+        copies are lowered: the masked element loops of global copies are legal by definition."""
+        transforms = self.transforms
+        if target.checks:
+            transforms = transforms[:1] + (insert_checks,) + transforms[1:]
+        return transforms + (
             Analysis("names", lambda k, facts: NameTable.for_kernel(k)),
             Analysis("nonneg_vars", lambda k, facts: nonneg_vars(k)),
             Analysis("memory", lambda k, facts: plan_memory(k, self.in_arena)),
         )
 
     def emit_program(self, k: ir.Kernel, facts: dict, target: Target) -> Program:
-        return Program(self.emit_source(k, facts), entry_symbol(k))
+        return Program(self.emit_source(k, facts, target.checks), entry_symbol(k))
 
-    def emit_source(self, k: ir.Kernel, facts: dict) -> str:
+    def emit_source(self, k: ir.Kernel, facts: dict, checks: bool = False) -> str:
         """Source for a kernel that has already been through :meth:`pipeline`."""
         self.names = facts["names"]
         self.nonneg_vars = facts["nonneg_vars"]
@@ -107,11 +114,12 @@ class CpuRenderer(CRenderer, Renderer):
             "scratch_terms": ", ".join(self.scratch) or "0",
             "param_lines": [self.param_line(i, p, p in written) for i, p in enumerate(k.params)]
             + [f"const {self.ctype(s.dtype)} {self.names[s]} = static_cast<{self.ctype(s.dtype)}>(dims[{i}]);"
-               for i, s in enumerate(k.symbols)],
+               for i, s in enumerate(k.symbols)]
+            + ([f"int64_t* const kf_check = static_cast<int64_t*>(args[{len(k.params)}]);"] if checks else []),
             "grid_lines": [f"const int64_t {g} = static_cast<int64_t>({self.expr(e)});"
                            for g, e in zip(grid_names, k.grid)],
             "grid_invalid": " || ".join(f"{g} < 0 || {g} > 2147483647" for g in grid_names),
-            "err_grid": ERR_GRID, "err_alloc": ERR_ALLOC,
+            "err_grid": ERR_GRID, "err_alloc": ERR_ALLOC, "err_check": ERR_CHECK, "checks": checks,
             "grid_rank": rank,
             "grid_total": " * ".join(grid_names) or "1",
             "schedule": self.schedule,
@@ -146,6 +154,9 @@ class CpuRenderer(CRenderer, Renderer):
         self.block(s, out, depth + 1 if scoped else depth)
         if scoped:
             out.append(pad + "}")
+
+    def stmt_Check(self, s: ir.Check, out, pad, depth):
+        out.append(pad + self.check_call(s))
 
     def stmt_Sync(self, s: ir.Sync, out, pad, depth):
         """A block runs on one thread here: a barrier has nothing to order."""
@@ -225,7 +236,7 @@ class CpuRenderer(CRenderer, Renderer):
         out.append(pad + "}")
 
     def stmt_Parallel(self, s: ir.Parallel, out, pad, depth):
-        simd = all(isinstance(n, (ir.Seq, ir.If, ir.Store)) for n in statements(s.body))
+        simd = all(isinstance(n, (ir.Seq, ir.If, ir.Store, ir.Check)) for n in statements(s.body))
         hoisted = self.hoist_invariant_loads(s, out, pad)
         for level, (v, e) in enumerate(zip(s.vars, s.extents)):
             p = "  " * (depth + level)

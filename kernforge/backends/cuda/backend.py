@@ -21,6 +21,7 @@ from kernforge.backends.cuda.renderer import (ARCHS, DEFAULT_ARCH, arch_info, IN
                                               CudaRenderer, render_cuda)
 from kernforge.backends.cuda.tma import TensorMapLaunch
 from kernforge.codegen import ir
+from kernforge.codegen.passes import checks
 from kernforge.codegen.renderer import Target
 from kernforge.runtime import cuda_module
 
@@ -39,17 +40,19 @@ def compile_options(arch: str) -> tuple[str, ...]:
 def _compile(program: CudaProgram, kernel: ir.Kernel, load: bool):
     from kernforge import runtime
 
-    # the variant is part of the artifact name: "<kernel>_sm_90a_tma" holds the TMA pipelines
-    tag = f"{kernel.artifact_name}_{program.arch}" + ("_tma" if program.tensor_maps else "")
+    # the variant is part of the artifact name: "<kernel>_sm_90a_tma" holds the TMA pipelines,
+    # "..._checked" a checked-mode build
+    tag = f"{kernel.artifact_name}_{program.arch}" + ("_tma" if program.tensor_maps else "") + (
+        "_checked" if program.checks is not None else "")
     fn = runtime.compile if load else runtime.compile_without_load
     return fn(tag, program.source, backend="cuda", options=compile_options(program.arch),
               include_dirs=(INCLUDE_DIR,), dependency_signature=DEPENDENCY_SIGNATURE)
 
 
-def build_report(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True) -> dict:
+def build_report(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True, checks: bool = False) -> dict:
     """Compile without a GPU and report the cache entry and ptxas' resource usage
-    (``tma=False``: the sm_90a cp.async variant)."""
-    program = render_cuda(kernel, arch, tma=tma)
+    (``tma=False``: the sm_90a cp.async variant; ``checks``: the checked-mode build)."""
+    program = render_cuda(kernel, arch, tma=tma, checks=checks)
     result = _compile(program, kernel, load=False)
     usage = result.resource_usage.get(program.entry)
     if usage is None:
@@ -89,12 +92,19 @@ def sass(kernel: ir.Kernel, arch: Optional[str] = None) -> str:
     return disassemble(_compile(program, kernel, load=False).binary_path)
 
 
+# Without a GPU the CUDA backend still compiles and emulates; only running needs the device,
+# and no package can provide one, so the message points at what works instead of an install.
+NO_GPU = ("backend 'cuda' needs an NVIDIA GPU to run kernels and this machine has none "
+          "(torch.cuda.is_available() is False); it can still compile them (kernforge build, "
+          "kernforge.runtime.compile_without_load) and emulate them (backend 'cuda-emu')")
+
+
 def device_arch() -> str:
     """The arch of CUDA device 0 as kernforge names it."""
     import torch
 
     if not torch.cuda.is_available():
-        raise BackendError("backend 'cuda' needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+        raise BackendError(NO_GPU)
     major, minor = torch.cuda.get_device_capability(0)
     name = {8: "sm_80", 9: "sm_90a", 10: "sm_100a"}.get(major)
     if name is None:
@@ -130,6 +140,24 @@ class CudaLauncher(TensorMapLaunch):
         values += [int(d) for d in dims]
         if any(g <= 0 for g in grid):
             return  # an empty grid launches nothing (cuLaunch rejects 0-sized grids)
+        if self.program.checks is not None:
+            self._checked_launch(values, args, dims, grid)
+            return
+        self._launch(values, args, dims, grid)
+
+    def _checked_launch(self, values: list, args: Sequence, dims: Sequence[int], grid: Sequence[int]) -> None:
+        """Checked mode: a zeroed violation record on the device after the symbols; reading it
+        back synchronises with the stream, which is what a debugging mode may cost."""
+        import torch
+
+        device = next((a.device for p, a in zip(self.kernel.params, args) if isinstance(p, ir.Buffer)), "cuda")
+        record = torch.zeros(checks.RECORD_LEN, dtype=torch.int64, device=device)
+        self._launch(values + [record.data_ptr()], args, dims, grid)
+        host = record.cpu().tolist()
+        if host[0]:
+            raise checks.violation(host, self.program.checks)
+
+    def _launch(self, values: list, args: Sequence, dims: Sequence[int], grid: Sequence[int]) -> None:
         grid, block = tuple(int(g) for g in grid), (self.program.threads,)
         if not self.program.tensor_maps:
             self.function.launch(values, grid=grid, block=block, smem_bytes=self.program.dynamic_smem)
@@ -147,10 +175,17 @@ class CudaLauncher(TensorMapLaunch):
 
 class CudaBackend(Backend):
     renderer = CudaRenderer()
+    supports_checks = True
 
     def target(self, arch: Optional[str] = None, launch: bool = False) -> Target:
         """``launch``: render for the GPU this process will run on (its arch unless one is named);
-        otherwise the emission default, sm_90a."""
+        otherwise the emission default, sm_90a.  A launch target with a named arch still needs
+        the GPU, so a machine without one fails here, before minutes of compiling for nothing."""
+        if launch and arch:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise BackendError(NO_GPU)
         return Target(self.name, arch or (device_arch() if launch else DEFAULT_ARCH))
 
     def build_report(self, kernel: ir.Kernel, arch: Optional[str] = None) -> dict:

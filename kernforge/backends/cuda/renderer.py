@@ -43,6 +43,7 @@ from kernforge import dtypes
 from kernforge.codegen import ir
 from kernforge.backends.cuda.layouts import AccumLayout
 from kernforge.codegen.passes import Analysis, simplify
+from kernforge.codegen.passes.checks import insert_checks
 from kernforge.backends.cuda.barriers import barrier_pass
 from kernforge.backends.cuda.fp8_operands import cuda_fp8_operands
 from kernforge.backends.cuda.layout_plan import LayoutPlan, plan_layouts
@@ -136,7 +137,9 @@ class CudaRenderer(CRenderer, Renderer):
     def pipeline(self, kernel: ir.Kernel, target: Target) -> tuple:
         arch = arch_info(target.arch)
         tma = arch.wgmma and target.variant != "cp.async"
-        return TRANSFORMS + (barrier_pass(arch.wgmma, tma),) + (
+        # checked mode tests the author's accesses, before fp8 shadow tiles and barriers exist
+        transforms = TRANSFORMS[:1] + (insert_checks,) + TRANSFORMS[1:] if target.checks else TRANSFORMS
+        return transforms + (barrier_pass(arch.wgmma, tma),) + (
             Analysis("layouts", lambda k, facts: plan_layouts(k, arch.wgmma)),
             Analysis("pipelines", lambda k, facts: plan_pipelines(k, facts["layouts"].staged)),
             Analysis("tma", lambda k, facts: cuda_tma.plan_tma(k, facts["layouts"], facts["pipelines"])
@@ -148,6 +151,7 @@ class CudaRenderer(CRenderer, Renderer):
 
     def emit_program(self, kernel: ir.Kernel, facts: dict, target: Target) -> CudaProgram:
         self.setup(kernel, arch_info(target.arch), facts)
+        self.checks = target.checks
         return self.render_body()
 
     def cname(self, node) -> str:
@@ -278,6 +282,8 @@ class CudaRenderer(CRenderer, Renderer):
                 out.append((self.cname(p) + "_arg" if p.dtype in _SCALAR_ABI else self.cname(p),
                             _SCALAR_ABI.get(p.dtype, self.ctype(p.dtype))))
         out += [(f"kf_dim_{self.cname(s)}", "int64_t") for s in self.k.symbols]
+        if self.checks:  # checked mode's violation record (kf/check.cuh), before the tensor maps
+            out.append(("kf_check", "int64_t*"))
         out += [(t.name, TENSOR_MAP_CTYPE) for t in self.tensor_maps]
         return out
 
@@ -319,7 +325,7 @@ class CudaRenderer(CRenderer, Renderer):
             self.headers.add("kf/softmax.cuh")
         if self.pipes.prefetch or any(isinstance(n, ir.Copy) for n in ir.nodes(self.k.body)):
             self.headers.add("kf/cp_async.cuh")
-        self.headers |= {"kf/reduce.cuh", "kf/atomic.cuh"}
+        self.headers |= {"kf/reduce.cuh", "kf/atomic.cuh"} | ({"kf/check.cuh"} if self.checks else set())
         params = self.params()
         entry = entry_symbol(self.k)
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
@@ -342,13 +348,15 @@ HANDLERS: dict[type, Callable] = {
     ir.Parallel: cuda_ops.render_parallel, ir.Copy: cuda_ops.render_copy, ir.Fill: cuda_ops.render_fill,
     ir.Gemm: cuda_gemm.render_gemm, ir.Reduce: cuda_reduce.render_reduce, ir.Cumsum: cuda_reduce.render_cumsum,
     ir.OnlineSoftmax: cuda_softmax.render_online_softmax, ir.RadixFindBucket: cuda_radix.render_find_bucket,
+    # checked mode: every thread that reaches a failing check records it (the first one wins)
+    ir.Check: lambda R, s: R.emit(R.check_call(s)),
 }
 
 
-def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True) -> CudaProgram:
+def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True, checks: bool = False) -> CudaProgram:
     """Render ``kernel`` for ``arch`` (``sm_80``, ``sm_90a``, ``sm_100a``; default sm_90a).
 
     On sm_90a, ``tma`` (default) loads qualifying pipelined copies with TMA; ``tma=False``
     renders the cp.async variant, which the launchers run when a launch's tensors do not
-    meet TMA's alignment rules (``cuda_tma.encode_args``)."""
-    return CudaRenderer().render(kernel, Target("cuda", arch, "" if tma else "cp.async"))
+    meet TMA's alignment rules (``cuda_tma.encode_args``); ``checks`` renders checked mode."""
+    return CudaRenderer().render(kernel, Target("cuda", arch, "" if tma else "cp.async", checks))

@@ -20,7 +20,10 @@ value of the scalar's dtype), ``dims`` holds ``kernel.symbols`` in order and
 ``args`` entry per tensor map after the kernel parameters: an int64 vector
 (:meth:`cuda_tma.TensorMapArgs.packed`) that the entry encodes with
 ``kf_emu::encode_tensor_map``, the arguments the GPU launcher gives
-``cuTensorMapEncodeTiled``.  A nonzero return carries ``kf_emu_last_error()``.
+``cuTensorMapEncodeTiled``.  A checked build (``Target.checks``) takes its violation
+record (``passes.checks.RECORD_LEN`` int64s) as the ``args`` entry before the tensor
+maps, as the GPU kernel takes it as the parameter before them.  A nonzero return
+carries ``kf_emu_last_error()``.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from kernforge.backends.cuda.renderer import INCLUDE_DIR as CUDA_INCLUDE_DIR
 from kernforge.backends.cuda.renderer import CudaProgram, CudaRenderer
 from kernforge.backends.cuda.tma import TensorMapLaunch
 from kernforge.codegen import ir
+from kernforge.codegen.passes import checks
 from kernforge.codegen.renderer import CRenderer, Target
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -72,7 +76,8 @@ def arch_number(arch: str) -> int:
 
 @dataclass(frozen=True)
 class HostParam:
-    """How the host entry passes one kernel parameter: ``kind`` is buffer, scalar, symbol or tensormap."""
+    """How the host entry passes one kernel parameter: ``kind`` is buffer, scalar, symbol, check
+    (checked mode's violation record) or tensormap."""
 
     ctype: str
     kind: str
@@ -83,7 +88,7 @@ def call_args(params: Sequence[HostParam]) -> str:
     out, arg, dim = [], 0, 0
     maps = 0
     for p in params:
-        if p.kind == "buffer":
+        if p.kind in ("buffer", "check"):
             out.append(f"static_cast<{p.ctype}>(args[{arg}])")
             arg += 1
         elif p.kind == "scalar":
@@ -167,12 +172,15 @@ def host_params(kernel: ir.Kernel, program) -> list[HostParam]:
     """Classify the rendered kernel's parameters (kernel params, then symbols)."""
     n = len(kernel.params)
     maps = len(program.tensor_maps)
-    if len(program.params) != n + len(kernel.symbols) + maps:
+    record = int(any(name == "kf_check" for name, _ in program.params))  # author names never start kf_
+    if len(program.params) != n + len(kernel.symbols) + record + maps:
         raise ValueError(f"cuda-emu: rendered kernel has {len(program.params)} parameters, expected "
-                         f"{n} + {len(kernel.symbols)} symbols + {maps} tensor maps")
+                         f"{n} + {len(kernel.symbols)} symbols + {record} record + {maps} tensor maps")
     out = []
     for i, (_, ctype) in enumerate(program.params):
-        if i >= n + len(kernel.symbols):
+        if record and i == n + len(kernel.symbols):
+            out.append(HostParam(ctype, "check"))
+        elif i >= n + len(kernel.symbols):
             out.append(HostParam(ctype, "tensormap"))
         elif i >= n:
             out.append(HostParam(ctype, "symbol"))
@@ -225,8 +233,11 @@ class EmuLauncher(TensorMapLaunch):
         maps = self.maps_or_fallback(self.tensor_maps, args, dims, grid)
         if maps is None:
             return
-        self.emulated(packed + [m.packed() for m in maps], dims, grid)
+        record = [] if self.program.checks is None else [np.zeros(checks.RECORD_LEN, dtype=np.int64)]
+        self.emulated(packed + record + [m.packed() for m in maps], dims, grid)
         self.last_variant = "tma" if maps else "cp.async"
+        if record and record[0][0]:
+            raise checks.violation(record[0], self.program.checks)
 
 
 class EmuRenderer(CudaRenderer):
@@ -246,6 +257,7 @@ class CudaEmuBackend(Backend):
     # How tools must label a passing check on this backend: never "GPU verified".
     verified_label = "CUDA semantics verified on host emulation"
     speed_path = False
+    supports_checks = True
 
     def build(self, kernel: ir.Kernel, target: Optional[Target] = None) -> EmuLauncher:
         """Build the kernel; on sm_90a with TMA pipelines, the cp.async variant is built
@@ -253,7 +265,8 @@ class CudaEmuBackend(Backend):
         target = target or self.target()
         program = self.render(kernel, target)
         tag = f"emu_{kernel.artifact_name}_{program.arch}" + (
-            "_cpasync" if target.variant == "cp.async" and program.arch == "sm_90a" else "")
+            "_cpasync" if target.variant == "cp.async" and program.arch == "sm_90a" else "") + (
+            "_checked" if target.checks else "")
         module = EmulatedModule(tag, program.source, dynamic_smem=program.dynamic_smem, arch=program.arch)
         fallback = ((lambda: self.build(kernel, dataclasses.replace(target, variant="cp.async")))
                     if program.tensor_maps else None)

@@ -63,8 +63,18 @@ def handle(args, out=None) -> int:
         print(f"{bad} corrupt entries" if bad else "all entries intact", file=out)
         return 1 if bad else 0
     if args.cache_action == "clear":
-        if not args.yes and input(f"remove every entry under {roots[0]}? [y/N] ").strip().lower() != "y":
-            return 1
+        if not args.yes:
+            if not sys.stdin.isatty():  # a script or CI job: nobody can answer, so say how to proceed
+                print(f"kernforge cache clear: not clearing {roots[0]} without confirmation; stdin is not a "
+                      "terminal, pass --yes", file=sys.stderr)
+                return 1
+            try:
+                answer = input(f"remove every entry under {roots[0]}? [y/N] ")
+            except EOFError:
+                answer = ""
+            if answer.strip().lower() != "y":
+                print("kernforge cache clear: nothing removed", file=sys.stderr)
+                return 1
         print(f"removed {maintenance.clear(roots[0])} entries from {roots[0]}", file=out)
         return 0
     if args.cache_action == "gc":

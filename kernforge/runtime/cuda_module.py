@@ -28,13 +28,29 @@ from .module import Module
 _DEFAULT_SMEM_LIMIT = 48 * 1024
 
 
+def _has_gpu() -> bool:
+    """Whether an NVIDIA GPU is visible: torch's answer if torch is loaded, else the driver's device nodes."""
+    import glob
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return bool(torch.cuda.is_available())
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
 def _driver():
     try:
         from cuda.bindings import driver
     except ImportError as exc:
+        if not _has_gpu():  # installing cuda-bindings cannot help: there is no device to load onto
+            raise LoadError(
+                "cannot load CUDA modules: this machine has no NVIDIA GPU or CUDA driver; they still compile "
+                "(kernforge build, compile_without_load) and the cuda-emu backend emulates them"
+            ) from exc
         raise LoadError(
-            "loading CUDA modules needs cuda-bindings (pip install cuda-bindings); "
-            "compile_without_load works without it"
+            "loading CUDA modules needs cuda-bindings: pip install 'kernforge[cuda]' "
+            "(compile_without_load works without it)"
         ) from exc
     return driver
 

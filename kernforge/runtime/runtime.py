@@ -183,6 +183,7 @@ class Runtime:
             if self.config.verbose:
                 print(f"[kernforge.runtime] miss {req.tag} ({req.backend}): {reason}", file=sys.stderr)
             self.counters.misses += 1
+            _first_use_notice(req, roots[0])
             return self._build(req, roots[0]), reason
 
     def _build(self, req: Request, root: str) -> Entry:
@@ -330,6 +331,20 @@ def _ensure_writable(root: str) -> None:
             ) from exc
     if not os.access(os.path.join(root, "tmp"), os.W_OK):
         raise CacheError(f"cache directory {root} is not writable; put a writable directory first in KERNFORGE_CACHE_DIR")
+
+
+def _first_use_notice(req: Request, root: str) -> None:
+    """Say on a terminal what is compiling, since a first call at a new shape otherwise pauses
+    for seconds without a word; later calls hit the cache and print nothing.  Silent when stderr
+    is not a terminal (CI logs, pipes, pytest's capture), so their output stays the results."""
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return
+    if tty:  # \r\x1b[K: start on a clean line if a progress line (kernforge run) is showing
+        sys.stderr.write(f"\r\x1b[Kkernforge: compiling {req.tag} ({req.backend}) on first use; "
+                         f"cached in {root} afterwards\n")
+        sys.stderr.flush()
 
 
 def _filesystem_now_ns(directory: str) -> int:

@@ -117,3 +117,58 @@ def test_entry_evicted_between_lookup_and_load_is_looked_up_again(cache_root, mo
     module = runtime.compile("evicted", source)
     assert module.key == built.key and len(calls) == 2
     assert module.get_function("kf_evicted", argtypes=(), restype="i32")() == 5
+
+
+def test_clear_without_a_terminal_or_yes_says_so_and_keeps_the_entries(cache_root):
+    make_entries(1)
+    proc = subprocess.run([PYTHON, "-m", "kernforge.runtime.cli", "cache", "clear"], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "pass --yes" in proc.stderr
+    assert len(committed_entries(cache_root)) == 1
+
+
+def test_clear_on_a_terminal_asks_and_an_empty_answer_keeps_the_entries(cache_root, monkeypatch, capsys):
+    make_entries(1)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", lambda prompt: (_ for _ in ()).throw(EOFError))
+    assert cli.main(["cache", "clear"]) == 1
+    assert "nothing removed" in capsys.readouterr().err
+    assert len(committed_entries(cache_root)) == 1
+    monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    assert cli.main(["cache", "clear"]) == 0
+    assert committed_entries(cache_root) == []
+
+
+class _Terminal:
+    """A stderr that says it is a terminal, recording what is written."""
+
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_a_first_use_compile_says_so_once_on_a_terminal_only(cache_root, monkeypatch):
+    tty = _Terminal()
+    monkeypatch.setattr("sys.stderr", tty)
+    source = 'extern "C" int kf_notice() { return 7; }\n'
+    runtime.compile_without_load("notice", source)
+    assert tty.text.count("compiling notice (cpu) on first use") == 1
+    assert f"cached in {cache_root}" in tty.text
+    runtime.reset()
+    runtime.compile_without_load("notice", source)  # a disk hit: nothing compiles, nothing said
+    assert tty.text.count("on first use") == 1
+    import io
+
+    pipe = io.StringIO()  # not a terminal: CI logs, pipes
+    monkeypatch.setattr("sys.stderr", pipe)
+    runtime.compile_without_load("notice2", 'extern "C" int kf_notice2() { return 8; }\n')
+    assert pipe.getvalue() == ""

@@ -316,6 +316,8 @@ def _print_results(results: list[RunResult], as_json: bool) -> None:
 
 def cmd_run(args) -> int:
     backends.get(args.backend).target(args.arch, launch=True)  # "cannot run here" before any work
+    if args.checks:
+        os.environ["KERNFORGE_CHECKS"] = "1"  # kernforge.compile's own switch, for every build below
     choice = _Choice(args, args.backend)
     repeat = _repeats(args, args.backend)
     with _Status() as status:
@@ -465,6 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeat", type=int, default=None,
                    help="timed runs after the checked one (default 5; 1 on the interpreter and emulators)")
     s.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    s.add_argument("--checks", action="store_true",
+                   help="checked mode: bounds-check every access in the generated code (as KERNFORGE_CHECKS=1)")
     s.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     s.set_defaults(func=cmd_run)
 

@@ -151,3 +151,15 @@ def test_entry_point_runs():
     assert len(json.loads(proc.stdout)) == len(registry.all_specs())
     proc = run_process("run", "topk_bf16", "--problem", "huge")
     assert_one_line_error(proc.returncode, proc.stderr, "unknown problem 'huge'")
+
+
+def test_run_checks_builds_the_checked_variant(monkeypatch, capsys):
+    from kernforge import cli, runtime
+
+    monkeypatch.delenv("KERNFORGE_CHECKS", raising=False)
+    tags, real = [], runtime.compile
+    monkeypatch.setattr(runtime, "compile", lambda tag, *a, **k: (tags.append(tag), real(tag, *a, **k))[1])
+    assert cli.main(["run", "m_grouped_gemm_nt_masked", "--backend", "cpu", "--problem", "small",
+                     "--repeat", "1", "--checks", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verified"] is True
+    assert tags and all(t.endswith("_checked") for t in tags)

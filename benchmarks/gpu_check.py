@@ -11,6 +11,9 @@ For every kernel of ``kernforge.kernels.registry``:
    ``torch._grouped_mm`` for the grouped GEMMs (fp8: on operands dequantised
    to bf16 before timing; masked layout: ``_grouped_mm`` computes every row).
 
+Then it captures ``torch.ops.kernforge.topk`` in a CUDA graph, replays it and compares the
+replay with eager calls (``cuda_graph_check``).
+
 Prints a table, writes JSON (``--out``; default ``$OUT/gpu_check.json`` when
 ``$OUT`` is set) and exits nonzero on any mismatch or build failure.
 
@@ -260,7 +263,44 @@ def gpu_run(specs: dict, problems: list[str], arch: str | None, repeat: int, job
                 row["tflops"] = spec.flops(params) / row["kernforge_ms"] / 1e9
             if spec.bytes:
                 row["gbps"] = spec.bytes(params) / row["kernforge_ms"] / 1e6
+    rows.append(cuda_graph_check())
     return rows
+
+
+def cuda_graph_check() -> dict:
+    """Capture ``torch.ops.kernforge.topk`` (the op form; ``abort_when_nan_found=False`` and
+    no ``end``: no host reads) in a ``torch.cuda.CUDAGraph``, replay it on new input data
+    copied into the captured input, and compare with an eager call on that data."""
+    import torch
+
+    import kernforge.ops  # noqa: F401  (registers torch.ops.kernforge.*)
+
+    row = {"kernel": "cuda_graph:topk", "problem": "capture+replay"}
+    try:
+        x = torch.randn(16, 4096, device="cuda")
+        call = lambda: torch.ops.kernforge.topk(x, 64, abort_when_nan_found=False)  # noqa: E731
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up (JIT build, plan memo) off the capture
+            call()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            values, idx = call()
+        for seed in (1, 2):
+            x.copy_(torch.randn(16, 4096, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+            values.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            eager_values, eager_idx = call()
+            assert torch.equal(values, eager_values) and torch.equal(idx, eager_idx), "replay != eager"
+            assert torch.equal(values.sort(1).values, torch.topk(x, 64).values.sort(1).values)
+        row["status"] = "verified (replay == eager)"
+    except AssertionError as e:
+        row["status"] = f"MISMATCH: {str(e)[:300]}"
+    except Exception as e:
+        row["status"] = f"FAILED: {type(e).__name__}: {str(e)[:300]}"
+    return row
 
 
 # ---------------------------------------------------------------- report

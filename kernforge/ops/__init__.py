@@ -8,7 +8,9 @@ Switching is a one-line import change:
 
 Each op checks its inputs before launch (typed errors), picks a kernel
 configuration, and runs the kernel on ``backend=`` (default: by the tensor's
-device).
+device).  What they share at the edges (NaN propagates as torch does, or topk's typed
+NaN error; empty batches give empty results; inapplicable flags raise) is
+docs/ops.md.
 """
 from kernforge.ops.grouped_gemm import (get_k_alignment_for_contiguous_layout,
                                         get_m_alignment_for_contiguous_layout,
@@ -20,6 +22,7 @@ from kernforge.ops.grouped_gemm import (get_k_alignment_for_contiguous_layout,
                                         set_mk_alignment_for_contiguous_layout)
 from kernforge.ops.mla import FlashMLASchedMeta, flash_mla_with_kvcache, get_mla_metadata
 from kernforge.ops.topk import get_stride_requirement, topk
+from kernforge.ops import torch_library  # noqa: F401  (registers torch.ops.kernforge.*)
 
 __all__ = [
     "FlashMLASchedMeta", "flash_mla_with_kvcache", "get_k_alignment_for_contiguous_layout",

@@ -11,7 +11,8 @@ multiple of ``get_mk_alignment_for_contiguous_layout()``, ids constant inside an
 aligned block) is checked on the host before anything runs.
 
 Behaviour on padding is defined rather than left to the caller: ``d`` rows whose
-index is ``-1`` (and PSUM gap rows) are written as zeros, whatever ``a`` holds there.
+index is ``-1`` (and PSUM gap rows) are written as zeros, whatever ``a`` holds there;
+NaN elsewhere propagates to the ``d`` elements it reaches, as torch's matmul (docs/ops.md).
 FP8 takes DeepGEMM's SM90 default recipe only: float32 scales, 1x128 per token for
 ``a`` and 128x128 per block for ``b`` (UE8M0-rounded scales are ordinary float32
 powers of two, so they work too).
@@ -109,8 +110,8 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
                          f"{tuple(b.shape)}")
     groups, max_m, k = a.shape
     n = b.shape[1]
-    if n == 0 or k == 0 or groups == 0:
-        raise ValueError(f"n, k and the group count must be positive, got n={n}, k={k}, G={groups}")
+    if n == 0 or k == 0:
+        raise ValueError(f"n and k must be positive, got n={n}, k={k}")
     _check_tensor("d", d, torch.bfloat16, (groups, max_m, n))
     if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 \
             or tuple(masked_m.shape) != (groups,) or not masked_m.is_contiguous():
@@ -121,7 +122,7 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
         raise ValueError(f"expected_m must be a positive int, got {expected_m!r}")
     if len({a.device, b.device, d.device, masked_m.device}) != 1:
         raise ValueError("a, b, d and masked_m must be on one device")
-    if max_m == 0:
+    if groups == 0 or max_m == 0:        # an empty batch: d is empty too, nothing to launch
         return
     backend = backends.for_tensor(a, backend)
     cfg = config.choose_masked(backend, groups, n, k, expected_m)

@@ -66,7 +66,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     first ``head_dim_v`` dims of the key), ``block_table int32 [b, max_blocks]``,
     ``cache_seqlens int32 [b]``.  Returns ``out [b, s_q, h_q, head_dim_v]`` in q's
     dtype and ``lse float32 [b, h_q, s_q]`` (natural log; ``+inf`` and out 0 for rows
-    with nothing to attend).  ``attn_sink float32 [h_q]`` scales each head's output by
+    with nothing to attend; NaN, as torch gives, for rows whose query or visible keys
+    hold a NaN; empty tensors for an empty batch: docs/ops.md).  ``attn_sink float32 [h_q]`` scales each head's output by
     ``1 / (1 + exp(sink - lse))``.
 
     With ``indices int32 [b, s_q, topk]`` (flat token ids ``block * page_block_size +
@@ -83,12 +84,13 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     if indices is not None:
         return _sparse(q, k_cache, indices, topk_length, head_dim_v, tile_scheduler_metadata,
                        softmax_scale, causal, bool(is_fp8_kvcache), attn_sink, backend)
-    if is_fp8_kvcache and k_cache.dtype != q.dtype:
-        raise NotImplementedError("an FP8 KV cache is supported on the sparse (indices) path only; "
-                                  "FlashMLA's dense decode is bf16/fp16 too")
+    if is_fp8_kvcache:
+        _check_fp8_flag_on_dense(k_cache)
     if topk_length is not None:
         raise ValueError("topk_length is only meaningful with indices (the sparse path)")
     b, s_q, h_q, d = _check_dense(q, k_cache, block_table, cache_seqlens, head_dim_v, attn_sink)
+    if b * s_q * h_q == 0:
+        return _empty_result(q, head_dim_v)
     page, h_kv = k_cache.shape[1], k_cache.shape[2]
     causal = bool(causal) and s_q > 1            # FlashMLA ignores causal for one query token
     if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
@@ -151,6 +153,8 @@ def _sparse(q, k_cache, indices, topk_length, head_dim_v, meta, softmax_scale, c
     if ((ids != -1) & ((ids < 0) | (ids >= num_blocks * page))).any():
         raise ValueError(f"indices within topk_length must be -1 or token ids in "
                          f"[0, {num_blocks * page}) (physical_block * page_block_size + offset)")
+    if b * s_q * h_q == 0:
+        return _empty_result(q, head_dim_v)
     if isinstance(meta, FlashMLASchedMeta):
         _record_config(meta, dict(b=b, s_q=s_q, h_q=h_q, page_block_size=page, h_kv=1,
                                   causal=False, is_fp8_kvcache=fp8, topk=topk))
@@ -244,12 +248,14 @@ def _check_q_and_cache(q, k_cache, head_dim_v, fp8: bool = False) -> tuple:
         if k_cache.dtype != q.dtype:
             raise TypeError(f"k_cache dtype {k_cache.dtype} must equal q's {q.dtype}")
         width = d
+    if not fp8 and k_cache.dim() == 4 and k_cache.shape[3] != d:
+        raise ValueError(f"q's head dim d = {d} (q.shape[3], q {tuple(q.shape)}) must equal "
+                         f"k_cache's {k_cache.shape[3]} (k_cache.shape[3], k_cache "
+                         f"{tuple(k_cache.shape)}): keys and queries share one head dim")
     if k_cache.dim() != 4 or k_cache.shape[3] != width:
         raise ValueError(f"k_cache must be [num_blocks, page_block_size, h_kv, {width}], got "
                          f"{tuple(k_cache.shape)}")
     h_kv = k_cache.shape[2]
-    if b == 0 or s_q == 0 or h_q == 0 or d == 0:
-        raise ValueError(f"q has an empty dimension: {tuple(q.shape)}")
     if not 0 < head_dim_v <= d:
         raise ValueError(f"head_dim_v ({head_dim_v}) must be in (0, d={d}]: the value is the first "
                          "head_dim_v dims of the key")
@@ -258,6 +264,26 @@ def _check_q_and_cache(q, k_cache, head_dim_v, fp8: bool = False) -> tuple:
     if not q.is_contiguous() or not k_cache.is_contiguous():
         raise ValueError("q and k_cache must be contiguous")
     return b, s_q, h_q, d
+
+
+def _check_fp8_flag_on_dense(k_cache) -> None:
+    """``is_fp8_kvcache=True`` without ``indices``: never silently ignored.  A bf16 cache
+    contradicts the flag; an FP8 one needs a dense FP8 kernel kernforge does not have."""
+    if isinstance(k_cache, torch.Tensor) and k_cache.dtype not in _FP8_CACHE_DTYPES:
+        raise TypeError(f"is_fp8_kvcache=True, but k_cache is {k_cache.dtype}: an FP8 cache holds "
+                        "bytes (float8_e4m3fn, int8 or uint8); pass is_fp8_kvcache=False for a "
+                        f"{k_cache.dtype} cache")
+    raise NotImplementedError("an FP8 KV cache (is_fp8_kvcache=True) is supported on the sparse "
+                              "(indices) path only; FlashMLA's dense decode is bf16/fp16 too")
+
+
+def _empty_result(q, head_dim_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` for a call with no query rows (``b``, ``s_q`` or ``h_q`` is 0): empty
+    tensors of the right shapes, as torch's attention returns; nothing is launched and a
+    ``FlashMLASchedMeta`` is left unrecorded (there is no schedule to record)."""
+    b, s_q, h_q, _ = q.shape
+    return (torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device),
+            torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device))
 
 
 def _check_sink(attn_sink, h_q: int) -> None:

@@ -134,16 +134,19 @@ def _compiled(backend: str, k: int, dtype: str, index_dtype: str, sorted_values:
 
 def _check_scalars(k, begin, hint, sorted_values, sorted_index, return_value, indices_type,
                    idx_fill, val_fill) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= kernels.MAX_TOPK:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TopKTypeError(f"`topk` (k) must be an int, got {type(k).__name__} {k!r}")
+    if not 1 <= k <= kernels.MAX_TOPK:
         raise TopKValueError(f"topk must be between 1 and {kernels.MAX_TOPK}, got {k!r}")
     if begin is not None:
         raise TopKUnsupportedError("`begin` is not supported now: it must be None")
     if hint is not None:
         raise TopKUnsupportedError("`hint` is not supported now: it must be None")
     if sorted_values and not return_value:
-        raise TopKValueError("`return_value` must be enabled when `sorted_value` is True")
+        raise TopKValueError("`sorted=True` needs `return_value=True`: values are sorted, so "
+                             "they must be returned")
     if sorted_values and sorted_index:
-        raise TopKValueError("`sorted_value` and `sorted_index` cannot be used at the same time")
+        raise TopKValueError("`sorted=True` and `sorted_index=True` cannot be used at the same time")
     if indices_type not in _INDEX_TYPES:
         raise TopKTypeError(f"indices_type must be torch.int32 or torch.int64, got {indices_type}")
     if isinstance(idx_fill, bool) or not isinstance(idx_fill, int) or not -2**31 <= idx_fill < 2**31:
@@ -160,7 +163,8 @@ def _check_input(x, sorted_values) -> None:
     if x.dtype not in (torch.bfloat16, torch.float32):
         raise TopKTypeError(f"input dtype must be bfloat16 or float32, got {x.dtype}")
     if sorted_values and x.dtype != torch.float32:
-        raise TopKTypeError("`sorted_value` is only supported for float32 input")
+        raise TopKTypeError(f"`sorted=True` is only supported for float32 input, got {x.dtype} "
+                            "(sort the returned values yourself, or pass a float32 input)")
     if x.shape[1] >= kernels.MAX_VOCAB:
         raise TopKValueError(f"vocab_size must be < 2^23 for {_DTYPE_NAME[x.dtype]} input, "
                              f"got {x.shape[1]}")

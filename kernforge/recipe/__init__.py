@@ -12,8 +12,8 @@ from .conversation import (AssistantMessage, BytesImageSource, Conversation, Dat
                            ToolCall, ToolDefinition, ToolMessage, UrlImageSource, UserMessage)
 from .encoding_v4 import DeepseekV4Encoding
 from .encoding_v41 import DeepseekV41Encoding
-from .errors import (ConversionError, ImageError, RecipeError, StreamStateError,
-                     UnsupportedFeatureError)
+from .errors import (ConversionError, ImageError, InvalidArgumentError, InvalidTypeError, RecipeError,
+                     StreamStateError, UnsupportedFeatureError)
 from .options import (ConversationRequest, ConversionOptions, InferenceOptions, ModelVersion,
                       OutputConstraint, ParsingOptions, ReasoningContentBehavior,
                       ThinkingInitialStage, WebSearchBehavior)
@@ -29,6 +29,7 @@ __all__ = [
     "ChatCompletionRequest", "ChatCompletionResponse", "Conversation", "ConversationRequest",
     "ConversionError", "ConversionOptions", "DataUrlImageSource", "DeepseekV41Encoding",
     "DeepseekV4Encoding", "DeveloperMessage", "ImageError", "ImageSource", "InferenceChunk",
+    "InvalidArgumentError", "InvalidTypeError",
     "InferenceFinishReason", "InferenceOptions", "LatestReminderMessage", "Message",
     "MessagesChunkGenerator", "MessagesRequest", "MessagesResponse", "MessagesStreamEvent",
     "ModelVersion", "OutputConstraint", "OutputParser", "ParsedOutput", "ParsedToolCall", "ParseIssue", "ParsingOptions", "PromptUsage",

@@ -6,6 +6,8 @@ the hot path, and the request models already validated the input.
 from collections.abc import Sequence
 from typing import Any
 
+from .errors import InvalidArgumentError, InvalidTypeError
+
 
 TOOL_CHOICES = ("auto", "none", "required")
 REASONING_EFFORTS = ("low", "high", "xhigh", "max")
@@ -32,7 +34,7 @@ class ToolDefinition:
     def __init__(self, name: str, description: str | None = None, parameters: Any = None,
                  strict: bool | None = None, defer_loading: bool = False):
         if not name:
-            raise ValueError("tool name must be non-empty")
+            raise InvalidArgumentError("tool name must be non-empty")
         self.name, self.description, self.parameters = name, description, parameters
         self.strict, self.defer_loading = strict, defer_loading
 
@@ -52,7 +54,7 @@ class ImageSource:
 
     def __init__(self, kind, detail, *, data_url=None, url=None, data=None, path=""):
         if detail not in IMAGE_DETAILS:
-            raise ValueError(f"image detail must be one of {IMAGE_DETAILS}, got {detail!r}")
+            raise InvalidArgumentError(f"image detail must be one of {IMAGE_DETAILS}, got {detail!r}")
         self.kind, self.detail, self.path = kind, detail, path
         self.data_url, self.url, self.data = data_url, url, data
 
@@ -83,7 +85,7 @@ class BytesImageSource(ImageSource):
 
 def _text(role: str, content) -> str:
     if type(content) is not str:
-        raise TypeError(f"{role} message content must be str, got {type(content).__name__}")
+        raise InvalidTypeError(f"{role} message content must be str, got {type(content).__name__}")
     return content
 
 
@@ -145,7 +147,7 @@ class UserMessage(Message):
         self.content = _text("user", content)
         self.image_sources = list(image_sources) if image_sources else []
         if task is not None and not task.isidentifier():
-            raise ValueError(f"task must be an identifier, got {task!r}")
+            raise InvalidArgumentError(f"task must be an identifier, got {task!r}")
         self.task = task
 
 
@@ -201,19 +203,19 @@ class Conversation:
                  reasoning_effort: str | None = None, response_format: str = "text",
                  response_schema: Any = None, response_regex: str | None = None):
         if tool_choice not in TOOL_CHOICES:
-            raise ValueError(f"tool_choice must be one of {TOOL_CHOICES}, got {tool_choice!r}")
+            raise InvalidArgumentError(f"tool_choice must be one of {TOOL_CHOICES}, got {tool_choice!r}")
         if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
-            raise ValueError(f"reasoning_effort must be one of {REASONING_EFFORTS}, got {reasoning_effort!r}")
+            raise InvalidArgumentError(f"reasoning_effort must be one of {REASONING_EFFORTS}, got {reasoning_effort!r}")
         if response_format not in ("text", "json_object"):
-            raise ValueError(f"response_format must be 'text' or 'json_object', got {response_format!r}")
+            raise InvalidArgumentError(f"response_format must be 'text' or 'json_object', got {response_format!r}")
         if response_schema is not None and response_regex is not None:
-            raise ValueError("response_schema and response_regex are mutually exclusive")
+            raise InvalidArgumentError("response_schema and response_regex are mutually exclusive")
         if response_format == "json_object" and (response_schema is not None or response_regex is not None):
-            raise ValueError("json_object cannot be combined with a schema or regex")
+            raise InvalidArgumentError("json_object cannot be combined with a schema or regex")
         self.messages = list(messages or ())
         for m in self.messages:
             if not isinstance(m, Message):
-                raise TypeError(f"conversation messages must be Message objects, got {type(m).__name__}")
+                raise InvalidTypeError(f"conversation messages must be Message objects, got {type(m).__name__}")
         self.thinking_mode = bool(thinking_mode)
         self.tools = list(tools or ())
         self.tool_choice = tool_choice

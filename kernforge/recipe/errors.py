@@ -43,6 +43,20 @@ class UnsupportedFeatureError(ConversionError):
         super().__init__(msg, param=feature)
 
 
+class InvalidArgumentError(RecipeError, ValueError):
+    """A bad value given to the Python API directly (a `Conversation`, `ToolDefinition`,
+    option or chunk built by the caller, not a request body).
+
+    A `RecipeError`, so one `except RecipeError` catches everything this package raises
+    on purpose, and a `ValueError`, so code written against the plain exception keeps
+    working.  Request bodies never reach these checks unvalidated: their values are
+    checked first and rejected as `ConversionError` (HTTP 400)."""
+
+
+class InvalidTypeError(RecipeError, TypeError):
+    """A value of the wrong type given to the Python API directly (also a `TypeError`)."""
+
+
 class ImageError(RecipeError):
     """An image could not be decoded or preprocessed."""
 

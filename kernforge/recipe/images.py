@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
-from .errors import ImageError
+from .errors import ImageError, InvalidArgumentError
 
 PATCH = 14
 POOL = 3
@@ -43,7 +43,7 @@ class ImageInfo:
 
 def image_token_count(width: int, height: int) -> int:
     if width % PATCH or height % PATCH or width <= 0 or height <= 0:
-        raise ValueError(f"image size {width}x{height} is not a whole number of {PATCH}px patches")
+        raise InvalidArgumentError(f"image size {width}x{height} is not a whole number of {PATCH}px patches")
     pw, ph = width // PATCH, height // PATCH
     return math.ceil(ph / POOL) * (math.ceil(pw / POOL) + 1) + 2
 

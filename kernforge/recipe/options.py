@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from .conversation import Conversation
 from .encoding_v4 import DeepseekV4Encoding
 from .encoding_v41 import DeepseekV41Encoding
-from .errors import ConversionError
+from .errors import ConversionError, InvalidArgumentError
 from .tokens import DEFAULT_SPECIAL_TOKENS, SpecialTokens
 
 DEFAULT_MAX_TOKENS_UPPER_BOUND = 393216
@@ -69,7 +69,7 @@ class ConversionOptions:
         for name, bound in (("thinking_max_tokens_upper_bound", thinking_max_tokens_upper_bound),
                             ("non_thinking_max_tokens_upper_bound", non_thinking_max_tokens_upper_bound)):
             if not isinstance(bound, int) or bound < 1:
-                raise ValueError(f"{name} must be a positive int, got {bound!r}")
+                raise InvalidArgumentError(f"{name} must be a positive int, got {bound!r}")
         self.default_thinking_mode = bool(default_thinking_mode)
         self.reasoning_content_behavior = ReasoningContentBehavior(reasoning_content_behavior)
         self.responses_web_search = WebSearchBehavior(responses_web_search)
@@ -134,7 +134,7 @@ class OutputConstraint:
 
     def __init__(self, kind: str, schema: str | None = None, *, build=None):
         if (schema is None) == (build is None):
-            raise ValueError("give exactly one of schema and build")
+            raise InvalidArgumentError("give exactly one of schema and build")
         self.kind, self._schema, self._build = kind, schema, build
 
     @property
@@ -193,7 +193,7 @@ class ParsingOptions:
     def stop_sequences(self, value):
         value = [value] if isinstance(value, str) else list(value)
         if value and any(not isinstance(s, str) or not s for s in value):
-            raise ValueError("stop sequences must be non-empty strings")
+            raise InvalidArgumentError("stop sequences must be non-empty strings")
         self._stop = value
 
 

@@ -69,10 +69,14 @@ class ToolCallEnd:
 
 @dataclass(slots=True)
 class ParseIssue:
-    """Malformed model output, reported instead of raised."""
+    """Malformed model output, reported instead of raised.
+
+    ``call`` is the index of the tool call the issue concerns (that call is then
+    ``valid=False``), or ``None`` for an issue outside any call (text after the block)."""
 
     kind: str
     message: str
+    call: int | None = None
 
 
 REASONING, CONTENT, BLOCK, INVOKE, VALUE, AFTER, STOPPED = range(7)
@@ -241,9 +245,8 @@ class OutputParser:
                 self._emit_text(out, self.buf)
                 self.buf = ""
             if self.state in (BLOCK, INVOKE, VALUE):
-                self._issue(out, "unterminated_tool_calls", "output ended inside a tool-call block")
-                if self.call is not None:
-                    self.call.valid = False
+                self._issue(out, "unterminated_tool_calls", "output ended inside a tool-call block",
+                            self.call)
             if self.pending_reasoning_newlines and self.state == REASONING:
                 out.append(ReasoningDelta(self.pending_reasoning_newlines))
                 self.pending_reasoning_newlines = ""
@@ -254,8 +257,12 @@ class OutputParser:
         return out
 
     # --- machinery ----------------------------------------------------------
-    def _issue(self, out, kind, message):
-        issue = ParseIssue(kind, message)
+    def _issue(self, out, kind, message, call: "ToolCallState | None" = None):
+        """Report an issue; one that concerns ``call`` also marks that call invalid, so
+        ``valid`` and the issues list always agree."""
+        if call is not None:
+            call.valid = False
+        issue = ParseIssue(kind, message, None if call is None else call.index)
         self.issues.append(issue)
         out.append(issue)
 
@@ -308,6 +315,13 @@ class OutputParser:
                     return
             elif st == AFTER:
                 stripped = self.buf.lstrip()
+                if stripped.startswith(self.eos):  # the normal end of a turn that made calls
+                    self.saw_eos = True
+                    self._stop()
+                    return
+                if stripped and not final and self.eos.startswith(stripped):
+                    self.buf = stripped            # may still become the end-of-sentence token
+                    return
                 if stripped:
                     self._issue(out, "text_after_tool_calls", "text after the tool-call block")
                     self.state = CONTENT
@@ -386,9 +400,9 @@ class OutputParser:
             if tag.startswith(rest) and not final:
                 self.buf = rest
                 return False
-        self._issue(out, "malformed_tool_call", f"unexpected text in tool-call block: {rest[:40]!r}")
+        self._issue(out, "malformed_tool_call", f"unexpected text in tool-call block: {rest[:40]!r}",
+                    self.call)
         if self.call is not None:
-            self.call.valid = False
             self._end_call(out)
         self.state = CONTENT
         self.pending_newlines = ""
@@ -403,13 +417,12 @@ class OutputParser:
         if tag == tags.block_close:
             self.state = AFTER
         elif tag == tags.invoke_open:
-            name = attrs.get("name")
-            if not name:
-                self._issue(out, "malformed_tool_call", "invoke tag without a name")
-                name = ""
+            name = attrs.get("name") or ""
             index = len(self.calls)
-            self.call = ToolCallState(index, new_tool_call_id(index), name, valid=bool(name))
+            self.call = ToolCallState(index, new_tool_call_id(index), name)
             self.calls.append(self.call)
+            if not name:
+                self._issue(out, "malformed_tool_call", "invoke tag without a name", self.call)
             out.append(ToolCallStart(index, self.call.id, name))
             self.state = INVOKE
         elif tag == tags.invoke_close:
@@ -421,8 +434,7 @@ class OutputParser:
             if not name or name in call.params:
                 kind = "duplicate_parameter" if name else "malformed_tool_call"
                 self._issue(out, kind, f"tool call {call.name!r}: parameter {name!r} "
-                                       f"{'repeated' if name else 'has no name'}")
-                call.valid = False
+                                       f"{'repeated' if name else 'has no name'}", call)
                 self.value_target = None
             else:
                 call.params.add(name)
@@ -478,7 +490,8 @@ class OutputParser:
                     text = _canonical_json(raw)
                 except ValueError:
                     self._issue(out, "invalid_json_parameter",
-                                f"tool call {target.name!r}: non-string parameter is not JSON; kept as a string")
+                                f"tool call {target.name!r}: non-string parameter is not JSON; kept as a string",
+                                target)
                     text = encode_basestring(raw)
                 self._args(out, text)
         self.state = INVOKE

@@ -6,7 +6,7 @@ chunk/event objects. The generator also builds the final finish reason.
 """
 import enum
 
-from .errors import StreamStateError, UnsupportedFeatureError
+from .errors import InvalidArgumentError, InvalidTypeError, StreamStateError, UnsupportedFeatureError
 from .options import ParsingOptions
 from .parser import OutputParser
 
@@ -22,7 +22,7 @@ class PromptUsage:
 
     def __init__(self, *, prompt_tokens: int = 0, prompt_cache_hit_tokens: int = 0):
         if prompt_tokens < 0 or not 0 <= prompt_cache_hit_tokens <= max(prompt_tokens, 0):
-            raise ValueError("token counts must be non-negative and cache hits <= prompt tokens")
+            raise InvalidArgumentError("token counts must be non-negative and cache hits <= prompt tokens")
         self.prompt_tokens, self.prompt_cache_hit_tokens = prompt_tokens, prompt_cache_hit_tokens
 
 
@@ -47,7 +47,7 @@ class InferenceChunk:
     @staticmethod
     def text(content: str, token_count: int = 0):
         if type(content) is not str:
-            raise TypeError("text chunk content must be str")
+            raise InvalidTypeError("text chunk content must be str")
         chunk = _new_chunk(InferenceChunk)  # per-token path: skip the keyword-argument __init__
         chunk.kind, chunk.content, chunk.token_count = "text", content, token_count
         chunk.finish_reason = chunk.prompt_usage = chunk.system_fingerprint = None
@@ -55,7 +55,12 @@ class InferenceChunk:
 
     @staticmethod
     def finish(finish_reason: InferenceFinishReason):
-        return InferenceChunk("finish", finish_reason=InferenceFinishReason(finish_reason))
+        try:
+            reason = InferenceFinishReason(finish_reason)
+        except ValueError:
+            raise InvalidArgumentError(f"finish_reason must be one of "
+                                       f"{[r.value for r in InferenceFinishReason]}, got {finish_reason!r}") from None
+        return InferenceChunk("finish", finish_reason=reason)
 
 
 class StreamProcessor:

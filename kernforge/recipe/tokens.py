@@ -7,6 +7,8 @@ same characters stays plain text.
 import enum
 from dataclasses import dataclass, fields, replace
 
+from .errors import InvalidArgumentError
+
 
 class SpecialToken(enum.Enum):
     Bos = "bos"
@@ -59,7 +61,7 @@ class SpecialTokens:
         for f in fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"special token {f.name!r} must be a non-empty string")
+                raise InvalidArgumentError(f"special token {f.name!r} must be a non-empty string")
 
     def token(self, token: SpecialToken) -> str:
         return getattr(self, token.value)

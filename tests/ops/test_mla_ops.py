@@ -83,7 +83,9 @@ def test_config_choice():
     (lambda a: a.update(q=a["q"].float()), TypeError, "bfloat16"),
     (lambda a: a.update(q=a["q"][0]), ValueError, r"q must be \[batch"),
     (lambda a: a.update(k_cache=a["k_cache"].half()), TypeError, "k_cache dtype"),
-    (lambda a: a.update(k_cache=a["k_cache"][..., :64]), ValueError, "k_cache must be"),
+    (lambda a: a.update(k_cache=a["k_cache"][..., :64]), ValueError, r"q's head dim d = 576 .* must "
+     r"equal k_cache's 64"),
+    (lambda a: a.update(k_cache=a["k_cache"][0]), ValueError, r"k_cache must be \[num_blocks"),
     (lambda a: a.update(head_dim_v=600), ValueError, "head_dim_v"),
     (lambda a: a.update(block_table=a["block_table"].long()), ValueError, "block_table must be int32"),
     (lambda a: a.update(cache_seqlens=a["cache_seqlens"][:1]), ValueError, "cache_seqlens must be int32"),
@@ -93,6 +95,7 @@ def test_config_choice():
     (lambda a: a.update(attn_sink=torch.zeros(3)), ValueError, "attn_sink"),
     (lambda a: a.update(is_fp8_kvcache=True, k_cache=a["k_cache"].view(torch.uint8)),
      NotImplementedError, "sparse"),
+    (lambda a: a.update(is_fp8_kvcache=True), TypeError, "is_fp8_kvcache=True, but k_cache is"),
     (lambda a: a.update(topk_length=torch.zeros(2, dtype=torch.int32)), ValueError, "only meaningful with indices"),
     (lambda a: a.update(num_splits=torch.zeros(3)), ValueError, "num_splits must be None"),
     (lambda a: a.update(tile_scheduler_metadata="x"), TypeError, "FlashMLASchedMeta"),
@@ -191,12 +194,16 @@ def test_gpu_split_choice(monkeypatch):
 
 
 
-def test_dense_ignores_fp8_flag_with_a_bf16_cache():
-    """FlashMLA only records is_fp8_kvcache for the dense path; a bf16 cache runs as usual."""
+@pytest.mark.parametrize("d_q", [500, 512, 640])
+def test_q_with_the_wrong_head_dim_is_named(d_q):
+    """A q whose last dimension differs from the cache's used to read "k_cache must be
+    [..., <q's d>]", blaming the cache for q's mistake: the message names both."""
     q, kv, table, lens = make([20], heads=2)
-    out, lse = mla.flash_mla_with_kvcache(q, kv, table, lens, 512, is_fp8_kvcache=True,
-                                          backend="interp")
-    check(out, lse, q, kv, table, lens, None, 576 ** -0.5, False)
+    bad_q = torch.randn(1, 1, 2, d_q).bfloat16()
+    with pytest.raises(ValueError, match=rf"q's head dim d = {d_q} \(q.shape\[3\].* must equal "
+                                         r"k_cache's 576 \(k_cache.shape\[3\]") as info:
+        mla.flash_mla_with_kvcache(bad_q, kv, table, lens, 512, backend="interp")
+    assert not str(info.value).startswith("k_cache must be")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

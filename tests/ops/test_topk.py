@@ -179,9 +179,14 @@ def test_nan_policy(backend):
 
 def test_errors_are_typed_and_raised_before_work():
     x = torch.randn(2, 100)
-    for bad in (0, -1, 4097, 2**31, True, 3.0):
+    for bad in (0, -1, 4097, 2**31):
         with pytest.raises(TopKValueError, match="topk must be between 1 and 4096"):
             topk(x, bad)
+    # a non-int k is a type problem, named as such (not "must be between 1 and 4096")
+    for bad, type_name in ((8.0, "float"), (True, "bool"), ("8", "str"), (torch.tensor(8), "Tensor")):
+        with pytest.raises(TopKTypeError, match=rf"^`topk` \(k\) must be an int, got {type_name} ") as info:
+            topk(x, bad)
+        assert "between" not in str(info.value)
     with pytest.raises(ValueError):
         topk(x, 0)
     with pytest.raises(RuntimeError):
@@ -196,8 +201,9 @@ def test_errors_are_typed_and_raised_before_work():
     with pytest.raises(TypeError):
         topk(x, 4, output_idx=torch.empty(2, 4, dtype=torch.int32))
     cases = [
-        (dict(sorted=True, return_value=False), TopKValueError, "return_value"),
-        (dict(sorted=True, sorted_index=True), TopKValueError, "same time"),
+        (dict(sorted=True, return_value=False), TopKValueError, r"`sorted=True` needs `return_value=True`"),
+        (dict(sorted=True, sorted_index=True), TopKValueError,
+         r"`sorted=True` and `sorted_index=True` cannot be used at the same time"),
         (dict(indices_type=torch.int16), TopKTypeError, "indices_type"),
         (dict(end=torch.zeros(2, dtype=torch.int64)), TopKTypeError, "int32"),
         (dict(end=torch.zeros(3, dtype=torch.int32)), TopKValueError, "shape"),
@@ -226,8 +232,15 @@ def test_errors_are_typed_and_raised_before_work():
     for inp, exc, msg in inputs:
         with pytest.raises(exc, match=msg):
             topk(inp, 4)
-    with pytest.raises(TopKTypeError, match="only supported for float32"):
+    # the messages name the parameters the caller wrote (`sorted`), none that do not exist
+    with pytest.raises(TopKTypeError, match=r"`sorted=True` is only supported for float32 input, "
+                                            r"got torch.bfloat16") as info:
         topk(x.bfloat16(), 4, sorted=True)
+    assert "sorted_value" not in str(info.value)
+    for kw in (dict(sorted=True, return_value=False), dict(sorted=True, sorted_index=True)):
+        with pytest.raises(TopKValueError) as info:
+            topk(x, 4, **kw)
+        assert "sorted_value" not in str(info.value)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -178,3 +178,49 @@ def test_fuzz_raw_output_never_crashes(raw, step, think, tools, starts_in):
     # Nothing that is plain text is lost: without tools, stops or thinking, content is the input.
     if not tools and "STOP" not in raw and "<｜end▁of▁sentence｜>" not in raw and not think:
         assert summary(ev)[1] == raw.lstrip("\n")  # leading newlines of a fresh answer are markup
+
+
+EOS = "<｜end▁of▁sentence｜>"
+
+
+@pytest.mark.parametrize("step", [None, 1, 3, 7])
+@pytest.mark.parametrize("sep", ["", "\n", " \n"])
+def test_end_of_sentence_after_the_block_is_the_normal_end(step, sep):
+    """Real models end a tool-calling turn with the block then EOS: no issue, calls valid,
+    finish reason tool_calls; EOS split over chunks is held until it is complete."""
+    raw = "Checking.\n\n" + dsml_block([("f", [("x", 1)]), ("g", [("y", "z")])]) + sep + EOS
+    ev, p = parse(raw, step, parse_tool_calls=True)
+    r, c, calls, issues = summary(ev)
+    assert issues == [] and c == "Checking." and calls == [("f", {"x": 1}), ("g", {"y": "z"})]
+    assert all(call.valid for call in p.calls) and p.saw_eos
+    whole = K.parse_output(raw, K.ParsingOptions(parse_tool_calls=True))
+    assert whole.issues == [] and whole.finish_reason == "tool_calls"
+
+
+def test_text_after_the_block_is_still_an_issue_even_if_it_starts_like_eos():
+    ev, p = parse(dsml_block([("f", [])]) + EOS[:4], 1, parse_tool_calls=True)   # a cut-off EOS is text
+    issues = [e for e in ev if isinstance(e, ParseIssue)]
+    assert [i.kind for i in issues] == ["text_after_tool_calls"] and issues[0].call is None
+    assert p.calls[0].valid, "text after a finished block does not invalidate its calls"
+    assert summary(ev)[1] == EOS[:4]
+
+
+@pytest.mark.parametrize("raw, kind, bad", [
+    (f'<{D}tool_calls>\n<{D}invoke name="f">\n<{D}parameter name="x" string="false">not json</{D}parameter>\n'
+     f'</{D}invoke>\n<{D}invoke name="g">\n</{D}invoke>\n</{D}tool_calls>', "invalid_json_parameter", 0),
+    (dsml_block([("f", []), ("g", [("x", "1"), ("x", "2")])]), "duplicate_parameter", 1),
+    (dsml_block([("f", []), ("", [])]), "malformed_tool_call", 1),
+    (dsml_block([("f", [])])[:-len(f"</{D}tool_calls>")] + f'<{D}invoke name="g">\n<{D}parameter name="x" string="true">abc',
+     "unterminated_tool_calls", 1),
+])
+def test_valid_agrees_with_the_issues_list(raw, kind, bad):
+    """An issue names the call it concerns, and exactly those calls are invalid (docs/recipe.md);
+    an invalid_json_parameter call used to stay valid=True."""
+    for step in (None, 2):
+        ev, p = parse(raw, step, parse_tool_calls=True)
+        issues = [e for e in ev if isinstance(e, ParseIssue)]
+        assert [(i.kind, i.call) for i in issues] == [(kind, bad)]
+        assert [c.valid for c in p.calls] == [i != bad for i in range(len(p.calls))]
+    whole = K.parse_output(raw, K.ParsingOptions(parse_tool_calls=True))
+    assert [c.valid for c in whole.tool_calls] == [i != bad for i in range(len(whole.tool_calls))]
+    assert whole.finish_reason == "tool_calls"                      # the other call is valid

@@ -19,7 +19,8 @@ Two variants share this structure:
   V3.2/V4 DSA path does; optional ``topk_length``.
 
 Both return the output in the input dtype and the natural-log log-sum-exp of the
-scaled scores (``+inf`` for a row with nothing to attend, whose output is 0), and
+scaled scores (``+inf`` for a row with nothing to attend, whose output is 0; NaN, in
+output and lse, for a row whose query or visible keys hold a NaN, as in torch), and
 fold in V4's per-head attention sink: ``out *= 1 / (1 + exp(sink - lse))`` (a sink of
 ``-inf`` is exactly a no-op, which is what callers without a sink pass).
 
@@ -403,7 +404,11 @@ def _write_rows(n_rows, dim_v, acc, total, lse_of, row_of, valid, Out, out_at, L
     and scatter them to ``Out`` and their log-sum-exp to ``LSE``.
 
     ``acc [n_rows, dim_v]`` holds unnormalised outputs and ``total[i]`` the row's softmax
-    sum (0: nothing was visible: output 0, lse ``empty_lse``); ``lse_of(i)`` is the row's
+    sum (0: nothing was visible: output 0, lse ``empty_lse``).  The test is ``!= 0``, not
+    ``> 0``: a NaN score (a NaN in ``Q`` or in a visible KV row) leaves ``total`` NaN, and
+    that row must come out NaN, as torch's softmax gives, never as the "nothing to attend"
+    answer (0, ``empty_lse``), which a split partial would even drop silently in the
+    combine.  ``lse_of(i)`` is the row's
     natural-log lse.  ``row_of(i)`` computes the row's coordinates once per loop body (the
     index expressions share them); ``valid(i)``: block row i exists; ``out_at(row, i, d)``
     and ``lse_at(row, i)``: its indices into ``Out`` and ``LSE``.  ``sink_of(row)``: its
@@ -412,13 +417,13 @@ def _write_rows(n_rows, dim_v, acc, total, lse_of, row_of, valid, Out, out_at, L
         rw = row_of(i)
         if sink_of is None:
             if valid(i):
-                Out[out_at(rw, i, d)] = T.if_then_else(total[i] > 0, acc[i, d] / total[i], 0.0)
+                Out[out_at(rw, i, d)] = T.if_then_else(total[i] != 0, acc[i, d] / total[i], 0.0)
         else:
-            sink = T.if_then_else(total[i] > 0, 1.0 / (1.0 + T.exp(sink_of(rw) - lse_of(i))), 1.0)
+            sink = T.if_then_else(total[i] != 0, 1.0 / (1.0 + T.exp(sink_of(rw) - lse_of(i))), 1.0)
             if valid(i):
-                Out[out_at(rw, i, d)] = T.if_then_else(total[i] > 0, acc[i, d] * sink / total[i], 0.0)
+                Out[out_at(rw, i, d)] = T.if_then_else(total[i] != 0, acc[i, d] * sink / total[i], 0.0)
     for i in T.Parallel(n_rows):
         rw = row_of(i)
         if valid(i):
             LSE[lse_at(rw, i)] = T.if_then_else(
-                total[i] > 0, lse_of(i), T.infinity(accum) if empty_lse > 0 else -T.infinity(accum))
+                total[i] != 0, lse_of(i), T.infinity(accum) if empty_lse > 0 else -T.infinity(accum))

@@ -82,10 +82,12 @@ def reference_sparse(q: torch.Tensor, kv_flat: torch.Tensor, indices: torch.Tens
 
 
 def _softmax_rows(scores, v, attn_sink, h_q):
-    """softmax(scores) @ v per head, with the sink; rows with nothing visible: 0 and +inf."""
+    """softmax(scores) @ v per head, with the sink; rows with nothing visible: 0 and +inf.
+    A NaN score makes its row NaN, as torch's softmax does: only the empty rows' NaNs
+    (``-inf - -inf``) are zeroed, not every NaN."""
     row_lse = torch.logsumexp(scores, dim=-1)                          # [h, s]
     empty = torch.isneginf(row_lse)
-    p = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)
+    p = torch.exp(scores - row_lse[..., None]).masked_fill(empty[..., None], 0.0)
     o = torch.einsum("hsl,lhd->shd", p, v)
     if attn_sink is not None:
         o = o / (1 + torch.exp(attn_sink.double()[:, None] - row_lse)).T[..., None]

@@ -10,12 +10,13 @@ import pydantic
 from typing_extensions import NotRequired, Required, TypedDict
 
 from ..chat_out import ChatCompletionChunkGenerator
-from ..conversation import (AssistantMessage, LatestReminderMessage, SystemMessage, ToolCall,
-                            ToolDefinition, ToolMessage, UserMessage)
+from ..conversation import (AssistantMessage, LatestReminderMessage, SystemMessage, ToolCall, ToolMessage,
+                            UserMessage)
 from ..errors import ConversionError, UnsupportedFeatureError
 from ..options import ConversionOptions, ConversationRequest
 from ..tokens import DEFAULT_SPECIAL_TOKENS
-from .common import FORBID_EXTRA, Parts, Strict, assemble, image_source, map_effort, validate
+from .common import (FORBID_EXTRA, Parts, PydanticStyle, Strict, assemble, image_source, map_effort,
+                     tool_definition, validate)
 
 IMAGE_TOKEN = DEFAULT_SPECIAL_TOKENS.image
 
@@ -56,8 +57,8 @@ class FunctionCall(TypedDict):
 
 
 class ToolCallItem(TypedDict):
-    id: NotRequired[str | None]
-    type: NotRequired[Literal["function"]]
+    id: str                     # required, as in the official API (deepseek-recipe too)
+    type: Literal["function"]
     function: FunctionCall
 
 
@@ -197,6 +198,21 @@ _ROLE_KEYS = {
 }
 
 
+# Fields the official API requires (and deepseek-recipe too), per role: present and not null.
+_REQUIRED = {"user": ("content",), "system": ("content",), "developer": ("content",),
+             "latest_reminder": ("content",), "tool": ("content", "tool_call_id"), "assistant": ()}
+
+
+def _check_required(m: ChatMessage, i: int):
+    role = m["role"]
+    for key in _REQUIRED[role]:
+        if m.get(key) is None:
+            raise ConversionError(f"messages[{i}]: a {role} message needs {key!r}", param=f"messages[{i}].{key}")
+    if role == "assistant" and m.get("content") is None and not m.get("tool_calls"):
+        raise ConversionError(f"messages[{i}]: an assistant message needs content or tool_calls",
+                              param=f"messages[{i}].content")
+
+
 def _check_keys(m: ChatMessage, i: int):
     """Reject fields that do not belong to the message's role (null/false values are harmless)."""
     for key in m.keys() - _ROLE_KEYS[m["role"]]:
@@ -218,6 +234,7 @@ def _messages(b: ChatBody):
         role = m["role"]
         if not m.keys() <= _ROLE_KEYS[role]:
             _check_keys(m, i)
+        _check_required(m, i)
         content = m.get("content")
         if type(content) is str:
             images = ()
@@ -235,8 +252,8 @@ def _messages(b: ChatBody):
                                       param=f"messages[{i}].reasoning_content")
             calls = m.get("tool_calls")
             if calls:
-                calls = [ToolCall(tc.get("id") or f"call_{i}_{k}", tc["function"]["name"],
-                                  tc["function"]["arguments"]) for k, tc in enumerate(calls)]
+                calls = [ToolCall(tc["id"], tc["function"]["name"], tc["function"]["arguments"])
+                         for tc in calls]
             append(AssistantMessage(content, reasoning, calls, prefix=m.get("prefix", False)))
         elif role == "tool":
             append(ToolMessage(content, m.get("tool_call_id"), images))
@@ -249,7 +266,8 @@ def _messages(b: ChatBody):
 
 _PLAIN_BODY_KEYS = frozenset(("model", "messages", "stream"))
 _PLAIN_MESSAGE_KEYS = frozenset(("role", "content"))
-_PLAIN_ROLES = frozenset(("user", "assistant", "system", "developer", "tool", "latest_reminder"))
+# not "tool": a tool message needs a tool_call_id, which a plain message lacks
+_PLAIN_ROLES = frozenset(("user", "assistant", "system", "developer", "latest_reminder"))
 
 
 def _plain_messages(body) -> tuple | None:
@@ -287,8 +305,6 @@ def _plain_parts(model: str, pairs: tuple, stream: bool) -> Parts:
         elif role in ("system", "developer"):
             if content:  # as in `_messages`: an empty system message renders nothing
                 out.append(SystemMessage(content))
-        elif role == "tool":
-            out.append(ToolMessage(content, None, ()))
         elif role == "latest_reminder":
             out.append(LatestReminderMessage(content))
         else:
@@ -296,7 +312,7 @@ def _plain_parts(model: str, pairs: tuple, stream: bool) -> Parts:
     return Parts(model=model, messages=out, stream=stream)
 
 
-class ChatCompletionRequest:
+class ChatCompletionRequest(PydanticStyle):
     """A Chat Completions request body; `convert` yields a ConversationRequest."""
 
     def __init__(self, body):
@@ -339,8 +355,10 @@ class ChatCompletionRequest:
                 schema = b.response_format.json_schema.schema_
         parts = Parts(
             model=b.model, messages=_messages(b),
-            tools=[ToolDefinition(f["name"], f.get("description"), f.get("parameters"), f.get("strict"))
-                   for f in (t["function"] for t in b.tools or ())],
+            tools=[tool_definition(f"tools[{i}].function.name", t["function"]["name"],
+                                   t["function"].get("description"), t["function"].get("parameters"),
+                                   t["function"].get("strict"))
+                   for i, t in enumerate(b.tools or ())],
             tool_choice=choice, forced_tool=forced, thinking=thinking, effort=effort,
             temperature=b.temperature, top_p=b.top_p,
             max_tokens=b.max_tokens if b.max_tokens is not None else b.max_completion_tokens,

@@ -42,11 +42,59 @@ def validate(model_cls, body) -> Any:
             raise ConversionError(f"request body must be a JSON object, got {type(body).__name__}")
         return model_cls.model_validate(body)
     except pydantic.ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
-            raise UnsupportedFeatureError(loc, "unknown or unsupported field") from None
-        raise ConversionError(f"invalid request: {loc}: {err['msg']}", param=loc or None) from None
+        raise conversion_error(exc) from None
+
+
+_TYPE_LABELS = frozenset(("str", "int", "float", "bool", "none", "dict", "list"))
+
+
+def _field_path(loc: tuple) -> str:
+    """A pydantic error location as the client wrote it: union-member labels (``str``,
+    ``list[...]``) dropped, and a tagged union's tag, which repeats the field name
+    (``text.text``), said once."""
+    parts: list = []
+    for p in loc:
+        if isinstance(p, str) and (p in _TYPE_LABELS or "[" in p or "-" in p):
+            continue
+        if parts and p == parts[-1] and isinstance(p, str):
+            continue
+        parts.append(p)
+    return ".".join(str(p) for p in parts)
+
+
+def conversion_error(exc: pydantic.ValidationError, prefix: str = "") -> ConversionError:
+    """The typed error for a failed validation.  Of a union's failed branches the one
+    that got deepest is reported (a content list missing a part's ``text`` says so,
+    not "content should be a valid string")."""
+    errors = exc.errors()
+    err = max(errors, key=lambda e: len(e["loc"]))
+    loc = ".".join(x for x in (prefix, _field_path(err["loc"])) if x)
+    if err["type"] == "extra_forbidden":
+        return UnsupportedFeatureError(loc, "unknown or unsupported field")
+    return ConversionError(f"invalid request: {loc}: {err['msg']}", param=loc or None)
+
+
+class PydanticStyle:
+    """The pydantic-style constructors beside `Cls(body)`: `Cls.model_validate(dict)` and
+    `Cls.model_validate_json(text)`, so code written for pydantic request models (and
+    deepseek-recipe's) works unchanged.  Both validate exactly as `Cls(body)` does."""
+
+    @classmethod
+    def model_validate(cls, body):
+        return cls(body)
+
+    @classmethod
+    def model_validate_json(cls, data):
+        if not isinstance(data, (str, bytes, bytearray)):
+            raise ConversionError(f"request body must be JSON text, got {type(data).__name__}")
+        return cls(data)
+
+
+def tool_definition(path: str, name, *rest) -> ToolDefinition:
+    """A ToolDefinition from a request: an empty tool name is the client's error (400)."""
+    if not name:
+        raise ConversionError(f"Invalid '{path}': empty string. Expected a non-empty tool name", param=path)
+    return ToolDefinition(name, *rest)
 
 
 def map_effort(word: str | None, where: str) -> tuple[bool | None, str | None]:

@@ -9,13 +9,13 @@ from typing import Any, Literal
 from typing_extensions import NotRequired, TypedDict
 
 from ..anthropic_out import MessagesChunkGenerator
-from ..conversation import (AssistantMessage, DataUrlImageSource, UrlImageSource, SystemMessage, ToolCall, ToolDefinition, ToolMessage,
+from ..conversation import (AssistantMessage, DataUrlImageSource, UrlImageSource, SystemMessage, ToolCall, ToolMessage,
                             UserMessage)
 from ..dsml import dump_json
 from ..errors import ConversionError, UnsupportedFeatureError
 from ..options import ConversionOptions, ConversationRequest, WebSearchBehavior
 from ..tokens import DEFAULT_SPECIAL_TOKENS
-from .common import FORBID_EXTRA, Parts, Strict, assemble, validate
+from .common import FORBID_EXTRA, Parts, PydanticStyle, Strict, assemble, tool_definition, validate
 
 IMAGE_TOKEN = DEFAULT_SPECIAL_TOKENS.image
 ANTHROPIC_EFFORTS = {"low": "low", "medium": "high", "high": "high", "xhigh": "xhigh", "max": "max"}
@@ -104,6 +104,17 @@ class MessagesBody(Strict):
     service_tier: str | None = None
 
 
+# Fields each block type must carry, as the official API (and deepseek-recipe) require.
+_BLOCK_FIELDS = {"text": ("text",), "thinking": ("thinking",), "tool_use": ("id", "name", "input"),
+                 "tool_result": ("tool_use_id",), "image": ("source",)}
+
+
+def _check_block(block: Block, path: str):
+    for key in _BLOCK_FIELDS.get(block["type"], ()):
+        if key not in block:
+            raise ConversionError(f"{path}: a {block['type']} block needs {key!r}", param=f"{path}.{key}")
+
+
 def _image(block: Block, path: str):
     src = block.get("source")
     if src is None:
@@ -126,8 +137,9 @@ def _tool_result_text(block: Block, path: str):
     texts, images = [], []
     for j, sub in enumerate(c):
         kind = sub["type"]
+        _check_block(sub, f"{path}.content[{j}]")
         if kind == "text":
-            texts.append(sub.get("text", ""))
+            texts.append(sub["text"])
         elif kind == "image":
             images.append(_image(sub, f"{path}.content[{j}]"))
             texts.append(IMAGE_TOKEN)
@@ -140,15 +152,16 @@ def _assistant(blocks, i: int, options: ConversionOptions) -> AssistantMessage:
     reasoning, texts, calls = None, [], []
     for j, blk in enumerate(blocks):
         kind = blk["type"]
+        _check_block(blk, f"messages[{i}].content[{j}]")
         if kind == "text":
-            texts.append(blk.get("text", ""))
+            texts.append(blk["text"])
         elif kind == "thinking":
-            reasoning = (reasoning or "") + blk.get("thinking", "")
+            reasoning = (reasoning or "") + blk["thinking"]
         elif kind == "tool_use":
-            if not blk.get("id") or not blk.get("name"):
+            if not blk["id"] or not blk["name"]:
                 path = f"messages[{i}].content[{j}]"
-                raise ConversionError(f"{path}: tool_use needs id and name", param=path)
-            tool_input = blk.get("input")
+                raise ConversionError(f"{path}: tool_use needs a non-empty id and name", param=path)
+            tool_input = blk["input"]
             calls.append(ToolCall(blk["id"], blk["name"], dump_json({} if tool_input is None else tool_input)))
         elif kind == "redacted_thinking":
             raise UnsupportedFeatureError(f"messages[{i}].content[{j}].type=redacted_thinking",
@@ -170,7 +183,8 @@ def _messages(b: MessagesBody, options: ConversionOptions):
             for j, blk in enumerate(b.system):
                 if blk["type"] != "text":
                     raise UnsupportedFeatureError(f"system[{j}].type={blk['type']}")
-            out.append(SystemMessage("\n\n".join(blk.get("text", "") for blk in b.system)))
+                _check_block(blk, f"system[{j}]")
+            out.append(SystemMessage("\n\n".join(blk["text"] for blk in b.system)))
     for i, m in enumerate(b.messages):
         content = m["content"]
         if m["role"] == "assistant":
@@ -185,13 +199,14 @@ def _messages(b: MessagesBody, options: ConversionOptions):
         texts, images = [], []
         for j, blk in enumerate(content):
             kind = blk["type"]
+            _check_block(blk, f"messages[{i}].content[{j}]")
             if kind == "tool_result":
                 text, imgs = _tool_result_text(blk, f"messages[{i}].content[{j}]")
                 if blk.get("is_error"):
                     text = "Error: " + text
                 out.append(ToolMessage(text, blk.get("tool_use_id"), imgs))
             elif kind == "text":
-                texts.append(blk.get("text", ""))
+                texts.append(blk["text"])
             elif kind == "image":
                 images.append(_image(blk, f"messages[{i}].content[{j}]"))
                 texts.append(IMAGE_TOKEN)
@@ -205,7 +220,7 @@ def _messages(b: MessagesBody, options: ConversionOptions):
     return out
 
 
-class MessagesRequest:
+class MessagesRequest(PydanticStyle):
     """An Anthropic Messages request body; `convert` yields a ConversationRequest."""
 
     def __init__(self, body):
@@ -228,7 +243,7 @@ class MessagesRequest:
                 continue
             if kind not in (None, "custom"):
                 raise UnsupportedFeatureError(f"tools[{i}].type={kind}")
-            tools.append(ToolDefinition(t["name"], t.get("description"), t.get("input_schema")))
+            tools.append(tool_definition(f"tools[{i}].name", t["name"], t.get("description"), t.get("input_schema")))
         choice, forced = "auto", None
         if b.tool_choice is not None:
             if b.tool_choice.disable_parallel_tool_use:

@@ -15,7 +15,8 @@ from ..errors import ConversionError, UnsupportedFeatureError
 from ..responses_out import ResponsesChunkGenerator
 from ..options import ConversionOptions, ConversationRequest, WebSearchBehavior
 from ..tokens import DEFAULT_SPECIAL_TOKENS
-from .common import Parts, Strict, assemble, image_source, map_effort, validate
+from .common import (Parts, PydanticStyle, Strict, assemble, conversion_error, image_source, map_effort,
+                     tool_definition, validate)
 
 APPLY_PATCH_PARAMETERS = {
     "type": "object", "additionalProperties": False, "required": ["input"],
@@ -134,13 +135,22 @@ class ResponsesBody(Strict):
     background: bool | None = None
 
 
+_TYPED_TOOLS = {"function": FunctionTool, "namespace": NamespaceTool, "custom": CustomTool}
+
+
 def _tools(b: ResponsesBody, options: ConversionOptions):
     tools, ns_map = [], {}
     for i, t in enumerate(b.tools or ()):
         if isinstance(t, FunctionTool):
-            tools.append(ToolDefinition(t.name, t.description, t.parameters, t.strict, t.defer_loading))
+            tools.append(tool_definition(f"tools[{i}].name", t.name, t.description, t.parameters, t.strict,
+                                         t.defer_loading))
         elif isinstance(t, NamespaceTool):
-            for f in t.tools:
+            if not t.name:
+                raise ConversionError(f"Invalid 'tools[{i}].name': empty string", param=f"tools[{i}].name")
+            for j, f in enumerate(t.tools):
+                if not f.name:
+                    raise ConversionError(f"Invalid 'tools[{i}].tools[{j}].name': empty string",
+                                          param=f"tools[{i}].tools[{j}].name")
                 full = f"{t.name}__{f.name}"
                 ns_map[full] = (t.name, f.name)
                 tools.append(ToolDefinition(full, f.description, f.parameters, f.strict, f.defer_loading))
@@ -150,6 +160,11 @@ def _tools(b: ResponsesBody, options: ConversionOptions):
                                               "only the apply_patch custom tool is supported")
             tools.append(ToolDefinition("apply_patch", t.description or APPLY_PATCH_DESCRIPTION,
                                         APPLY_PATCH_PARAMETERS))
+        elif t.type in _TYPED_TOOLS:  # a typed tool that failed its own schema: say why
+            try:
+                _TYPED_TOOLS[t.type].model_validate(t.model_dump())
+            except pydantic.ValidationError as exc:
+                raise conversion_error(exc, f"tools.{i}") from None
         elif t.type == "apply_patch":
             tools.append(ToolDefinition("apply_patch", APPLY_PATCH_DESCRIPTION, APPLY_PATCH_PARAMETERS))
         elif t.type.startswith("web_search"):
@@ -167,7 +182,9 @@ def _text(parts, where, allow_images=False):
     for j, p in enumerate(parts or ()):
         path = f"{where}[{j}]"
         if p.type in ("input_text", "output_text", "reasoning_text", "summary_text"):
-            texts.append(p.text or "")
+            if p.text is None:
+                raise ConversionError(f"{path}: a {p.type} part needs 'text'", param=f"{path}.text")
+            texts.append(p.text)
         elif p.type == "input_image" and allow_images:
             if not p.image_url:
                 raise UnsupportedFeatureError(f"{path}.file_id", "images must be given by image_url")
@@ -176,6 +193,12 @@ def _text(parts, where, allow_images=False):
         else:
             raise UnsupportedFeatureError(f"{path}.type={p.type}")
     return "\n\n".join(texts), images
+
+
+# Fields each input item type must carry, as the official API requires.
+_ITEM_FIELDS = {"message": ("role", "content"), "reasoning": ("summary",),
+                "function_call": ("call_id", "name", "arguments"), "function_call_output": ("call_id", "output"),
+                "custom_tool_call": ("call_id", "name", "input"), "custom_tool_call_output": ("call_id", "output")}
 
 
 def _items(b: ResponsesBody):
@@ -202,9 +225,10 @@ def _items(b: ResponsesBody):
         if it.encrypted_content is not None:
             raise UnsupportedFeatureError(f"{where}.encrypted_content", "reasoning must be sent as text")
         t = it.type
+        for key in _ITEM_FIELDS.get(t, ()):
+            if getattr(it, key) is None:
+                raise ConversionError(f"{where}: a {t} item needs {key!r}", param=f"{where}.{key}")
         if t == "message":
-            if it.role is None:
-                raise ConversionError(f"{where}: message needs a role", param=where)
             if it.role == "assistant":
                 text, _ = _text(it.content, f"{where}.content")
                 msg = assistant()
@@ -225,9 +249,7 @@ def _items(b: ResponsesBody):
             if not it.call_id or not it.name:
                 raise ConversionError(f"{where}: {t} needs call_id and name", param=where)
             name = f"{it.namespace}__{it.name}" if it.namespace else it.name
-            args = it.arguments if t == "function_call" else dump_json({"input": it.input or ""})
-            if args is None:
-                raise ConversionError(f"{where}: function_call needs arguments", param=where)
+            args = it.arguments if t == "function_call" else dump_json({"input": it.input})
             msg = out[-1] if out and isinstance(out[-1], AssistantMessage) and pending_reasoning is None \
                 else assistant()
             msg.tool_calls = (msg.tool_calls or []) + [ToolCall(it.call_id, name, args)]
@@ -241,7 +263,7 @@ def _items(b: ResponsesBody):
     return out
 
 
-class ResponsesRequest:
+class ResponsesRequest(PydanticStyle):
     """A Responses request body; `convert` yields a ConversationRequest."""
 
     def __init__(self, body):

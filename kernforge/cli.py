@@ -316,17 +316,17 @@ def _print_results(results: list[RunResult], as_json: bool) -> None:
 
 def cmd_run(args) -> int:
     backends.get(args.backend).target(args.arch, launch=True)  # "cannot run here" before any work
-    if args.checks:
-        os.environ["KERNFORGE_CHECKS"] = "1"  # kernforge.compile's own switch, for every build below
+    checks = True if args.checks else None  # None: kernforge.compile's default, KERNFORGE_CHECKS
     choice = _Choice(args, args.backend)
     repeat = _repeats(args, args.backend)
     with _Status() as status:
         if choice.spec is not None:
-            res = run_spec(choice.spec, args.backend, choice.problem, repeat, args.seed, args.arch, progress=status)
+            res = run_spec(choice.spec, args.backend, choice.problem, repeat, args.seed, args.arch, progress=status,
+                           checks=checks)
         else:
             res = run_kernel(choice.func, args.backend, _parse_pairs(args.dim, "--dim", _dim_value),
                              _parse_pairs(args.arg, "--arg", _arg_value), repeat, args.seed, args.arch,
-                             progress=status)
+                             progress=status, checks=checks)
     if args.json:
         _json(res.to_json())
     else:
@@ -468,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed runs after the checked one (default 5; 1 on the interpreter and emulators)")
     s.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     s.add_argument("--checks", action="store_true",
-                   help="checked mode: bounds-check every access in the generated code (as KERNFORGE_CHECKS=1)")
+                   help="checked mode: bounds-check every access in the generated code (default: KERNFORGE_CHECKS)")
     s.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     s.set_defaults(func=cmd_run)
 

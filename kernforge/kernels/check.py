@@ -109,15 +109,17 @@ def _timed(fn, repeat: int, device: str) -> Optional[float]:
 
 
 def run_spec(spec: KernelSpec, backend: str, problem: str = "demo", repeat: int = 5,
-             seed: int = 0, arch: Optional[str] = None, progress: Progress = None) -> RunResult:
+             seed: int = 0, arch: Optional[str] = None, progress: Progress = None,
+             checks: Optional[bool] = None) -> RunResult:
     """Build ``spec`` for ``backend`` at ``problem`` size, check it, and time ``repeat`` runs
-    of the kernel and of its torch reference on the same inputs."""
+    of the kernel and of its torch reference on the same inputs (``checks``: checked mode,
+    default ``KERNFORGE_CHECKS``)."""
     say = progress or (lambda _msg: None)
     prob = get_problem(spec, problem)
     t0 = time.perf_counter()
     say(f"building {spec.name} for {backend} ({problem})")
     try:
-        kernel = kernforge.compile(spec.factory, backend=backend, arch=arch, **prob.params)
+        kernel = kernforge.compile(spec.factory, backend=backend, arch=arch, checks=checks, **prob.params)
     except Exception as e:  # reported in the table, never swallowed: the row says FAILED
         return RunResult(spec.name, backend, problem, False, time.perf_counter() - t0, None,
                          f"build: {type(e).__name__}: {e}")
@@ -251,7 +253,7 @@ def compare(name: str, got, want, dtype) -> None:
 
 def run_kernel(func, backend: str, dims: Optional[dict] = None, scalars: Optional[dict] = None,
                repeat: int = 5, seed: int = 0, arch: Optional[str] = None, progress: Progress = None,
-               label: str = "") -> RunResult:
+               label: str = "", checks: Optional[bool] = None) -> RunResult:
     """Run an author's ``@T.prim_func`` on ``backend`` and check every buffer against the
     interpreter on the same inputs.  The interpreter runs first: it bounds-checks every access,
     so a kernel (or an index input) that reads out of bounds is reported at the author's line
@@ -267,7 +269,7 @@ def run_kernel(func, backend: str, dims: Optional[dict] = None, scalars: Optiona
     kernforge.compile(func, backend="interp")(*expected)
     t0 = time.perf_counter()
     say(f"building {kernel_ir.name} for {backend}")
-    kernel = kernforge.compile(func, backend=backend, arch=arch)
+    kernel = kernforge.compile(func, backend=backend, arch=arch, checks=checks)
     build_s = time.perf_counter() - t0
     device = backends.device(backend)
     got = clone(device)

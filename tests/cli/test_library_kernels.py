@@ -157,9 +157,12 @@ def test_run_checks_builds_the_checked_variant(monkeypatch, capsys):
     from kernforge import cli, runtime
 
     monkeypatch.delenv("KERNFORGE_CHECKS", raising=False)
+    import os
+
     tags, real = [], runtime.compile
     monkeypatch.setattr(runtime, "compile", lambda tag, *a, **k: (tags.append(tag), real(tag, *a, **k))[1])
     assert cli.main(["run", "m_grouped_gemm_nt_masked", "--backend", "cpu", "--problem", "small",
                      "--repeat", "1", "--checks", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verified"] is True
     assert tags and all(t.endswith("_checked") for t in tags)
+    assert "KERNFORGE_CHECKS" not in os.environ  # the flag is an argument, not process state

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -382,7 +383,10 @@ def register_torch_op(qualname: str, fn, schema: str, fake, mutates_args=()):
     if old is not None:
         old._destroy()
     lib = torch.library.Library(namespace, "FRAGMENT")
-    lib.impl(name, no_autograd, "Autograd", with_keyset=True)
+    with warnings.catch_warnings():
+        # replacing custom_op's own Autograd kernel is the point; torch warns about any override
+        warnings.filterwarnings("ignore", message="Warning only once for all operators")
+        lib.impl(name, no_autograd, "Autograd", with_keyset=True)
     _AUTOGRAD_LIBS[qualname] = lib
     return op
 

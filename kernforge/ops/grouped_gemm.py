@@ -24,6 +24,8 @@ from typing import Optional
 
 import torch
 
+from kernforge.ops._capture import capturing
+
 import kernforge
 from kernforge import backends
 from kernforge.kernels import grouped_gemm as kernels
@@ -116,7 +118,7 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 \
             or tuple(masked_m.shape) != (groups,) or not masked_m.is_contiguous():
         raise TypeError(f"masked_m must be a contiguous int32 [{groups}] tensor")
-    if ((masked_m < 0) | (masked_m > max_m)).any():
+    if not capturing(masked_m) and ((masked_m < 0) | (masked_m > max_m)).any():
         raise ValueError(f"masked_m values must be in [0, {max_m}] (M_max), got {masked_m.tolist()}")
     if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
         raise ValueError(f"expected_m must be a positive int, got {expected_m!r}")
@@ -212,6 +214,8 @@ def _row_experts(layout, m: int, groups: int, use_psum_layout: bool) -> torch.Te
     if tuple(layout.shape) != (m,):
         raise ValueError(f"grouped_layout must have shape ({m},) (one expert id per row), got "
                          f"{tuple(layout.shape)}")
+    if capturing(layout):
+        return layout
     ids = layout.long()
     if ((ids < -1) | (ids >= groups)).any():
         raise ValueError(f"grouped_layout ids must be -1 (padding) or in [0, {groups})")

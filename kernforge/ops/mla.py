@@ -26,6 +26,8 @@ from typing import Optional
 
 import torch
 
+from kernforge.ops._capture import capturing
+
 import kernforge
 from kernforge import backends
 from kernforge.kernels import mla_decode as kernels
@@ -144,15 +146,16 @@ def _sparse(q, k_cache, indices, topk_length, head_dim_v, meta, softmax_scale, c
     if topk_length is None:
         topk_length = torch.full((b,), topk, dtype=torch.int32, device=q.device)
     elif not isinstance(topk_length, torch.Tensor) or topk_length.dtype != torch.int32 \
-            or tuple(topk_length.shape) != (b,) or (topk_length < 0).any():
+            or tuple(topk_length.shape) != (b,) or (not capturing(q) and (topk_length < 0).any()):
         raise ValueError(f"topk_length must be a non-negative int32 [{b}] tensor")
     _check_sink(attn_sink, h_q)
     _check_one_device(q, k_cache, indices, topk_length, attn_sink)
-    used = torch.arange(topk, device=indices.device) < topk_length.long()[:, None, None]
-    ids = indices[used.expand(b, s_q, topk)]
-    if ((ids != -1) & ((ids < 0) | (ids >= num_blocks * page))).any():
-        raise ValueError(f"indices within topk_length must be -1 or token ids in "
-                         f"[0, {num_blocks * page}) (physical_block * page_block_size + offset)")
+    if not capturing(q):
+        used = torch.arange(topk, device=indices.device) < topk_length.long()[:, None, None]
+        ids = indices[used.expand(b, s_q, topk)]
+        if ((ids != -1) & ((ids < 0) | (ids >= num_blocks * page))).any():
+            raise ValueError(f"indices within topk_length must be -1 or token ids in "
+                             f"[0, {num_blocks * page}) (physical_block * page_block_size + offset)")
     if b * s_q * h_q == 0:
         return _empty_result(q, head_dim_v)
     if isinstance(meta, FlashMLASchedMeta):
@@ -220,7 +223,8 @@ def _check_dense(q, k_cache, block_table, cache_seqlens, head_dim_v, attn_sink) 
         raise ValueError("block_table and cache_seqlens must be contiguous")
     _check_sink(attn_sink, h_q)
     _check_one_device(q, k_cache, block_table, cache_seqlens, attn_sink)
-    _check_pages(block_table, cache_seqlens, k_cache.shape[1], k_cache.shape[0])
+    if not capturing(q):
+        _check_pages(block_table, cache_seqlens, k_cache.shape[1], k_cache.shape[0])
     return b, s_q, h_q, d
 
 

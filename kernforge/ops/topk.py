@@ -23,6 +23,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from kernforge.ops._capture import capturing
+
 import kernforge
 from kernforge import backends
 from kernforge.kernels import topk as kernels
@@ -83,7 +85,7 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin=None, end=N
     _check_row_tensor(output_idx_offset, "output_idx_offset", b, input)
     if output_idx is not None:
         _check_output_idx(output_idx, indices_type, b, topk, input)
-    if end is not None and b > 0:
+    if end is not None and b > 0 and not capturing(input):
         bad = ((end < 0) | (end > vocab)).nonzero()
         if bad.numel():
             r = int(bad[0, 0])
@@ -105,7 +107,7 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin=None, end=N
                                                             device=input.device)
     kernel(input, end, output_idx_offset, int(idx_oob_fill_value),
            _as_float32(value_oob_fill_value), nan_rows, idx, out_val, *kernels.bit_tables(input.device))
-    if abort_when_nan_found:
+    if abort_when_nan_found and not capturing(input):
         rows = nan_rows.nonzero()
         if rows.numel():
             raise TopKNaNError(rows[:, 0].tolist())

@@ -232,17 +232,20 @@ def _row_experts(layout, m: int, groups: int, use_psum_layout: bool) -> torch.Te
 
 
 def _psum_to_indices(ends: torch.Tensor, m: int, groups: int) -> torch.Tensor:
-    """PSUM layout -> per-row ids: group g spans ``[align(end[g-1]), end[g])``, gaps are -1."""
+    """PSUM layout -> per-row ids: group g spans ``[align(end[g-1]), end[g])``, gaps are -1.
+    Computed on the ends' device without reading them on the host (a CUDA graph can capture
+    it); only the range check reads them, and it is skipped while capturing."""
     if tuple(ends.shape) != (groups,):
         raise ValueError(f"with use_psum_layout, grouped_layout must be [{groups}] cumulative ends")
-    e = ends.long().cpu()
-    starts = torch.cat([torch.zeros(1, dtype=torch.long),
+    e = ends.long()
+    starts = torch.cat([torch.zeros(1, dtype=torch.long, device=e.device),
                         (e[:-1] + _alignment - 1) // _alignment * _alignment])
-    if (e < starts).any() or (e > m).any():
+    if not capturing(ends) and ((e < starts).any() or (e > m).any()):
         raise ValueError(f"psum grouped_layout must be non-decreasing cumulative ends within [0, {m}]"
                          f" with each group starting at the aligned end of the previous one, got "
                          f"{ends.tolist()}")
-    ids = torch.full((m,), -1, dtype=torch.int32)
-    for g in range(groups):
-        ids[starts[g]:e[g]] = g
-    return ids.to(ends.device)
+    rows = torch.arange(m, device=e.device)
+    group = torch.searchsorted(e, rows, right=True)  # the first group whose end lies past the row
+    inside = group < groups
+    inside &= rows >= starts.index_select(0, group.clamp(max=max(groups - 1, 0)))
+    return torch.where(inside, group, torch.full_like(group, -1)).to(torch.int32)

@@ -54,3 +54,33 @@ def test_outside_a_capture_bad_ids_are_still_errors():
     table[0, 0] = kv.shape[0] + 5
     with pytest.raises(ValueError, match="page ids outside"):
         kops.flash_mla_with_kvcache(q, kv, table, lens, dv, **kwargs)
+
+
+def _psum_reference(ends, m, alignment):
+    """The PSUM layout written out row by row: group g holds [align(end[g-1]), end[g])."""
+    ids, start = [-1] * m, 0
+    for g, end in enumerate(ends):
+        for r in range(start, end):
+            ids[r] = g
+        start = -(-end // alignment) * alignment
+    return ids
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_psum_layout_rows_match_the_row_by_row_definition_and_read_nothing_on_the_host(seed, monkeypatch):
+    gm = importlib.import_module("kernforge.ops.grouped_gemm")
+    g = torch.Generator().manual_seed(seed)
+    groups = int(torch.randint(1, 6, (1,), generator=g))
+    ends, start = [], 0
+    for _ in range(groups):
+        end = start + int(torch.randint(0, 3 * ALIGN, (1,), generator=g))
+        ends.append(end)
+        start = -(-end // ALIGN) * ALIGN
+    m = ends[-1] + int(torch.randint(0, ALIGN, (1,), generator=g))
+    t = torch.tensor(ends, dtype=torch.int32)
+    assert gm._psum_to_indices(t, m, groups).tolist() == _psum_reference(ends, m, ALIGN)
+    monkeypatch.setattr(gm, "capturing", lambda x: True)
+    with _Record() as rec:
+        got = gm._psum_to_indices(t, m, groups)
+    assert not {op for op in rec.ops if op in HOST_READS}
+    assert got.tolist() == _psum_reference(ends, m, ALIGN)

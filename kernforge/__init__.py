@@ -13,15 +13,20 @@ import typing as _typing
 if _typing.TYPE_CHECKING:  # what editors and type checkers resolve the lazy names to
     from kernforge.codegen.ir import CheckError
     from kernforge.jit import ArgumentError, BackendError, CompiledKernel, ShapeError, compile
+    from kernforge import tune
 
 __version__ = "0.1.0"
 _LAZY = {"compile": "kernforge.jit", "CompiledKernel": "kernforge.jit",
          "ArgumentError": "kernforge.jit", "ShapeError": "kernforge.jit",
          "BackendError": "kernforge.jit", "CheckError": "kernforge.codegen.ir"}
-__all__ = sorted(_LAZY) + ["__version__"]
+# subpackages that are also entry points: ``kernforge.tune(...)`` calls the (callable) module
+_SUBPACKAGES = ("tune",)
+__all__ = sorted(_LAZY) + list(_SUBPACKAGES) + ["__version__"]
 
 
 def __getattr__(name):
+    if name in _SUBPACKAGES:
+        return _importlib.import_module(f"kernforge.{name}")  # the import binds it as an attribute
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'kernforge' has no attribute {name!r}")

@@ -24,10 +24,30 @@ def choose(backend: str, num_groups: int, N: int, K: int, alignment: int = 128) 
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_contiguous` parameters.
     GPUs use 128x128 output tiles with 64-deep K steps (three stages fit Hopper shared
     memory); host backends take 128x128 tiles with 256-deep K steps, so each call of the
-    packed tile GEMM amortises its packing."""
+    packed tile GEMM amortises its packing.  A configuration tuned for this shape
+    (``kernforge tune``) takes precedence over both."""
+    tuned = _tuned("m_grouped_gemm_nt_contiguous", backend, dict(num_groups=num_groups, N=N, K=K,
+                                                                 alignment=alignment))
+    # a row tile must not span two experts whatever the layout; the sweep verified one layout
+    if tuned is not None and alignment % tuned["block_M"] == 0:
+        return dict(num_groups=num_groups, N=N, K=K, **tuned)
+    return _heuristic(backend, num_groups, N, K, alignment)
+
+
+def _heuristic(backend: str, num_groups: int, N: int, K: int, alignment: int) -> dict:
     gpu = _gpu(backend)
     return dict(num_groups=num_groups, N=N, K=K, block_M=block_m(alignment), block_N=128,
                 num_stages=3 if gpu else 1, block_K=64 if gpu else 256)
+
+
+def _tuned(kernel: str, backend: str, params: dict):
+    """The tuning database's best configuration for this call (``kernforge tune``), if one
+    was recorded for this device, compiler and shape; ``KERNFORGE_TUNE=0`` turns it off.
+    Memoised per process by :func:`kernforge.tune.lookup`, so op calls stay cheap."""
+    from kernforge import tune
+    from kernforge.kernels.grouped_gemm import kernel as kernels
+
+    return tune.lookup(kernel, backend, params, factory=getattr(kernels, kernel))
 
 
 def choose_fp8(backend: str, num_groups: int, N: int, K: int, alignment: int = 128) -> dict:
@@ -45,4 +65,4 @@ def choose_fp8(backend: str, num_groups: int, N: int, K: int, alignment: int = 1
 def choose_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int) -> dict:
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_masked` parameters: the
     contiguous tiles, with a row tile sized by ``expected_m`` (typical rows per group)."""
-    return dict(choose(backend, num_groups, N, K), block_M=64 if expected_m <= 64 else 128)
+    return dict(_heuristic(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 128)

@@ -1,0 +1,388 @@
+"""``kernforge.tune``: sweep a library kernel's tuning space, verify every configuration,
+time the correct ones, and remember the results.
+
+A configuration is kept only after it has run on the spec's own poisoned inputs
+(``spec.make_inputs``: outputs start as NaN or sentinels) and matched the spec's torch
+reference within the spec's tolerance; one that fails to trace, compile, run or verify
+is rejected with the reason.  Timing is serial, after a warm-up: each sample times
+enough back-to-back calls to last about a millisecond, and the result is the median
+of the samples with their interquartile spread.  Every configuration is written to the
+database (:mod:`kernforge.tune.db`) the moment it is done, so a sweep that dies is
+resumed by running it again.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import random as _random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
+
+import kernforge
+from kernforge import backends
+from kernforge.kernels import registry
+from kernforge.kernels.check import ProblemError, default_problem, get_problem
+from kernforge.tune import consult, identity
+from kernforge.tune.db import Database, Key, Row, canonical
+
+STRATEGIES = ("grid", "random", "halving")
+# Progress events: ("compiled" | "verified" | "timed" | "rejected" | "pruned" | "reused", config, result)
+Progress = Optional[Callable[[str, dict, "TuneResult"], None]]
+
+
+class TuneError(ValueError):
+    """A tuning request that cannot run; the message names the kernel, tunable or value."""
+
+
+class UnknownKernelError(TuneError):
+    """Not a registry kernel (``kernforge list`` shows them)."""
+
+
+class UnknownTunableError(TuneError):
+    """A space key that is not one of the factory's ``@T.tunable`` parameters."""
+
+
+class EmptySpaceError(TuneError):
+    """A space with no configuration in it (an empty list of values, or nothing tunable)."""
+
+
+class BadShapeError(TuneError):
+    """A problem parameter the kernel does not have, or a value it cannot take."""
+
+
+@dataclass
+class TuneResult:
+    """A sweep's outcome.  ``ranked``: the timed configurations, fastest first (then the ones
+    successive halving pruned after short timings, flagged ``pruned``); ``rejected``: the
+    configurations that failed, each with its reason.  ``cached``: returned from the
+    database without running anything; ``stopped``: why the sweep ended before covering its
+    plan (``"budget"``), else empty.  ``stable``: the best median's interquartile range
+    lies below the runner-up's, so the ranking at the top is not noise."""
+
+    kernel: str
+    backend: str
+    key: Key
+    strategy: str
+    space: dict
+    ranked: list[Row] = field(default_factory=list)
+    rejected: list[Row] = field(default_factory=list)
+    cached: bool = False
+    stopped: str = ""
+    elapsed_s: float = 0.0
+    time_to_best_s: Optional[float] = None  # when the final best was first timed (this run)
+    db_path: str = ""
+
+    @property
+    def best(self) -> Optional[dict]:
+        timed = [r for r in self.ranked if r.status == "timed"]
+        return timed[0].config if timed else None
+
+    @property
+    def stable(self) -> Optional[bool]:
+        timed = [r for r in self.ranked if r.status == "timed"]
+        if len(timed) < 2:
+            return None
+        a, b = timed[0], timed[1]
+        return a.median_ms * (1 + (a.spread or 0) / 2) < b.median_ms * (1 - (b.spread or 0) / 2)
+
+    def to_json(self) -> dict:
+        return dict(kernel=self.kernel, backend=self.backend, key=json.loads(self.key.text),
+                    strategy=self.strategy, space=self.space, best=self.best, stable=self.stable,
+                    cached=self.cached, stopped=self.stopped, elapsed_s=self.elapsed_s,
+                    time_to_best_s=self.time_to_best_s, db=self.db_path,
+                    ranked=[r.to_json() for r in self.ranked], rejected=[r.to_json() for r in self.rejected])
+
+
+# ---------------------------------------------------------------- requests
+
+
+def resolve_spec(kernel: Union[str, registry.KernelSpec, Callable]) -> registry.KernelSpec:
+    """The registry spec for a kernel name, a spec, or a spec's factory: tuning needs the
+    spec's inputs and torch reference to verify every configuration."""
+    if isinstance(kernel, registry.KernelSpec):
+        return kernel
+    specs = registry.all_specs()
+    if isinstance(kernel, str):
+        if kernel not in specs:
+            raise UnknownKernelError(f"unknown kernel {kernel!r}; known: {', '.join(sorted(specs))}")
+        return specs[kernel]
+    for spec in specs.values():
+        if kernel is spec.factory or kernel is getattr(spec.factory, "factory", None):
+            return spec
+    name = getattr(kernel, "name", getattr(kernel, "__name__", repr(kernel)))
+    raise UnknownKernelError(f"{name} is not a registry kernel: tuning verifies each configuration against "
+                             f"a spec's torch reference (kernforge.kernels.registry)")
+
+
+def _factory(spec: registry.KernelSpec):
+    """The ``@T.tunable`` factory behind the spec (under its runtime-size wrapper)."""
+    return getattr(spec.factory, "factory", spec.factory)
+
+
+def bind_params(factory, params: dict, spec: Optional[registry.KernelSpec] = None) -> dict:
+    """``params`` with ``factory``'s defaults filled in for its own parameters; the others
+    (a spec's runtime sizes) pass through.  With ``spec``, :class:`BadShapeError` names a
+    parameter that is neither, or a required one that is missing."""
+    sig = getattr(factory, "signature", None)
+    if sig is None:
+        return dict(params)
+    own = {k: v for k, v in params.items() if k in sig.parameters}
+    rest = {k: v for k, v in params.items() if k not in sig.parameters}
+    if spec is not None:
+        for k in rest:
+            if k not in spec.runtime_sizes:
+                raise BadShapeError(f"{spec.name} has no parameter {k!r} (its parameters: "
+                                    f"{', '.join(sorted(set(sig.parameters) | set(spec.runtime_sizes)))})")
+    try:
+        own = factory.bind(**own)
+    except TypeError as e:
+        raise BadShapeError(str(e)) from None
+    return dict(own, **rest)
+
+
+def shape_bucket(params: dict, tunables) -> dict:
+    """The key's shape bucket: every scalar, non-tunable parameter by exact value (see
+    :class:`~kernforge.tune.db.Key`)."""
+    return {k: v for k, v in params.items()
+            if k not in tunables and not isinstance(v, (list, tuple, dict))}
+
+
+def make_key(kernel: str, backend: str, params: dict, tunables) -> Key:
+    """``params`` must be bound (:func:`bind_params`), so that a default spelled out and a
+    default left out give one key."""
+    bucket = shape_bucket(params, tunables)
+    dtype = ",".join(str(bucket[k]) for k in sorted(bucket) if "dtype" in k) or "-"
+    return Key(kernel, canonical(bucket), dtype, backend, identity.device(backend), identity.compiler(backend),
+               kernforge.__version__)
+
+
+def resolve_space(spec: registry.KernelSpec, space: Optional[dict]) -> dict:
+    """The swept values per tunable (``space`` checked against the declared one)."""
+    declared = dict(getattr(spec.factory, "space", {}) or {})
+    if space is None:
+        space = declared
+    if not space:
+        raise EmptySpaceError(f"{spec.name} declares no tuning space (@T.tunable) and none was given")
+    out = {}
+    for k, values in space.items():
+        if k not in declared:
+            raise UnknownTunableError(f"{k!r} is not a tunable of {spec.name} (tunables: "
+                                      f"{', '.join(declared) or 'none'})")
+        values = list(values) if isinstance(values, (list, tuple, range)) else [values]
+        if not values:
+            raise EmptySpaceError(f"tunable {k!r} of {spec.name} has no values to try")
+        out[k] = values
+    return out
+
+
+def _plan(space: dict, strategy: str, samples: Optional[int], seed: int) -> list[dict]:
+    keys = list(space)
+    grid = [dict(zip(keys, v)) for v in itertools.product(*(space[k] for k in keys))]
+    if strategy == "random":
+        n = samples if samples is not None else max(1, min(len(grid), max(8, len(grid) // 4)))
+        return _random.Random(seed).sample(grid, min(n, len(grid)))
+    return grid
+
+
+# ---------------------------------------------------------------- one configuration
+
+
+def _compile(spec, backend, params):
+    """Trace and build one configuration (module-level so tests can count the builds)."""
+    return kernforge.compile(spec.factory, backend=backend, **params)
+
+
+def _clone(inputs):
+    return [t.clone() if hasattr(t, "clone") else t for t in inputs]
+
+
+def _time(kernel, inputs, samples: int, device: str) -> tuple[float, float]:
+    """(median ms per call, interquartile range / median) over ``samples`` samples, after a
+    warm-up; each sample is enough back-to-back calls to last about a millisecond."""
+    sync = (lambda: __import__("torch").cuda.synchronize()) if device == "cuda" else (lambda: None)
+    kernel(*inputs)
+    sync()
+    t = time.perf_counter()
+    kernel(*inputs)
+    sync()
+    once = time.perf_counter() - t
+    calls = max(1, min(100, int(1e-3 / max(once, 1e-7))))
+    times = []
+    for _ in range(samples):
+        t = time.perf_counter()
+        for _ in range(calls):
+            kernel(*inputs)
+        sync()
+        times.append((time.perf_counter() - t) * 1e3 / calls)
+    med = statistics.median(times)
+    if len(times) >= 4:
+        q = statistics.quantiles(times, n=4)
+        spread = (q[2] - q[0]) / med if med > 0 else 0.0
+    else:
+        spread = (max(times) - min(times)) / med if med > 0 else 0.0
+    return med, spread
+
+
+def _reason(stage: str, e: BaseException) -> str:
+    text = " | ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+    return f"{stage}: {type(e).__name__}: {text[:400]}"
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def tune(kernel, backend: Optional[str] = None, problem: Union[str, dict, None] = None,
+         space: Optional[dict] = None, budget_s: Optional[float] = None, strategy: str = "grid",
+         jobs: int = 1, force: bool = False, samples: Optional[int] = None, repeats: int = 10,
+         seed: int = 0, db: Union[str, Database, None] = None, progress: Progress = None) -> TuneResult:
+    """Sweep ``kernel`` (a registry name, spec or factory) on ``backend`` (default: the
+    default CPU backend) at ``problem`` (a registry label, or a dict of parameters
+    overriding the default problem's).
+
+    ``space`` defaults to the factory's ``@T.tunable`` space; ``strategy`` is ``grid``
+    (every point), ``random`` (``samples`` points drawn with ``seed``) or ``halving``
+    (successive halving: all verified points get three short samples, the faster half
+    twice as many, and so on; the last two get ``repeats`` samples).  ``budget_s`` stops
+    the sweep with the best so far.  ``jobs > 1`` builds the configurations in that many
+    worker processes first (the JIT cache makes the builds here hits).  ``force`` re-runs
+    a key already in the database; otherwise a finished sweep of the same space returns
+    at once, and an unfinished one resumes, skipping the configurations recorded."""
+    t_start = time.perf_counter()
+    spec = resolve_spec(kernel)
+    backend = backend or backends.for_device("cpu")
+    try:
+        backends.get(backend)
+    except backends.BackendError as e:
+        raise TuneError(str(e)) from None
+    if strategy not in STRATEGIES:
+        raise TuneError(f"unknown strategy {strategy!r}; choices: {', '.join(STRATEGIES)}")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise TuneError(f"jobs must be a positive int, got {jobs!r}")
+    if budget_s is not None and budget_s <= 0:
+        raise TuneError(f"budget_s must be positive, got {budget_s!r}")
+    swept = resolve_space(spec, space)
+    if isinstance(problem, dict):
+        base = dict(get_problem(spec, default_problem(spec, backend)).params)
+        base.update(problem)
+        params, label = base, "custom"
+    else:
+        try:
+            label = problem or default_problem(spec, backend)
+            params = dict(get_problem(spec, label).params)
+        except ProblemError as e:
+            raise BadShapeError(str(e)) from None
+    params = bind_params(_factory(spec), params, spec)
+    # every declared tunable is in each configuration (those not swept at the problem's
+    # value), so a recorded best is a complete configuration for the ops
+    space = {k: swept.get(k, [params[k]]) for k in spec.factory.space}
+    key = make_key(spec.name, backend, params, space)
+    database = db if isinstance(db, Database) else Database(db)
+    owned = not isinstance(db, Database)
+    try:
+        result = TuneResult(spec.name, backend, key, strategy, space, db_path=database.path)
+        recorded = database.sweep(key)
+        if not force and recorded and recorded["complete"] and recorded["space"] == space:
+            _fill(result, database.rows(key))
+            result.cached = True
+            result.elapsed_s = time.perf_counter() - t_start
+            return result
+        workload = {k: v for k, v in params.items() if k not in space and k not in json.loads(key.bucket)}
+        database.begin_sweep(key, space, strategy, dict(workload, problem=label), force)
+        _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_s, jobs, database, key,
+             result, progress, t_start)
+        if not result.stopped:
+            database.finish_sweep(key)
+        _fill(result, database.rows(key), only=_plan(space, strategy, samples, seed))
+        result.elapsed_s = time.perf_counter() - t_start
+        return result
+    finally:
+        consult.reset()  # the ops see what was just recorded
+        if owned:
+            database.close()
+
+
+def _fill(result: TuneResult, rows: list[Row], only: Optional[list[dict]] = None) -> None:
+    if only is not None:
+        wanted = {canonical(c) for c in only}
+        rows = [r for r in rows if canonical(r.config) in wanted]
+    order = {"timed": 0, "pruned": 1}
+    result.ranked = sorted((r for r in rows if r.status != "rejected"),
+                           key=lambda r: (order[r.status], r.median_ms))
+    result.rejected = [r for r in rows if r.status == "rejected"]
+
+
+def _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_s, jobs, database, key,
+         result, progress, t_start) -> None:
+    say = progress or (lambda *_: None)
+    done = {canonical(r.config): r for r in database.rows(key) if r.status in ("timed", "rejected")}
+    plan = _plan(space, strategy, samples, seed)
+    todo = [c for c in plan if canonical(c) not in done]
+    for c in plan:
+        if canonical(c) in done:
+            say("reused", c, result)
+    over = (lambda: budget_s is not None and time.perf_counter() - t_start > budget_s)
+    if jobs > 1 and len(todo) > 1:
+        from kernforge.tune.pool import prebuild
+
+        prebuild(spec.name, backend, [dict(params, **c) for c in todo], jobs)
+    device = backends.device(backend)
+    inputs = spec.make_inputs(params, seed, device)
+    expected = spec.reference(_clone(inputs), params)
+    best_ms = min((r.median_ms for r in done.values() if r.status == "timed"), default=None)
+
+    def reject(config, reason):
+        row = Row(config, "rejected", reason=reason)
+        database.record(key, row)
+        say("rejected", config, result)
+
+    verified = []  # (config, kernel, inputs) ready to time
+    for config in todo:
+        if over():
+            result.stopped = "budget"
+            break
+        full = dict(params, **config)
+        try:
+            kern = _compile(spec, backend, full)
+        except Exception as e:  # noqa: BLE001 - a configuration that cannot build is a result, not a crash
+            reject(config, _reason("compile", e))
+            continue
+        say("compiled", config, result)
+        args = _clone(inputs)
+        try:
+            kern(*args)
+            spec.check([args[i] for i in spec.outputs], expected, args, full)
+        except AssertionError as e:
+            reject(config, _reason("verify", e))
+            continue
+        except Exception as e:  # noqa: BLE001
+            reject(config, _reason("run", e))
+            continue
+        say("verified", config, result)
+        if strategy == "halving":
+            verified.append((config, kern, args))
+            continue
+        med, spread = _time(kern, args, repeats, device)
+        database.record(key, Row(config, "timed", med, spread, repeats))
+        if best_ms is None or med < best_ms:
+            best_ms, result.time_to_best_s = med, time.perf_counter() - t_start
+        say("timed", config, result)
+    if strategy != "halving" or not verified:
+        return
+    alive, short = verified, 3
+    while len(alive) > 2 and not over():
+        timed = sorted(((_time(k, a, short, device), (c, k, a)) for c, k, a in alive), key=lambda x: x[0][0])
+        keep = max(2, len(timed) // 2)
+        for (med, spread), (c, _, _) in timed[keep:]:
+            database.record(key, Row(c, "pruned", med, spread, short, reason=f"pruned after {short} samples"))
+            say("pruned", c, result)
+        alive, short = [x for _, x in timed[:keep]], short * 2
+    if len(alive) > 2:  # the budget ran out before the races: the rest stay unrecorded, to resume
+        result.stopped, alive = "budget", alive[:2]
+    for c, k, a in alive:
+        med, spread = _time(k, a, repeats, device)
+        database.record(key, Row(c, "timed", med, spread, repeats))
+        if best_ms is None or med < best_ms:
+            best_ms, result.time_to_best_s = med, time.perf_counter() - t_start
+        say("timed", c, result)

@@ -27,6 +27,21 @@ from pathlib import Path
 DEFAULT_OUTPUT = Path(__file__).resolve().parents[1] / "tests/recipe/data/peer_prompts.json"
 PEER_VERSION = "0.2.0"
 
+# the two function tools every chat case offers
+_CHAT_TOOLS = [{'type': 'function',
+                'function': {'name': 'get_weather',
+                             'description': 'Weather',
+                             'parameters': {'type': 'object',
+                                            'properties': {'city': {'type': 'string'},
+                                                           'days': {'type': 'integer'}},
+                                            'required': ['city']}}},
+               {'type': 'function',
+                'function': {'name': 'search',
+                             'description': 'Search the web',
+                             'parameters': {'type': 'object',
+                                            'properties': {'q': {'type': 'string'},
+                                                           'filters': {'type': 'object'}}}}}]
+
 # one multi-turn tool conversation, rendered for V4 and (with max reasoning effort) V4.1
 _MULTITURN_TOOLS = {
     'model': 'DeepSeek-V4-Pro',
@@ -49,19 +64,7 @@ _MULTITURN_TOOLS = {
                   'content': 'Oslo is cold; Rome is warm.',
                   'reasoning_content': 'Summarise.'},
                  {'role': 'user', 'content': 'Search news about "Rome" & <think> tags'}],
-    'tools': [{'type': 'function',
-               'function': {'name': 'get_weather',
-                            'description': 'Weather',
-                            'parameters': {'type': 'object',
-                                           'properties': {'city': {'type': 'string'},
-                                                          'days': {'type': 'integer'}},
-                                           'required': ['city']}}},
-              {'type': 'function',
-               'function': {'name': 'search',
-                            'description': 'Search the web',
-                            'parameters': {'type': 'object',
-                                           'properties': {'q': {'type': 'string'},
-                                                          'filters': {'type': 'object'}}}}}]}
+    'tools': _CHAT_TOOLS}
 
 # (name, request class of deepseek_recipe, request body)
 CASES = [
@@ -72,19 +75,7 @@ CASES = [
         {'model': 'DeepSeek-V4-Pro',
          'messages': [{'role': 'system', 'content': 'You are terse.'},
                       {'role': 'user', 'content': 'Weather in Oslo and Rome for 3 days?'}],
-         'tools': [{'type': 'function',
-                    'function': {'name': 'get_weather',
-                                 'description': 'Weather',
-                                 'parameters': {'type': 'object',
-                                                'properties': {'city': {'type': 'string'},
-                                                               'days': {'type': 'integer'}},
-                                                'required': ['city']}}},
-                   {'type': 'function',
-                    'function': {'name': 'search',
-                                 'description': 'Search the web',
-                                 'parameters': {'type': 'object',
-                                                'properties': {'q': {'type': 'string'},
-                                                               'filters': {'type': 'object'}}}}}],
+         'tools': _CHAT_TOOLS,
          'tool_choice': 'required',
          'thinking': {'type': 'disabled'}}),
     ('chat_drop_reasoning_v41', 'ChatCompletionRequest',

@@ -13,7 +13,8 @@ from typing import Any, Callable, Optional
 
 # modules that register kernels when imported
 _FAMILIES = ("kernforge.kernels.topk.problems", "kernforge.kernels.mla_decode.problems",
-             "kernforge.kernels.grouped_gemm.problems")
+             "kernforge.kernels.grouped_gemm.problems",
+             "kernforge.kernels.quant.problems", "kernforge.kernels.routing.problems")
 
 
 @dataclass(frozen=True)

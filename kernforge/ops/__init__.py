@@ -21,6 +21,11 @@ from kernforge.ops.grouped_gemm import (get_k_alignment_for_contiguous_layout,
                                         m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
                                         set_mk_alignment_for_contiguous_layout)
 from kernforge.ops.mla import FlashMLASchedMeta, flash_mla_with_kvcache, get_mla_metadata
+# MoE quantisation and routing (docs/kernels/quant.md, routing.md); not in __all__ until torch_library registers them
+from kernforge.ops.quant import (QuantTypeError, QuantValueError, per_block_cast_to_fp8,  # noqa: F401
+                                 per_token_cast_to_fp4, per_token_cast_to_fp8)
+from kernforge.ops.routing import (RoutingNonFiniteError, RoutingTypeError, RoutingValueError,  # noqa: F401
+                                   hash_gate, normalize_weight, top2_sum_gate, topk_gate)
 from kernforge.ops.topk import get_stride_requirement, topk
 from kernforge.ops import torch_library  # noqa: F401  (registers torch.ops.kernforge.*)
 

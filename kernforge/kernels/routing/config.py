@@ -1,0 +1,30 @@
+"""Routing's compile-time configuration: the thread count per token block.
+
+One block ranks one token's experts (:mod:`.kernel`), so the work per block is the
+``rows x E`` compare tiles of the rank sort: 128 threads (a 16 x 256 tile is 32 compares
+per thread on a GPU).  The host backends run a block as one thread, so the count does not
+matter there; keeping it the same everywhere lets the ops and the catalogue share builds.
+"""
+from __future__ import annotations
+
+
+def threads(backend: str) -> int:
+    return 128
+
+
+def choose_topk(backend: str, num_experts: int, num_topk: int) -> dict:
+    return dict(num_experts=num_experts, num_topk=num_topk, threads=threads(backend))
+
+
+def choose_top2_sum(backend: str, **params) -> dict:
+    """``params``: :func:`~kernforge.kernels.routing.top2_sum_gate`'s compile-time parameters."""
+    return dict(params, threads=threads(backend))
+
+
+def choose_normalize(backend: str, num_topk: int) -> dict:
+    return dict(num_topk=num_topk, threads=threads(backend))
+
+
+def choose_hash(backend: str, num_experts: int, num_topk: int, scoring_func: str, norm_topk_prob: bool) -> dict:
+    return dict(num_experts=num_experts, num_topk=num_topk, scoring_func=scoring_func,
+                norm_topk_prob=norm_topk_prob, threads=threads(backend))

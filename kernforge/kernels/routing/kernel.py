@@ -1,0 +1,309 @@
+"""MoE routing (TileKernels' gating semantics), written once in the DSL.
+
+Every kernel runs one block per token.  Selection is a **rank sort**, not a sequence of
+arg-max steps: expert ``i``'s slot is the number of experts that beat it,
+
+    rank(i) = #{ j : key[j] > key[i]  or  (key[j] == key[i] and j < i) },
+
+so the winners come out in descending key order with ties to the smaller index, and the
+result depends on the keys alone (no thread order, no reduction order), identically on
+every backend.  ``rows`` experts are ranked at a time (a ``rows x E`` compare tile and
+one row sum).
+
+* :func:`topk_gate`: the ``k`` largest scores of each row (indices only);
+* :func:`top2_sum_gate`: scoring (sigmoid, sqrt-softplus or softmax), a bias used for
+  ranking only, DeepSeek-V3 group limits (keep the ``num_topk_groups`` groups with the
+  largest sum of their top-2 biased scores; the others rank as ``-inf``), weights
+  ``score / max(sum, 1e-20) * routed_scaling_factor`` from the unbiased scores, shared
+  experts as extra routed slots (logical ids ``E, E+1, ...``, weight 1), fixed routing from
+  ``unmapped_topk_idx``, the logical -> physical map with replica
+  ``(ep_rank + token * 23333) mod logical_count[e]``, EP/TP masking, and a token mask;
+* :func:`normalize_weight`: ``(sum + 1e-20, w / (sum + 1e-20))`` per row;
+* :func:`hash_gate`: V4's hash-routed layers: the experts are ``tid2eid[token_id]`` and the
+  weights are those of ``kernforge.model.moe.Gate``.
+
+Scores use ``log1p`` written with Goldberg's trick (``log(u) * z / (u - 1)``), so the
+sqrt-softplus of very negative logits keeps its relative precision as torch's
+``softplus`` does.
+"""
+from __future__ import annotations
+
+import math
+
+import kernforge.dsl as T
+
+SCORING_FUNCS = ("sigmoid", "sqrtsoftplus", "softmax")
+#: the multiplier of TileKernels' replica choice ``(ep_rank + token * 23333) mod count``
+REPLICA_HASH = 23333
+MAX_TOPK = 32
+MAX_GROUPS = 32
+MAX_EXPERTS_PER_GROUP = 32
+
+
+def _rows(n: int) -> int:
+    """Experts ranked per step: the largest of 16, 8, ... that divides ``n``."""
+    return math.gcd(n, 16)
+
+
+@T.macro
+def _rank(key, rank, better, count, n: int, rows: int):
+    """``rank[i]`` = how many of ``key[:n]`` beat ``key[i]`` (greater, or equal at a smaller index)."""
+    for c in T.serial(n // rows):
+        for r, j in T.Parallel(rows, n):
+            better[r, j] = T.cast((key[j] > key[c * rows + r])
+                                  | ((key[j] == key[c * rows + r]) & (j < c * rows + r)), "int32")
+        T.reduce_sum(better, count, dim=1)
+        for r in T.Parallel(rows):
+            rank[c * rows + r] = count[r]
+
+
+def _log1p(z):
+    """``log(1 + z)`` for ``z >= 0`` without losing small ``z`` (Goldberg): exact where ``1 + z == 1``."""
+    u = 1.0 + z
+    return T.where(u == 1.0, z, T.log(u) * (z / (u - 1.0)))
+
+
+def score_of(x, scoring: str):
+    """The unbiased score of logit ``x`` for sigmoid / sqrt-softplus (softmax needs the row)."""
+    if scoring == "sigmoid":
+        return 1.0 / (1.0 + T.exp(-x))
+    # softplus(x) = max(x, 0) + log1p(exp(-|x|)): never overflows
+    return T.sqrt(T.max(x, T.float32(0.0)) + _log1p(T.exp(-T.abs(x))))
+
+
+@T.macro
+def _scores(logits, t, lg, ex, stat, scores, n: int, scoring: str):
+    """``scores[:n]`` (shared) <- the scores of token ``t``'s logits; ``lg`` keeps the logits."""
+    T.copy(logits[t, 0], lg)
+    if scoring == "softmax":
+        T.reduce_max(lg, stat, dim=1)
+        for i, e in T.Parallel(1, n):
+            ex[i, e] = T.exp(lg[i, e] - stat[0])
+        T.reduce_sum(ex, stat, dim=1)
+        for i, e in T.Parallel(1, n):
+            scores[e] = ex[i, e] / stat[0]
+    else:
+        for i, e in T.Parallel(1, n):
+            scores[e] = score_of(lg[i, e], scoring)
+
+
+def _check_scoring(name: str, scoring: str) -> None:
+    if scoring not in SCORING_FUNCS:
+        raise ValueError(f"{name}: scoring_func must be one of {SCORING_FUNCS}, got {scoring!r}")
+
+
+@T.tunable(threads=[32, 128])
+def topk_gate(num_experts: int, num_topk: int, threads: int = 128):
+    """``scores [T, E]`` float32 -> ``topk_idx [T, k]`` int64, descending, ties to the smaller index."""
+    E, k = num_experts, num_topk
+    if not 1 <= k <= E:
+        raise ValueError(f"topk_gate: num_topk must be in [1, num_experts={E}], got {k}")
+    rows = _rows(E)
+    Tn = T.symbolic("num_tokens")
+
+    @T.prim_func
+    def topk_gate_kernel(scores: T.Tensor((Tn, E), "float32"), topk_idx: T.Tensor((Tn, k), "int64")):
+        with T.Kernel(Tn, threads=threads) as t:
+            key = T.alloc_shared((E,), "float32")
+            rank = T.alloc_shared((E,), "int32")
+            better = T.alloc_fragment((rows, E), "int32")
+            count = T.alloc_fragment((rows,), "int32")
+            for e in T.Parallel(E):
+                key[e] = scores[t, e]
+            _rank(key, rank, better, count, E, rows)
+            for e in T.Parallel(E):
+                if rank[e] < k:
+                    topk_idx[t, rank[e]] = T.cast(e, "int64")
+
+    return topk_gate_kernel
+
+
+@T.tunable(threads=[32, 128])
+def top2_sum_gate(num_experts: int, num_topk: int, num_groups: int = 0, num_topk_groups: int = 0,
+                  scoring_func: str = "sigmoid", num_shared: int = 0, has_mask: bool = False,
+                  has_fix: bool = False, has_unmapped: bool = False, has_map: bool = False, threads: int = 128):
+    """One token per block -> ``topk_idx [T, k + s]`` int64 and ``topk_weights [T, k + s]`` float32.
+
+    Compile-time: ``num_shared`` (``s``, shared experts as routed slots), and which optional
+    tensors are read (``has_mask``, ``has_fix``: ``fix_routing_mask``; ``has_unmapped``:
+    ``unmapped_topk_idx`` is written (and read for fixed rows); ``has_map``: the physical
+    map and ``logical_count``).  Tensors that are not read still take a parameter slot
+    (any one-element tensor of the right dtype).  Runtime scalars: the scaling factor,
+    ``ep_rank``, ``tp_rank``, ``num_tp_ranks``, and ``experts_per_rank`` /
+    ``experts_per_dp`` of the EP/TP masking (the op derives them)."""
+    _check_scoring("top2_sum_gate", scoring_func)
+    E, k, s = num_experts, num_topk, num_shared
+    grouped = num_groups != num_topk_groups
+    if E % 4:
+        raise ValueError(f"top2_sum_gate: num_experts must be a multiple of 4, got {E}")
+    if not 1 <= k <= min(E, MAX_TOPK):
+        raise ValueError(f"top2_sum_gate: num_topk must be in [1, {min(E, MAX_TOPK)}], got {k}")
+    if grouped:
+        if not (0 < num_topk_groups < num_groups <= MAX_GROUPS) or E % num_groups:
+            raise ValueError(f"top2_sum_gate: need 0 < num_topk_groups < num_groups <= {MAX_GROUPS} and "
+                             f"num_experts % num_groups == 0, got {num_topk_groups}, {num_groups}, {E}")
+        if not 2 <= E // num_groups <= MAX_EXPERTS_PER_GROUP:
+            raise ValueError(f"top2_sum_gate: experts per group must be in [2, {MAX_EXPERTS_PER_GROUP}], "
+                             f"got {E // num_groups}")
+    G = num_groups if grouped else 1
+    S = E // G
+    P = k + s
+    rows = _rows(E)
+    grows = _rows(G)
+    Tn = T.symbolic("num_tokens")
+    TM = T.symbolic("mask_len")
+    TF = T.symbolic("fix_len")
+    TU = T.symbolic("unmapped_rows")
+    KU = T.symbolic("unmapped_cols")
+    SU = T.symbolic("unmapped_stride")
+    LE = T.symbolic("logical_experts")
+    D = T.symbolic("duplicates")
+
+    @T.prim_func
+    def top2_sum_gate_kernel(logits: T.Tensor((Tn, E), "float32"), bias: T.Tensor((E,), "float32"),
+                             mask: T.Tensor((TM,), "bool"), fix_routing_mask: T.Tensor((TF,), "bool"),
+                             to_physical_map: T.Tensor((LE, D), "int32"), logical_count: T.Tensor((LE,), "int32"),
+                             unmapped_topk_idx: T.StridedTensor((TU, KU), (SU, 1), "int64"),
+                             topk_idx: T.Tensor((Tn, P), "int64"), topk_weights: T.Tensor((Tn, P), "float32"),
+                             routed_scaling_factor: T.float32, ep_rank: T.int32, tp_rank: T.int32,
+                             num_tp_ranks: T.int32, experts_per_rank: T.int32, experts_per_dp: T.int32):
+        with T.Kernel(Tn, threads=threads) as t:
+            lg = T.alloc_fragment((1, E), "float32")
+            ex = T.alloc_fragment((1, E), "float32")
+            stat = T.alloc_fragment((1,), "float32")
+            scores = T.alloc_shared((E,), "float32")
+            key = T.alloc_shared((E,), "float32")
+            rank = T.alloc_shared((E,), "int32")
+            better = T.alloc_fragment((rows, E), "int32")
+            count = T.alloc_fragment((rows,), "int32")
+            sel = T.alloc_shared((k,), "int32")
+            w = T.alloc_fragment((k,), "float32")
+            wsum = T.alloc_fragment((1,), "float32")
+            slot_idx = T.alloc_shared((P,), "int64")
+            slot_w = T.alloc_shared((P,), "float32")
+            _scores(logits, t, lg, ex, stat, scores, E, scoring_func)
+            # ranking keys: biased scores (softmax: biased logits)
+            for i, e in T.Parallel(1, E):
+                key[e] = (lg[i, e] if scoring_func == "softmax" else scores[e]) + bias[e]
+            if grouped:
+                gk = T.alloc_fragment((G, S), "float32")
+                lower = T.alloc_fragment((G, S), "float32")
+                ties = T.alloc_fragment((G, S), "int32")
+                top1 = T.alloc_fragment((G,), "float32")
+                top2 = T.alloc_fragment((G,), "float32")
+                ntop = T.alloc_fragment((G,), "int32")
+                gscore = T.alloc_shared((G,), "float32")
+                grank = T.alloc_shared((G,), "int32")
+                gbetter = T.alloc_fragment((grows, G), "int32")
+                gcount = T.alloc_fragment((grows,), "int32")
+                for g, j in T.Parallel(G, S):
+                    gk[g, j] = key[g * S + j]
+                T.reduce_max(gk, top1, dim=1)
+                # the second largest counts the largest again when it occurs twice
+                for g, j in T.Parallel(G, S):
+                    ties[g, j] = T.cast(gk[g, j] == top1[g], "int32")
+                    lower[g, j] = T.where(gk[g, j] < top1[g], gk[g, j], -T.infinity("float32"))
+                T.reduce_sum(ties, ntop, dim=1)
+                T.reduce_max(lower, top2, dim=1)
+                for g in T.Parallel(G):
+                    gscore[g] = top1[g] + T.where(ntop[g] >= 2, top1[g], top2[g])
+                _rank(gscore, grank, gbetter, gcount, G, grows)
+                for e in T.Parallel(E):
+                    if grank[e // S] >= num_topk_groups:
+                        key[e] = -T.infinity("float32")
+            _rank(key, rank, better, count, E, rows)
+            for e in T.Parallel(E):
+                if rank[e] < k:
+                    sel[rank[e]] = e
+            if has_fix and has_unmapped:
+                if fix_routing_mask[t]:
+                    for j in T.Parallel(k):
+                        sel[j] = T.cast(unmapped_topk_idx[t, j], "int32")
+            for j in T.Parallel(k):
+                w[j] = scores[T.max(sel[j], 0)]
+            T.reduce_sum(w, wsum, dim=0)
+            for j in T.Parallel(k):
+                slot_idx[j] = T.cast(sel[j], "int64")
+                slot_w[j] = w[j] / T.max(wsum[0], T.float32(1e-20)) * routed_scaling_factor
+            if s:
+                for j in T.Parallel(s):
+                    slot_idx[k + j] = T.cast(E + j, "int64")
+                    slot_w[k + j] = T.float32(1.0)
+            active = T.alloc_var("bool", mask[t] if has_mask else True)
+            if has_unmapped:
+                for j in T.Parallel(k):
+                    unmapped_topk_idx[t, j] = T.where(active, slot_idx[j], T.cast(-1, "int64"))
+            for j in T.Parallel(P):
+                logical = slot_idx[j]
+                if has_map:
+                    # replica (ep_rank + token * 23333) mod count; -1 (a fixed row's empty slot) stays
+                    safe = T.max(logical, T.cast(0, "int64"))
+                    replica = (T.cast(ep_rank, "int64") + T.cast(t, "int64") * REPLICA_HASH) % T.cast(
+                        logical_count[safe], "int64")
+                    logical = T.where(logical >= 0, T.cast(to_physical_map[safe, replica], "int64"), logical)
+                # EP/TP masking: keep the ids of this TP rank's experts, renumbered locally
+                owned = (logical >= 0) & ((logical // T.cast(experts_per_rank, "int64")) % T.cast(num_tp_ranks, "int64")
+                                          == T.cast(tp_rank, "int64"))
+                local = logical - T.cast(tp_rank, "int64") * T.cast(experts_per_rank, "int64")
+                local = local - (local // T.cast(experts_per_dp, "int64")) * T.cast(
+                    experts_per_dp - experts_per_rank, "int64")
+                topk_idx[t, j] = T.where(active & owned & (local >= 0), local, T.cast(-1, "int64"))
+                topk_weights[t, j] = T.where(active, slot_w[j], T.float32(0.0))
+
+    return top2_sum_gate_kernel
+
+
+@T.tunable(threads=[32, 128])
+def normalize_weight(num_topk: int, threads: int = 32):
+    """``w [T, k]`` float32 -> ``(denominator [T] = sum + 1e-20, w / denominator [T, k])``."""
+    k = num_topk
+    Tn = T.symbolic("num_tokens")
+
+    @T.prim_func
+    def normalize_weight_kernel(w: T.Tensor((Tn, k), "float32"), denominator: T.Tensor((Tn,), "float32"),
+                                normalized: T.Tensor((Tn, k), "float32")):
+        with T.Kernel(Tn, threads=threads) as t:
+            wt = T.alloc_fragment((1, k), "float32")
+            total = T.alloc_fragment((1,), "float32")
+            T.copy(w[t, 0], wt)
+            T.reduce_sum(wt, total, dim=1)
+            den = T.alloc_var("float32", total[0] + T.float32(1e-20))
+            for i, j in T.Parallel(1, k):
+                normalized[t, j] = wt[i, j] / den
+            denominator[t] = den
+
+    return normalize_weight_kernel
+
+
+@T.tunable(threads=[32, 128])
+def hash_gate(num_experts: int, num_topk: int, scoring_func: str = "sqrtsoftplus", norm_topk_prob: bool = True,
+              threads: int = 128):
+    """V4's hash routing: ``topk_idx = tid2eid[token_ids]``, weights as ``kernforge.model.moe.Gate``:
+    the unbiased scores of those experts, divided by their sum unless the scoring is softmax
+    or ``norm_topk_prob`` is off, times ``routed_scaling_factor``."""
+    _check_scoring("hash_gate", scoring_func)
+    E, k = num_experts, num_topk
+    Tn = T.symbolic("num_tokens")
+    V = T.symbolic("vocab")
+    normalise = scoring_func != "softmax" and norm_topk_prob
+
+    @T.prim_func
+    def hash_gate_kernel(logits: T.Tensor((Tn, E), "float32"), token_ids: T.Tensor((Tn,), "int64"),
+                         tid2eid: T.Tensor((V, k), "int64"), topk_idx: T.Tensor((Tn, k), "int64"),
+                         topk_weights: T.Tensor((Tn, k), "float32"), routed_scaling_factor: T.float32):
+        with T.Kernel(Tn, threads=threads) as t:
+            lg = T.alloc_fragment((1, E), "float32")
+            ex = T.alloc_fragment((1, E), "float32")
+            stat = T.alloc_fragment((1,), "float32")
+            scores = T.alloc_shared((E,), "float32")
+            w = T.alloc_fragment((k,), "float32")
+            wsum = T.alloc_fragment((1,), "float32")
+            _scores(logits, t, lg, ex, stat, scores, E, scoring_func)
+            for j in T.Parallel(k):
+                w[j] = scores[tid2eid[token_ids[t], j]]
+            T.reduce_sum(w, wsum, dim=0)
+            for j in T.Parallel(k):
+                topk_idx[t, j] = tid2eid[token_ids[t], j]
+                topk_weights[t, j] = (w[j] / wsum[0] if normalise else w[j]) * routed_scaling_factor
+
+    return hash_gate_kernel

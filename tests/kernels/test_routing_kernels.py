@@ -1,0 +1,203 @@
+"""The routing DSL kernels: exact indices (ties to the smaller index) and weights against the
+torch references on interp and cpu, every top2_sum_gate option through the catalogue's small
+problem, a few cases on cuda-emu, and the CUDA sources compiling."""
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernforge
+from kernforge import backends
+from kernforge.kernels import routing as R
+from kernforge.kernels.check import run_spec
+from kernforge.kernels.registry import get
+from kernforge.kernels.routing.problems import logits_with_ties
+from tests.conftest import host_backends
+
+BACKENDS = host_backends("interp", "cpu")
+SPECS = ["topk_gate", "top2_sum_gate", "normalize_weight", "hash_gate"]
+
+
+def run_topk(backend, scores, k, threads=128):
+    kernel = kernforge.compile(R.topk_gate, backend=backend, num_experts=scores.shape[1], num_topk=k,
+                               threads=threads)
+    out = torch.full((scores.shape[0], k), -77, dtype=torch.int64)
+    kernel(scores, out)
+    return out
+
+
+def run_top2(backend, logits, bias, k, groups=0, topk_groups=0, scoring="sigmoid", scale=1.0):
+    kernel = kernforge.compile(R.top2_sum_gate, backend=backend, num_experts=logits.shape[1], num_topk=k,
+                               num_groups=groups, num_topk_groups=topk_groups, scoring_func=scoring)
+    t, e = logits.shape
+    idx = torch.full((t, k), -77, dtype=torch.int64)
+    w = torch.full((t, k), float("nan"))
+    one = torch.ones(1, dtype=torch.bool)
+    kernel(logits, bias, one, one, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
+           torch.zeros(1, 1, dtype=torch.int64), idx, w, scale, 0, 0, 1, e, e)
+    return idx, w
+
+
+def reference_top2(logits, bias, k, groups, topk_groups, scoring, scale=1.0):
+    return R.reference.top2_sum_gate(logits, bias, k, topk_groups, groups, False, 0, scale, 0, 1, 0, 1, scoring)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", SPECS)
+def test_registry_specs_verify(backend, name):
+    """The small problems: ties in every fourth row; top2_sum_gate with groups, two shared
+    slots, a physical map with replicas, EP x TP = 4 x 2 masking, a mask and fixed rows."""
+    result = run_spec(get(name), backend, "small", repeat=1)
+    assert result.verified, result.error
+
+
+def test_small_top2_problem_exercises_every_option():
+    """The catalogue's small problem is only a test of the options if they change the result."""
+    spec = get("top2_sum_gate")
+    p = spec.problems["small"].params
+    inputs = spec.make_inputs(p, 0, "cpu")
+    idx, w, unmapped = spec.reference(inputs, p)
+    mask, fix = inputs[2], inputs[3]
+    assert (~mask).any() and (fix & mask).any()
+    assert (idx[mask] == -1).any() and (idx[mask] >= 0).any()      # TP masking drops some slots
+    assert (w[mask][:, -2:] == 1.0).all()                          # shared slots
+    assert (unmapped[~mask] == -1).all() and torch.equal(unmapped[fix & mask], inputs[6][fix & mask])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_topk_gate_ties_go_to_the_smaller_index(backend):
+    # 64 experts, k = 6: the catalogue's small build
+    head = torch.tensor([[0.0, 2.0, 2.0, -1.0, 2.0, 0.0, 0.0, 2.0, -0.0, 5.0],
+                         [float("-inf")] * 2 + [-1e30] * 8])
+    s = torch.cat([head, torch.full((2, 54), float("-inf"))], dim=1)
+    s = torch.cat([s, torch.ones(1, 64), torch.full((1, 64), float("-inf"))])
+    out = run_topk(backend, s, 6)
+    assert out.tolist() == [[9, 1, 2, 4, 7, 0], [2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]]
+    assert torch.equal(out, R.reference.topk_gate(s, 6))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_topk_gate_matches_torch_stable_sort(backend):
+    s = logits_with_ties(33, 64, seed=3)
+    assert torch.equal(run_topk(backend, s, 6), torch.sort(s, dim=1, descending=True, stable=True).indices[:, :6])
+
+
+@pytest.mark.parametrize("scoring", R.SCORING_FUNCS)
+@pytest.mark.parametrize("groups,topk_groups", [(0, 0), (8, 3), (4, 4)])
+def test_top2_sum_gate_against_the_reference_on_the_interpreter(scoring, groups, topk_groups):
+    logits = logits_with_ties(21, 64, seed=5) * 3
+    bias = torch.randn(64, generator=torch.Generator().manual_seed(1)) * 0.2
+    idx, w = run_top2("interp", logits, bias, 6, groups, topk_groups, scoring, scale=2.5)
+    want_idx, want_w = reference_top2(logits, bias, 6, groups, topk_groups, scoring, scale=2.5)
+    assert torch.equal(idx, want_idx)
+    torch.testing.assert_close(w, want_w, rtol=2e-6, atol=0)
+
+
+def test_group_limit_is_the_top2_sum_of_biased_scores():
+    """Group 1 holds the single best expert but group 0 the best pair: with one group kept,
+    every pick comes from group 0 (a top-1 group limit would pick group 1)."""
+    logits = torch.full((1, 8), -4.0)
+    logits[0, :4] = torch.tensor([1.0, 1.0, 0.0, 0.0])   # group 0: top-2 sum 2 sigmoid(1)
+    logits[0, 4:] = torch.tensor([3.0, -6.0, -6.0, -6.0])  # group 1: sigmoid(3) + sigmoid(-6)
+    idx, _ = run_top2("interp", logits, torch.zeros(8), 2, groups=2, topk_groups=1)
+    assert idx.tolist() == [[0, 1]]
+    # the bias ranks, the weights stay unbiased
+    bias = torch.zeros(8)
+    bias[3] = 10.0
+    idx, w = run_top2("interp", logits, bias, 2, groups=2, topk_groups=1)
+    s = torch.sigmoid(logits[0])
+    assert idx.tolist() == [[3, 0]]
+    torch.testing.assert_close(w, torch.stack([s[3], s[0]])[None] / (s[3] + s[0]), rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hash_gate_and_normalize_weight(backend):
+    spec = get("hash_gate")
+    p = dict(spec.problems["small"].params, num_tokens=1)  # T = 1
+    result = run_spec(get("normalize_weight"), backend, "small", repeat=1)
+    assert result.verified, result.error
+    kernel = kernforge.compile(spec.factory, backend=backend, **p)
+    inputs = spec.make_inputs(p, 7, "cpu")
+    kernel(*inputs)
+    spec.check([inputs[i] for i in spec.outputs], spec.reference(inputs, p), inputs, p)
+
+
+@settings(max_examples=8)
+@given(t=st.integers(1, 9), e=st.sampled_from([4, 12, 40, 64]), k=st.integers(1, 8), seed=st.integers(0, 99))
+def test_property_shapes_on_the_interpreter(t, e, k, seed):
+    k = min(k, e)
+    logits = logits_with_ties(t, e, seed)
+    assert torch.equal(run_topk("interp", logits, k), R.reference.topk_gate(logits, k))
+    bias = torch.randn(e, generator=torch.Generator().manual_seed(seed)) * 0.1
+    idx, w = run_top2("interp", logits, bias, k)
+    want_idx, want_w = reference_top2(logits, bias, k, 0, 0, "sigmoid")
+    assert torch.equal(idx, want_idx)
+    torch.testing.assert_close(w, want_w, rtol=2e-6, atol=0)
+
+
+def test_check_catches_a_swapped_index():
+    spec = get("topk_gate")
+    p = spec.problems["small"].params
+    inputs = spec.make_inputs(p, 0, "cpu")
+    (want,) = spec.reference(inputs, p)
+    got = want.clone()
+    got[0, [0, 1]] = got[0, [1, 0]]
+    with pytest.raises(AssertionError, match="topk_idx differ"):
+        spec.check([got], [want], inputs, p)
+
+
+def test_cuda_emu_runs_each_kernel():
+    """CUDA semantics on the host: the catalogue's small problem of each kernel."""
+    if "cuda-emu" not in host_backends("cuda-emu"):
+        pytest.skip("cuda-emu not available")
+    for name in SPECS:
+        result = run_spec(get(name), "cuda-emu", "small", repeat=1)
+        assert result.verified, f"{name}: {result.error}"
+
+
+def test_factories_reject_bad_parameters():
+    with pytest.raises(ValueError, match="num_topk"):
+        R.topk_gate(num_experts=8, num_topk=9)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        R.top2_sum_gate(num_experts=10, num_topk=2)
+    with pytest.raises(ValueError, match="num_topk"):
+        R.top2_sum_gate(num_experts=64, num_topk=33)
+    with pytest.raises(ValueError, match="num_groups"):
+        R.top2_sum_gate(num_experts=64, num_topk=4, num_groups=6, num_topk_groups=2)
+    with pytest.raises(ValueError, match="experts per group"):
+        R.top2_sum_gate(num_experts=128, num_topk=4, num_groups=2, num_topk_groups=1)
+    with pytest.raises(ValueError, match="scoring_func"):
+        R.top2_sum_gate(num_experts=64, num_topk=4, scoring_func="identity")
+    with pytest.raises(ValueError, match="scoring_func"):
+        R.hash_gate(num_experts=64, num_topk=4, scoring_func="tanh")
+
+
+def _cuda():
+    try:
+        return backends.get("cuda")
+    except backends.BackendError as e:
+        pytest.skip(f"CUDA backend module absent: {e}")
+
+
+def test_cuda_sources_render_for_sm90a():
+    cuda = _cuda()
+    for spec in map(get, SPECS):
+        pf = spec.factory(**spec.problems["demo"].params)
+        assert f"kf_{pf.ir.name}(" in cuda.source(pf.ir, "sm_90a")
+
+
+@pytest.mark.nvcc
+def test_cuda_source_compiles_for_sm90a():
+    """The full-option top2_sum_gate at V3's size (the catalogue's builds are in
+    tests/backends/test_cuda_compile.py)."""
+    _cuda()
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    from kernforge.backends.cuda.backend import build_report
+
+    pf = R.top2_sum_gate(num_experts=256, num_topk=8, num_groups=8, num_topk_groups=4, num_shared=1,
+                         has_mask=True, has_fix=True, has_unmapped=True, has_map=True)
+    report = build_report(pf.ir, "sm_90a")
+    assert report["arch"] == "sm_90a" and report["spill_stores"] == 0

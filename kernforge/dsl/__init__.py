@@ -8,6 +8,7 @@ from kernforge.codegen.ir import KernelError
 from kernforge.dsl.alloc import alloc_fragment, alloc_local, alloc_shared, alloc_var
 from kernforge.dsl.atomic import atomic_add, atomic_max
 from kernforge.dsl.copy import clear, copy, fill
+from kernforge.dsl.eager import JITError, JITFunction, Launch, const, empty, jit
 from kernforge.dsl.gemm import gemm
 from kernforge.dsl.hints import GemmWarpPolicy, HintError, UnknownHintError
 from kernforge.dsl.kernel import Kernel
@@ -24,11 +25,11 @@ from kernforge.dtypes import (bfloat16, bool_, float8_e4m3, float16, float32, fl
                               int32, int64, uint8, uint16, uint32, uint64)
 
 __all__ = [
-    "Buffer", "DTypeError", "GemmWarpPolicy", "HintError", "Kernel", "KernelError", "KernelFactory", "Parallel", "Pipelined", "PrimFunc", "StridedTensor",
+    "Buffer", "DTypeError", "GemmWarpPolicy", "HintError", "JITError", "JITFunction", "Kernel", "KernelError", "KernelFactory", "Parallel", "Pipelined", "PrimFunc", "StridedTensor",
     "Tensor", "abs", "alloc_fragment", "alloc_local", "alloc_shared", "alloc_var", "atomic_add",
-    "atomic_max", "bfloat16", "bool_", "cast", "ceil", "ceildiv", "clear", "copy", "cumsum",
-    "dynamic", "exp", "exp2", "fill", "float16", "float32", "float64", "float8_e4m3", "floor",
-    "gemm", "if_then_else", "infinity", "int16", "int32", "int64", "int8", "isnan", "log", "log2",
+    "atomic_max", "bfloat16", "bool_", "cast", "ceil", "ceildiv", "clear", "const", "copy", "cumsum",
+    "dynamic", "empty", "exp", "exp2", "fill", "float16", "float32", "float64", "float8_e4m3", "floor",
+    "gemm", "if_then_else", "infinity", "int16", "int32", "int64", "int8", "isnan", "jit", "Launch", "log", "log2",
     "macro", "max", "max_value", "min", "min_value", "online_softmax", "pow", "prim_func",
     "radix_find_bucket", "reduce_max", "reduce_min", "reduce_sum", "reinterpret", "rsqrt", "serial", "sqrt", "symbolic", "tanh", "tunable",
     "uint16", "uint32", "uint64", "uint8", "UnknownHintError", "unroll", "where",

@@ -37,9 +37,18 @@ class Builder:
         self.params = params
         self.frames: list[Frame] = [Frame("prim_func")]
         self.kernel: Optional[dict] = None
+        self.blocks: list[dict] = []  # every closed `with T.Kernel` block, in order (one launch each)
+        self.hints: list[tuple] = []  # TileLang performance hints recorded (kernforge.dsl.compat)
+        self.thread_region: Optional[dict] = None  # open thread-level region (kernforge.dsl.compat)
         self.names: set[str] = {p.name for p in params}
         self.var_count = 0
         self.global_buffers = {p for p in params if isinstance(p, ir.Buffer)}
+
+    def add_global(self, buffer: ir.Buffer) -> None:
+        """A global tensor that becomes a parameter during the trace (``@T.jit``'s in-body
+        annotations and ``T.empty`` outputs): usable from every kernel block."""
+        self.names.add(buffer.name)
+        self.global_buffers.add(buffer)
 
     # names ------------------------------------------------------------------
     def unique(self, base: str) -> str:
@@ -80,6 +89,14 @@ class Builder:
 
     # buffers ----------------------------------------------------------------
     def declare(self, buffer: ir.Buffer, loc) -> None:
+        region = self.thread_region
+        if region is not None and self.top is region["frame"]:
+            # thread-level code (kernforge.dsl.compat): the region is a T.Parallel over the
+            # block's threads, so its allocations go just before it, into the kernel body
+            below = self.frames[self.frames.index(region["frame"]) - 1]
+            below.buffers.add(buffer)
+            below.stmts.append(ir.Allocate(buffer, loc))
+            return
         if self.inside("parallel"):
             raise error("allocation inside T.Parallel: allocate tiles before the parallel loop", loc)
         self.top.buffers.add(buffer)

@@ -157,6 +157,7 @@ for _n in ("__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtr
 for _n in "add sub mul truediv floordiv mod and or xor lshift rshift".split():
     setattr(VarHandle, f"__i{_n}__", _inplace(f"__{_n}__"))
 VarHandle.__hash__ = object.__hash__
+VarHandle.astype = lambda self, dtype: self.__kf_expr__().astype(dtype)
 
 
 def unwrap_expr(x, like=None) -> ir.Expr:

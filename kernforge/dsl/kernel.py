@@ -16,7 +16,12 @@ class Kernel:
     block size, at most 1024; the CPU and the interpreter run a block as one thread, so
     there it only matters for the kernels' lowering choices.  It yields one block index per
     grid dimension (a single index for a 1-D grid), as TileLang does; binding a number of
-    names that differs from the number of grid dimensions is an error at the ``with`` line."""
+    names that differs from the number of grid dimensions is an error at the ``with`` line.
+
+    A function may hold several ``with T.Kernel`` blocks one after the other (a split-K
+    partial pass, then its combine): each becomes its own IR kernel over the same global
+    parameters, launched in order (``T.jit`` and ``kernforge.tilelang.compile`` run them).
+    Blocks do not nest."""
 
     def __init__(self, *grid, threads: int = 128):
         if not 1 <= len(grid) <= 3:
@@ -51,8 +56,9 @@ class Kernel:
 
     def __enter__(self):
         b = B.current()
-        if b.kernel is not None:
-            raise B.error("a prim_func has exactly one `with T.Kernel(...)` block", self.loc)
+        if b.inside("kernel"):
+            raise B.error("nested `with T.Kernel(...)`: kernel blocks follow one another (each "
+                          "is one launch), they do not nest", self.loc)
         if self._names is not None:
             self._check_names()
         self.vars = tuple(b.new_var(n) for n in _BLOCK_NAMES[: len(self.grid)])
@@ -67,8 +73,13 @@ class Kernel:
         if exc_type is not None:
             return False
         b = B.current()
+        if b.thread_region is not None:  # thread-level code ends with the block
+            from kernforge.dsl.compat import close_thread_region
+
+            close_thread_region(b)
         self._cm.__exit__(None, None, None)
         b.kernel["body"] = ir.seq(self._frame.stmts, self.loc)
+        b.blocks.append(b.kernel)
         return False
 
 

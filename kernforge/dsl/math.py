@@ -81,6 +81,14 @@ def cast(x, dtype):
     return ir.cast(x if isinstance(x, (int, float, bool)) else _e(x), dtype_arg(dtype, "T.cast"))
 
 
+def _astype(self, dtype):
+    """``x.astype(dtype)``: :func:`cast` spelled as a method, as TileLang allows."""
+    return cast(self, dtype)
+
+
+ir.Expr.astype = _astype  # the IR's expressions take TileLang's method spelling too
+
+
 def reinterpret(dtype, x):
     """The bits of ``x`` read as ``dtype`` of the same width, as TileLang's
     ``T.reinterpret``: ``T.reinterpret("uint32", f)`` is the float's bit pattern (radix

@@ -91,7 +91,26 @@ class PrimFunc:
                  caller_locals: Optional[dict] = None):
         self.fn = fn
         self.name = name or fn.__name__
-        self.ir: ir.Kernel = trace(fn, self.name, attrs or {}, caller_locals)
+        self.kernels: tuple[ir.Kernel, ...] = trace_all(fn, self.name, attrs or {}, caller_locals)
+
+    @classmethod
+    def from_kernels(cls, fn, name: str, kernels) -> "PrimFunc":
+        """A PrimFunc over kernels traced elsewhere (``T.jit``'s specialisations)."""
+        self = cls.__new__(cls)
+        self.fn, self.name, self.kernels = fn, name, tuple(kernels)
+        return self
+
+    @property
+    def ir(self) -> ir.Kernel:
+        """The kernel's IR.  A function with several ``with T.Kernel`` blocks has one IR
+        kernel per block in :attr:`kernels`; it runs through ``T.jit`` or
+        ``kernforge.tilelang.compile``, which launch them in order."""
+        if len(self.kernels) != 1:
+            raise ir.KernelError(f"{self.name} has {len(self.kernels)} `with T.Kernel` blocks: "
+                                 "kernforge.compile builds one kernel; compile it with "
+                                 "kernforge.tilelang.compile (or write it as a T.jit function), "
+                                 "which launches the blocks in order", self.kernels[0].loc)
+        return self.kernels[0]
 
     @property
     def params(self):
@@ -106,13 +125,22 @@ class PrimFunc:
 
     def script(self) -> str:
         """The kernel's IR as text: what the interp backend runs and ``emit`` shows for it."""
-        return repr(self.ir)
+        return "\n".join(repr(k) for k in self.kernels)
 
     def __repr__(self) -> str:
         return f"<PrimFunc {self.name}>"
 
 
 def trace(fn, name: str, attrs: dict, caller_locals: Optional[dict] = None) -> ir.Kernel:
+    """``fn`` traced into its one IR kernel (see :func:`trace_all`)."""
+    kernels = trace_all(fn, name, attrs, caller_locals)
+    if len(kernels) != 1:
+        raise ir.KernelError(f"{name} has {len(kernels)} `with T.Kernel` blocks; one is expected here",
+                             kernels[1].loc)
+    return kernels[0]
+
+
+def trace_all(fn, name: str, attrs: dict, caller_locals: Optional[dict] = None) -> tuple:
     sig = inspect.signature(fn)
     ann = _annotations(fn, caller_locals)
     loc = ir.SourceLoc(fn.__code__.co_filename, fn.__code__.co_firstlineno)
@@ -138,15 +166,27 @@ def trace(fn, name: str, attrs: dict, caller_locals: Optional[dict] = None) -> i
     b = B.Builder(name, tuple(params))
     with B.tracing(b):
         traced(*args)
-    if b.kernel is None:
+    return build_kernels(b, name, tuple(params), attrs, loc)
+
+
+def build_kernels(b: B.Builder, name: str, params: tuple, attrs: dict, loc) -> tuple:
+    """One verified IR kernel per closed ``with T.Kernel`` block of trace ``b``, all over
+    ``params``.  A single block keeps ``name``; several are named ``<name>_k0``, ``_k1``..."""
+    if not b.blocks:
         raise ir.KernelError(f"{name} has no `with T.Kernel(...)` block", loc)
-    symbols = _symbols(params)
-    kernel = ir.Kernel(name, tuple(params), b.kernel["grid"], b.kernel["vars"], b.kernel["threads"],
-                       b.kernel["body"], symbols, dict(attrs), b.kernel["loc"])
     from kernforge.codegen.verify import verify
 
-    verify(kernel)
-    return kernel
+    symbols = _symbols(params)
+    if b.hints:  # recorded TileLang hints: in attrs, so they show in the listing and artifact name
+        attrs = dict(attrs, tilelang_hints=";".join(f"{k}({v})" for k, v in b.hints))
+    kernels = []
+    for i, blk in enumerate(b.blocks):
+        kname = name if len(b.blocks) == 1 else f"{name}_k{i}"
+        kernel = ir.Kernel(kname, params, blk["grid"], blk["vars"], blk["threads"], blk["body"],
+                           symbols, dict(attrs), blk["loc"])
+        verify(kernel)
+        kernels.append(kernel)
+    return tuple(kernels)
 
 
 def _symbols(params) -> tuple:
@@ -174,7 +214,8 @@ def prim_func(fn=None, *, name: Optional[str] = None):
     ``@T.prim_func(name="...")``.
 
     Parameters are annotated with ``T.Tensor`` (global tensors) or a dtype (scalars, e.g.
-    ``n: T.int32``); the body holds exactly one ``with T.Kernel(...)``.  The function runs
+    ``n: T.int32``); the body holds a ``with T.Kernel(...)`` (several in a row are consecutive
+    launches, see :class:`kernforge.dsl.Kernel`).  The function runs
     once, now, with DSL objects for its arguments: Python control flow over compile-time
     values unrolls, an ``if`` on a runtime value becomes a branch in the kernel, and every
     mistake is reported as a ``KernelError`` at the author's file and line.  Usually
@@ -227,7 +268,8 @@ class KernelFactory:
             pf = self.fn(**args)
             if not isinstance(pf, PrimFunc):
                 raise TypeError(f"{self.name} must return a @T.prim_func, got {type(pf).__name__}")
-            pf.ir.attrs.update({k: _attr(v) for k, v in args.items()})
+            for k in pf.kernels:
+                k.attrs.update({n: _attr(v) for n, v in args.items()})
             self._memo[key] = pf
         return self._memo[key]
 

@@ -21,8 +21,9 @@ import textwrap
 
 
 class _Rewriter(ast.NodeTransformer):
-    def __init__(self):
+    def __init__(self, eager: bool = False):
         self.n = 0
+        self.eager = eager
 
     def visit_FunctionDef(self, node):
         if getattr(self, "_seen_top", False):
@@ -71,6 +72,19 @@ class _Rewriter(ast.NodeTransformer):
             old = _call("__kf_lookup", _call("locals"), ast.Constant(name))
             node.value = _call("__kf_assign", old, node.value, ast.Constant(name))
         return node
+
+    def visit_AnnAssign(self, node):
+        """``@T.jit`` only: a bare ``A: T.Tensor((M, K), dtype)`` in the body declares the
+        parameter ``A``.  Python never evaluates a local's annotation, so it becomes
+        ``A = __kf_annotate(<A's value>, "A", <annotation>)``."""
+        self.generic_visit(node)
+        if not self.eager or node.value is not None or not isinstance(node.target, ast.Name):
+            return node
+        name = node.target.id
+        old = _call("__kf_lookup", _call("locals"), ast.Constant(name))
+        out = ast.Assign([ast.Name(name, ast.Store())],
+                         _call("__kf_annotate", old, ast.Constant(name), node.annotation))
+        return ast.copy_location(out, node)
 
     def visit_For(self, node):
         self.generic_visit(node)
@@ -125,12 +139,14 @@ def _target_names(t):
 _CODE: dict = {}
 
 
-def rewrite(fn, helpers: dict):
+def rewrite(fn, helpers: dict, eager: bool = False):
     """Return ``fn`` recompiled with the rewrites above, or ``None`` when its source is
-    not available (the caller then traces it unchanged: runtime ``if`` raises clearly)."""
-    if fn.__code__ not in _CODE:
-        _CODE[fn.__code__] = _compile_rewritten(fn)
-    code = _CODE[fn.__code__]
+    not available (the caller then traces it unchanged: runtime ``if`` raises clearly).
+    ``eager`` adds ``@T.jit``'s in-body parameter annotations."""
+    key = (fn.__code__, eager)
+    if key not in _CODE:
+        _CODE[key] = _compile_rewritten(fn, eager)
+    code = _CODE[key]
     if code is None:
         return None
     namespace = dict(fn.__globals__)
@@ -143,7 +159,7 @@ def rewrite(fn, helpers: dict):
     return new
 
 
-def _compile_rewritten(fn):
+def _compile_rewritten(fn, eager: bool = False):
     """The code of a module defining ``__kf_factory(*closure)``, which returns ``fn`` rewritten."""
     try:
         src = textwrap.dedent(inspect.getsource(fn))
@@ -155,7 +171,7 @@ def _compile_rewritten(fn):
     if not isinstance(fdef, ast.FunctionDef):
         return None
     ast.increment_lineno(fdef, fn.__code__.co_firstlineno - 1)
-    fdef = _Rewriter().visit(fdef)
+    fdef = _Rewriter(eager).visit(fdef)
     freevars = fn.__code__.co_freevars
     # wrap in a factory taking the closure's variables, so closures keep working
     factory = ast.FunctionDef(

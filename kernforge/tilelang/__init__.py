@@ -1,0 +1,35 @@
+"""TileLang programs on kernforge: ``kernforge.tilelang`` is a TileLang-compatible surface
+(``jit``, ``compile``, ``language``, ``autotune``, ``profiler``, a ``tvm`` expression
+subset) over kernforge's DSL and backends, so that a TileLang kernel runs unchanged on
+interp, cpu, cuda-emu and cuda.
+
+``python -m kernforge.tilelang script.py`` runs a TileLang script with ``tilelang`` and
+``tvm`` aliased to this package for that script only; nothing is installed under those
+names, so the real TileLang stays usable side by side.  docs/tilelang.md has the table of
+TileLang constructs and what kernforge does with each.
+"""
+from kernforge.dsl.compat import UnsupportedError, unsupported
+from kernforge.tilelang import cuda, language, profiler, tvm  # noqa: F401
+from kernforge.tilelang.autotune import autotune
+from kernforge.tilelang.jit import ENV, BackendChoiceError, JITKernel, compile, jit, select_backend
+from kernforge.tilelang.profiler import TensorSupplyType
+
+__all__ = ["ENV", "BackendChoiceError", "JITKernel", "TensorSupplyType", "UnsupportedError", "autotune",
+           "compile", "cuda", "disable_cache", "enable_cache", "jit", "language", "profiler",
+           "select_backend", "tvm"]
+
+
+def disable_cache() -> None:
+    """TileLang's kernel cache switch.  kernforge's JIT cache is content-addressed (a changed
+    kernel never hits a stale entry), so there is nothing to disable; accepted."""
+
+
+def enable_cache() -> None:
+    """See :func:`disable_cache`."""
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return unsupported(f"tilelang.{name}", "this part of TileLang's Python API (toolchain, carver, "
+                       "intrinsics) has no kernforge counterpart; docs/tilelang.md lists what does")

@@ -174,6 +174,8 @@ def masked_grouped_gemm_peers(inputs):
 def grouped_gemm_peers(spec, inputs, params):
     import torch
 
+    if "fp4" in spec.tags or ("fp8" in spec.tags and "masked_rows" in params):
+        return reference_peer(spec, inputs, params)  # dequantise + matmul, as the reference does
     if "masked_rows" in params:
         return masked_grouped_gemm_peers(inputs)
 
@@ -206,7 +208,34 @@ def grouped_gemm_peers(spec, inputs, params):
     return peers
 
 
-PEERS = {"topk": topk_peers, "mla_decode": mla_peers, "grouped_gemm": grouped_gemm_peers}
+def reference_peer(spec, inputs, params) -> dict:
+    """For a family without a dedicated peer: its torch reference (the same math in torch ops),
+    labelled as such."""
+    return {"torch reference": lambda: spec.reference(inputs, params)}
+
+
+def family_peers(family: str):
+    """A family's own ``problems.peers`` when it defines one (e.g. the model's function), else its
+    torch reference."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"kernforge.kernels.{family}.problems")
+    except ImportError:
+        return reference_peer
+    return getattr(module, "peers", reference_peer)
+
+
+def _all_peers() -> dict:
+    """The hand-written peers above, and for every other registered family :func:`family_peers`."""
+    from kernforge.kernels import registry
+
+    hand = {"topk": topk_peers, "mla_decode": mla_peers, "grouped_gemm": grouped_gemm_peers}
+    families = sorted({spec.family for spec in registry.all_specs().values()})
+    return {f: hand.get(f) or family_peers(f) for f in families}
+
+
+PEERS = _all_peers()
 
 
 def gpu_run(specs: dict, problems: list[str], arch: str | None, repeat: int, jobs: int) -> list[dict]:

@@ -21,6 +21,10 @@ from kernforge.ops.grouped_gemm import (get_k_alignment_for_contiguous_layout,
                                         m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
                                         set_mk_alignment_for_contiguous_layout)
 from kernforge.ops.mla import FlashMLASchedMeta, flash_mla_with_kvcache, get_mla_metadata
+# the dense-layer steps (docs/kernels/layers.md); not in __all__ until torch_library registers them
+from kernforge.ops.layers import (LayerIndexError, LayerTypeError, LayerValueError, embedding,  # noqa: F401
+                                 hadamard_transform, hc_head, hc_post, hc_pre, rms_norm, rope_cos_sin,
+                                 rotary_embedding)
 # MoE quantisation and routing (docs/kernels/quant.md, routing.md); not in __all__ until torch_library registers them
 from kernforge.ops.quant import (QuantTypeError, QuantValueError, per_block_cast_to_fp8,  # noqa: F401
                                  per_token_cast_to_fp4, per_token_cast_to_fp8)

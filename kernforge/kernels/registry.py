@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 # modules that register kernels when imported
 _FAMILIES = ("kernforge.kernels.topk.problems", "kernforge.kernels.mla_decode.problems",
              "kernforge.kernels.grouped_gemm.problems",
+             "kernforge.kernels.gemm.problems",
              "kernforge.kernels.norm.problems", "kernforge.kernels.rope.problems",
              "kernforge.kernels.hadamard.problems", "kernforge.kernels.hyper_connection.problems",
              "kernforge.kernels.embedding.problems",

@@ -20,6 +20,12 @@ from kernforge.ops.grouped_gemm import (get_k_alignment_for_contiguous_layout,
                                         m_grouped_fp8_gemm_nt_contiguous,
                                         m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
                                         set_mk_alignment_for_contiguous_layout)
+# DeepGEMM's dense and FP8/FP4 grouped GEMMs (docs/kernels/gemm.md); not in __all__ until torch_library registers them
+from kernforge.ops.gemm import (fp8_fp4_gemm_nn, fp8_fp4_gemm_nt, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt,  # noqa: F401
+                                fp8_gemm_nn, fp8_gemm_nt, fp8_gemm_tn, fp8_gemm_tt, gemm_fp8_fp8_bf16_nt)
+from kernforge.ops.grouped_gemm import (fp8_m_grouped_gemm_nt_masked, m_grouped_fp8_fp4_gemm_nt_contiguous,  # noqa: F401
+                                        m_grouped_fp8_fp4_gemm_nt_masked, m_grouped_fp8_gemm_nt_masked,
+                                        m_grouped_gemm_fp8_fp8_bf16_nt_masked)
 from kernforge.ops.mla import FlashMLASchedMeta, flash_mla_with_kvcache, get_mla_metadata
 # the dense-layer steps (docs/kernels/layers.md); not in __all__ until torch_library registers them
 from kernforge.ops.layers import (LayerIndexError, LayerTypeError, LayerValueError, embedding,  # noqa: F401

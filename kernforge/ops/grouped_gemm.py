@@ -13,9 +13,17 @@ aligned block) is checked on the host before anything runs.
 Behaviour on padding is defined rather than left to the caller: ``d`` rows whose
 index is ``-1`` (and PSUM gap rows) are written as zeros, whatever ``a`` holds there;
 NaN elsewhere propagates to the ``d`` elements it reaches, as torch's matmul (docs/ops.md).
-FP8 takes DeepGEMM's SM90 default recipe only: float32 scales, 1x128 per token for
+FP8 contiguous takes DeepGEMM's SM90 default recipe only: float32 scales, 1x128 per token for
 ``a`` and 128x128 per block for ``b`` (UE8M0-rounded scales are ordinary float32
 powers of two, so they work too).
+
+``m_grouped_fp8_fp4_gemm_nt_contiguous`` (the same op; DeepGEMM's HEAD name) also takes an
+FP4 ``b`` (int8, two e2m1 codes per byte, low nibble first, one scale per 1x32), and
+``m_grouped_fp8_fp4_gemm_nt_masked`` (aliases ``m_grouped_fp8_gemm_nt_masked``,
+``fp8_m_grouped_gemm_nt_masked``, ``m_grouped_gemm_fp8_fp8_bf16_nt_masked``) is the masked
+layout with an FP8 or FP4 ``b``.  These FP4/masked paths share the dense ops' scale handling
+(:mod:`kernforge.ops.gemm`): float32 or packed-UE8M0 int32 scales, ``sfa`` in DeepGEMM's
+MN-major TMA-aligned layout passed to the kernel without a copy (other layouts converted).
 """
 from __future__ import annotations
 
@@ -30,6 +38,8 @@ import kernforge
 from kernforge import backends
 from kernforge.kernels import grouped_gemm as kernels
 from kernforge.kernels.grouped_gemm import config
+from kernforge.kernels.grouped_gemm import kernel as kernel_defs
+from kernforge.ops.gemm import check_flags, mn_major, pair, resolve_recipe, scales
 
 _alignment = 128
 
@@ -78,8 +88,14 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple, b: tuple, d: torch.Tensor,
                                      expected_m_for_psum_layout: Optional[int] = None, *,
                                      backend: Optional[str] = None) -> None:
     """FP8 e4m3 ``a = (data [M, K], sfa float32 [M, ceil(K/128)])``,
-    ``b = (data [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)])``; bf16 ``d``."""
+    ``b = (data [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)])``; bf16 ``d``.
+    An int8 ``b`` is FP4 (``m_grouped_fp8_fp4_gemm_nt_contiguous``, this op's DeepGEMM name):
+    ``b = (codes [G, N, K/2], sfb [G, N, ceil(K/32)])``, see :func:`_fp8_fp4_contiguous`."""
     _check_psum_hint(use_psum_layout, expected_m_for_psum_layout)
+    if _is_fp4(b):
+        _fp8_fp4_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                            disable_ue8m0_cast, use_psum_layout, backend)
+        return
     _check_recipe(recipe, recipe_a, recipe_b)
     (a_data, sfa), (b_data, sfb) = _pair("a", a), _pair("b", b)
     for name, t in (("a", a_data), ("b", b_data)):
@@ -115,13 +131,7 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     if n == 0 or k == 0:
         raise ValueError(f"n and k must be positive, got n={n}, k={k}")
     _check_tensor("d", d, torch.bfloat16, (groups, max_m, n))
-    if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 \
-            or tuple(masked_m.shape) != (groups,) or not masked_m.is_contiguous():
-        raise TypeError(f"masked_m must be a contiguous int32 [{groups}] tensor")
-    if not capturing(masked_m) and ((masked_m < 0) | (masked_m > max_m)).any():
-        raise ValueError(f"masked_m values must be in [0, {max_m}] (M_max), got {masked_m.tolist()}")
-    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
-        raise ValueError(f"expected_m must be a positive int, got {expected_m!r}")
+    _check_masked_m(masked_m, groups, max_m, expected_m)
     if len({a.device, b.device, d.device, masked_m.device}) != 1:
         raise ValueError("a, b, d and masked_m must be on one device")
     if groups == 0 or max_m == 0:        # an empty batch: d is empty too, nothing to launch
@@ -131,7 +141,53 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
     _kernel(kernels.m_grouped_gemm_nt_masked, backend, **cfg)(a, b, masked_m, d)
 
 
+def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple, b: tuple, d: torch.Tensor, masked_m: torch.Tensor,
+                                     expected_m: int, recipe=None, recipe_a=None, recipe_b=None,
+                                     compiled_dims: str = "nk", disable_ue8m0_cast: bool = False, *,
+                                     backend: Optional[str] = None) -> None:
+    """Masked layout, FP8 ``a = (data [G, M_max, K], sfa [G, M_max, ceil(K/128)])`` and FP8
+    ``b = (data [G, N, K], sfb [G, ceil(N/128), ceil(K/128)])`` or FP4
+    ``b = (int8 codes [G, N, K/2], sfb [G, N, ceil(K/32)])``; bf16 ``d [G, M_max, N]``.
+    Rows at or past ``masked_m[g]`` are left untouched.  Scales: float32 or packed UE8M0
+    (as :mod:`kernforge.ops.gemm`); ``sfa`` in DeepGEMM's per-group MN-major layout goes in
+    without a copy.  Packed scales for an FP8 ``b`` (DeepGEMM's per-row 1D1D recipe) are
+    not supported here."""
+    (a_data, sfa), (b_data, sfb) = pair("a", a), pair("b", b)
+    check_flags(compiled_dims, disable_ue8m0_cast)
+    fp4 = _is_fp4(b)
+    _check_tensor("a", a_data, torch.float8_e4m3fn)
+    _check_tensor("b", b_data, torch.int8 if fp4 else torch.float8_e4m3fn)
+    if a_data.dim() != 3 or b_data.dim() != 3 or a_data.shape[0] != b_data.shape[0] \
+            or a_data.shape[2] != b_data.shape[2] * (2 if fp4 else 1):
+        raise ValueError(f"a must be [G, M_max, K] and b [G, N, K{'/2' if fp4 else ''}], got "
+                         f"{tuple(a_data.shape)} and {tuple(b_data.shape)}")
+    groups, max_m, k = a_data.shape
+    n = b_data.shape[1]
+    if n == 0 or k == 0:
+        raise ValueError(f"n and k must be positive, got n={n}, k={k}")
+    _check_tensor("d", d, torch.bfloat16, (groups, max_m, n))
+    _check_masked_m(masked_m, groups, max_m, expected_m)
+    _, (gran_n, gran_k) = resolve_recipe(recipe, recipe_a, recipe_b, fp4, sfb)
+    if not fp4 and gran_n != 128:
+        raise NotImplementedError(f"recipe b=({gran_n}, {gran_k}): the masked FP8 kernel takes 128x128 "
+                                  "b scales only")
+    sfa = mn_major(scales("sfa", sfa, (groups, max_m, -(-k // 128))))
+    sfb = scales("sfb", sfb, (groups, -(-n // gran_n), -(-k // gran_k))).contiguous()
+    if len({t.device for t in (a_data, sfa, b_data, sfb, d, masked_m)}) != 1:
+        raise ValueError("a, b, their scales, d and masked_m must be on one device")
+    if groups == 0 or max_m == 0:
+        return
+    backend = backends.for_tensor(a_data, backend)
+    factory = kernel_defs.m_grouped_fp8_fp4_gemm_nt_masked if fp4 else kernel_defs.m_grouped_fp8_gemm_nt_masked
+    cfg = config.choose_fp8_masked(backend, groups, n, k, expected_m)
+    _kernel(factory, backend, **cfg)(a_data, sfa, b_data, sfb, masked_m, d)
+
+
 m_grouped_gemm_fp8_fp8_bf16_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous  # legacy v1 name
+m_grouped_fp8_fp4_gemm_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous      # DeepGEMM's HEAD name
+m_grouped_fp8_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked               # its FP8 alias
+fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked               # legacy alias
+m_grouped_gemm_fp8_fp8_bf16_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked      # legacy v1 name
 
 
 def choose_config(backend: str, groups: int, n: int, k: int, fp8: bool = False) -> dict:
@@ -153,6 +209,56 @@ def _kernel(factory, backend: str, **params):
 def _check_psum_hint(use_psum_layout: bool, expected_m) -> None:
     if expected_m is not None and not use_psum_layout:
         raise ValueError("expected_m_for_psum_layout is only valid with use_psum_layout=True")
+
+
+def _is_fp4(b) -> bool:
+    """An FP4 ``b`` pair: int8 data holding two e2m1 codes per byte."""
+    return isinstance(b, (tuple, list)) and len(b) == 2 and isinstance(b[0], torch.Tensor) \
+        and b[0].dtype == torch.int8
+
+
+def _check_masked_m(masked_m, groups: int, max_m: int, expected_m) -> None:
+    if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32 \
+            or tuple(masked_m.shape) != (groups,) or not masked_m.is_contiguous():
+        raise TypeError(f"masked_m must be a contiguous int32 [{groups}] tensor")
+    if not capturing(masked_m) and ((masked_m < 0) | (masked_m > max_m)).any():
+        raise ValueError(f"masked_m values must be in [0, {max_m}] (M_max), got {masked_m.tolist()}")
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
+        raise ValueError(f"expected_m must be a positive int, got {expected_m!r}")
+
+
+def _fp8_fp4_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                        disable_ue8m0_cast, use_psum_layout, backend) -> None:
+    """FP8 ``a = (data [M, K], sfa [M, ceil(K/128)])`` x FP4 ``b = (int8 codes [G, N, K/2],
+    sfb [G, N, ceil(K/32)])``, bf16 ``d``; scales float32 or packed UE8M0, ``sfa`` MN-major
+    without a copy (as :mod:`kernforge.ops.gemm`)."""
+    (a_data, sfa), (b_data, sfb) = pair("a", a), pair("b", b)
+    check_flags(compiled_dims, disable_ue8m0_cast)
+    _check_tensor("a", a_data, torch.float8_e4m3fn)
+    _check_tensor("b", b_data, torch.int8)
+    if a_data.dim() != 2 or b_data.dim() != 3:
+        raise ValueError(f"a must be [M, K] and b [G, N, K/2], got {tuple(a_data.shape)} and "
+                         f"{tuple(b_data.shape)}")
+    m, k = a_data.shape
+    groups, n, half_k = b_data.shape
+    if 2 * half_k != k:
+        raise ValueError(f"K mismatch: a has {k}, b has {half_k} bytes (two FP4 codes each)")
+    if n == 0 or k == 0 or groups == 0:
+        raise ValueError(f"n, k and the group count must be positive, got n={n}, k={k}, G={groups}")
+    _check_tensor("d", d, torch.bfloat16, (m, n))
+    resolve_recipe(recipe, recipe_a, recipe_b, True, sfb)
+    sfa = mn_major(scales("sfa", sfa, (m, -(-k // 128))))
+    sfb = scales("sfb", sfb, (groups, n, -(-k // kernel_defs.FP4_GRAN_K))).contiguous()
+    if len({t.device for t in (a_data, sfa, b_data, sfb, d)}) != 1:
+        raise ValueError("a, b, their scales and d must be on one device")
+    if m == 0:
+        return
+    m_indices = _row_experts(grouped_layout, m, groups, use_psum_layout)
+    backend = backends.for_tensor(a_data, backend)
+    # the fp8 kernel's tiles: the FP4 kernel's K steps are fixed at 32, the FP4 scale's width
+    kernel = _kernel(kernel_defs.m_grouped_fp8_fp4_gemm_nt_contiguous, backend,
+                     **config.choose_fp8(backend, groups, n, k, alignment=_alignment))
+    kernel(a_data, sfa, b_data, sfb, m_indices, d)
 
 
 def _check_recipe(recipe, recipe_a, recipe_b) -> None:

@@ -66,3 +66,11 @@ def choose_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_masked` parameters: the
     contiguous tiles, with a row tile sized by ``expected_m`` (typical rows per group)."""
     return dict(_heuristic(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 128)
+
+
+def choose_fp8_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int) -> dict:
+    """:func:`~kernforge.kernels.grouped_gemm.kernel.m_grouped_fp8_gemm_nt_masked` and
+    ``m_grouped_fp8_fp4_gemm_nt_masked`` parameters: :func:`choose_fp8`'s tiles with the row
+    tile sized by ``expected_m``, as :func:`choose_masked`."""
+    return dict(choose_fp8(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 128)
+

@@ -19,10 +19,17 @@ The fp8 variant (``m_grouped_fp8_gemm_nt_contiguous``) takes e4m3 operands with
 DeepGEMM's default SM90 recipe: per-token 1x128 scales for A (``[M_sum, ceil(K/128)]``)
 and per-block 128x128 scales for B (``[G, ceil(N/128), ceil(K/128)]``), applied to
 each 128-wide K slice's partial product before it is added to the accumulator.
+
+The masked fp8 variant is the same promotion in the masked layout; the FP8 x FP4
+variants (``m_grouped_fp8_fp4_gemm_nt_{contiguous,masked}``) take ``B`` as e2m1
+codes, two per int8 (low nibble first), with one float32 scale per 1x32 slice, and
+step K by 32: each step decodes B's codes to e4m3 in shared memory (exact), multiplies
+and promotes (the dense family's :func:`~kernforge.kernels.gemm.kernel.decode_fp4_tile`).
 """
 # no `from __future__ import annotations`: T.Tensor annotations must see the factory's
 # parameters as values when the prim_func is traced
 import kernforge.dsl as T
+from kernforge.kernels.gemm.kernel import FP4_GRAN_K, FP8, decode_fp4_tile
 
 
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64, 128, 256],
@@ -138,6 +145,160 @@ def m_grouped_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int = 64,
                     T.copy(A[bz, by * block_M, k * block_K], A_shared)
                     T.copy(B[bz, bx * block_N, k * block_K], B_shared)
                     T.gemm(A_shared, B_shared, C, transpose_B=True)
+                for i, j in T.Parallel(block_M, block_N):
+                    if (by * block_M + i < rows) & (bx * block_N + j < N):
+                        D[bz, by * block_M + i, bx * block_N + j] = C[i, j]
+
+    return main
+
+
+@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], num_stages=[1, 2, 3])
+def m_grouped_fp8_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int = 64,
+                                 block_N: int = 128, num_stages: int = 2,
+                                 out_dtype: str = "bfloat16", threads: int = 128):
+    """fp8 e4m3 masked layout with 1x128 (A) / 128x128 (B) float32 scales:
+    ``D[g, r] = (A[g, r] * sfa) @ (B[g] * sfb)^T`` for ``r < masked_m[g]``.  Kernel
+    parameters: ``A [G, max_m, K]`` e4m3, ``SFA float32 [G, max_m, ceil(K/128)]`` in
+    DeepGEMM's per-group MN-major layout (strides ``(sfa_group, 1, sfa_ld)``),
+    ``B [G, N, K]`` e4m3, ``SFB [G, ceil(N/128), ceil(K/128)]``, ``masked_m int32 [G]``,
+    ``D [G, max_m, N]``.  Rows at or past ``masked_m[g]`` are neither computed nor written."""
+    if 128 % block_N:
+        raise ValueError(f"block_N ({block_N}) must divide the 128-wide B scale block")
+    accum = "float32"
+    gran = 128
+    k_blocks = -(-K // gran)
+    max_m = T.symbolic("max_m")
+    sfa_group, sfa_ld = T.symbolic("sfa_group"), T.symbolic("sfa_ld")
+    name = (f"m_grouped_fp8_gemm_nt_masked_g{num_groups}_n{N}_k{K}_M{block_M}_N{block_N}"
+            f"_s{num_stages}_{out_dtype}_t{threads}")
+
+    @T.prim_func(name=name)
+    def main(A: T.Tensor((num_groups, max_m, K), FP8),
+             SFA: T.StridedTensor((num_groups, max_m, k_blocks), (sfa_group, 1, sfa_ld), accum),
+             B: T.Tensor((num_groups, N, K), FP8),
+             SFB: T.Tensor((num_groups, -(-N // gran), k_blocks), accum),
+             masked_m: T.Tensor((num_groups,), "int32"),
+             D: T.Tensor((num_groups, max_m, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(max_m, block_M), num_groups,
+                      threads=threads) as (bx, by, bz):
+            A_shared = T.alloc_shared((block_M, gran), FP8)
+            B_shared = T.alloc_shared((block_N, gran), FP8)
+            partial = T.alloc_fragment((block_M, block_N), accum)
+            C = T.alloc_fragment((block_M, block_N), accum)
+            rows = masked_m[bz]
+            if by * block_M < rows:
+                T.clear(C)
+                for k in T.Pipelined(k_blocks, num_stages=num_stages):
+                    T.copy(A[bz, by * block_M, k * gran], A_shared)
+                    T.copy(B[bz, bx * block_N, k * gran], B_shared)
+                    T.gemm(A_shared, B_shared, partial, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(block_M, block_N):
+                        row = T.min(by * block_M + i, max_m - 1)
+                        C[i, j] = C[i, j] + partial[i, j] * SFA[bz, row, k] * \
+                            SFB[bz, (bx * block_N) // gran, k]
+                for i, j in T.Parallel(block_M, block_N):
+                    if (by * block_M + i < rows) & (bx * block_N + j < N):
+                        D[bz, by * block_M + i, bx * block_N + j] = C[i, j]
+
+    return main
+
+
+@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], num_stages=[1, 2, 3])
+def m_grouped_fp8_fp4_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: int = 64,
+                                         block_N: int = 128, num_stages: int = 2,
+                                         out_dtype: str = "bfloat16", threads: int = 128):
+    """FP8 A x FP4 B, contiguous layout.  Kernel parameters: ``A [M, K]`` e4m3,
+    ``SFA float32 [M, ceil(K/128)]`` MN-major (strides ``(1, sfa_ld)``), ``B int8
+    [G, N, K/2]`` (two e2m1 codes per byte, low nibble first), ``SFB float32
+    [G, N, ceil(K/32)]``, ``m_indices int32 [M]`` (``-1`` = padding), ``D [M, N]``.
+    The K loop steps by 32, the FP4 scale's width (as the dense ``fp8_fp4_gemm``);
+    padding tiles and rows are stored as zeros, as in the bf16 kernel."""
+    if K % 2:
+        raise ValueError(f"K ({K}) must be even: FP4 packs two codes per byte")
+    accum = "float32"
+    step = FP4_GRAN_K
+    M = T.symbolic("M")
+    sfa_ld = T.symbolic("sfa_ld")
+    name = (f"m_grouped_fp8_fp4_gemm_nt_contiguous_g{num_groups}_n{N}_k{K}_M{block_M}_N{block_N}"
+            f"_s{num_stages}_{out_dtype}_t{threads}")
+
+    @T.prim_func(name=name)
+    def main(A: T.Tensor((M, K), FP8), SFA: T.StridedTensor((M, -(-K // 128)), (1, sfa_ld), accum),
+             B: T.Tensor((num_groups, N, K // 2), "int8"),
+             SFB: T.Tensor((num_groups, N, -(-K // step)), accum),
+             m_indices: T.Tensor((M,), "int32"), D: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A_shared = T.alloc_shared((block_M, step), FP8)
+            B_packed = T.alloc_shared((block_N, step // 2), "int8")
+            B_shared = T.alloc_shared((block_N, step), FP8)
+            partial = T.alloc_fragment((block_M, block_N), accum)
+            C = T.alloc_fragment((block_M, block_N), accum)
+            expert = m_indices[by * block_M]
+            T.clear(C)
+            if expert >= 0:
+                for k in T.Pipelined(T.ceildiv(K, step), num_stages=num_stages):
+                    T.copy(A[by * block_M, k * step], A_shared)
+                    T.copy(B[expert, bx * block_N, k * (step // 2)], B_packed)
+                    decode_fp4_tile(B_packed, B_shared, block_N, step)
+                    T.gemm(A_shared, B_shared, partial, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(block_M, block_N):
+                        row = T.min(by * block_M + i, M - 1)
+                        col = T.min(bx * block_N + j, N - 1)
+                        C[i, j] = C[i, j] + partial[i, j] * SFA[row, k // (128 // step)] * \
+                            SFB[expert, col, k]
+            for i, j in T.Parallel(block_M, block_N):
+                row = T.min(by * block_M + i, M - 1)
+                C[i, j] = T.if_then_else(m_indices[row] >= 0, C[i, j], 0.0)
+            T.copy(C, D[by * block_M, bx * block_N])
+
+    return main
+
+
+@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], num_stages=[1, 2, 3])
+def m_grouped_fp8_fp4_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int = 64,
+                                     block_N: int = 128, num_stages: int = 2,
+                                     out_dtype: str = "bfloat16", threads: int = 128):
+    """FP8 A x FP4 B, masked layout.  Kernel parameters: ``A [G, max_m, K]`` e4m3,
+    ``SFA float32 [G, max_m, ceil(K/128)]`` (per-group MN-major, as
+    :func:`m_grouped_fp8_gemm_nt_masked`), ``B int8 [G, N, K/2]``, ``SFB float32
+    [G, N, ceil(K/32)]``, ``masked_m int32 [G]``, ``D [G, max_m, N]``.  Rows at or past
+    ``masked_m[g]`` are neither computed nor written."""
+    if K % 2:
+        raise ValueError(f"K ({K}) must be even: FP4 packs two codes per byte")
+    accum = "float32"
+    step = FP4_GRAN_K
+    max_m = T.symbolic("max_m")
+    sfa_group, sfa_ld = T.symbolic("sfa_group"), T.symbolic("sfa_ld")
+    name = (f"m_grouped_fp8_fp4_gemm_nt_masked_g{num_groups}_n{N}_k{K}_M{block_M}_N{block_N}"
+            f"_s{num_stages}_{out_dtype}_t{threads}")
+
+    @T.prim_func(name=name)
+    def main(A: T.Tensor((num_groups, max_m, K), FP8),
+             SFA: T.StridedTensor((num_groups, max_m, -(-K // 128)), (sfa_group, 1, sfa_ld), accum),
+             B: T.Tensor((num_groups, N, K // 2), "int8"),
+             SFB: T.Tensor((num_groups, N, -(-K // step)), accum),
+             masked_m: T.Tensor((num_groups,), "int32"),
+             D: T.Tensor((num_groups, max_m, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(max_m, block_M), num_groups,
+                      threads=threads) as (bx, by, bz):
+            A_shared = T.alloc_shared((block_M, step), FP8)
+            B_packed = T.alloc_shared((block_N, step // 2), "int8")
+            B_shared = T.alloc_shared((block_N, step), FP8)
+            partial = T.alloc_fragment((block_M, block_N), accum)
+            C = T.alloc_fragment((block_M, block_N), accum)
+            rows = masked_m[bz]
+            if by * block_M < rows:
+                T.clear(C)
+                for k in T.Pipelined(T.ceildiv(K, step), num_stages=num_stages):
+                    T.copy(A[bz, by * block_M, k * step], A_shared)
+                    T.copy(B[bz, bx * block_N, k * (step // 2)], B_packed)
+                    decode_fp4_tile(B_packed, B_shared, block_N, step)
+                    T.gemm(A_shared, B_shared, partial, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(block_M, block_N):
+                        row = T.min(by * block_M + i, max_m - 1)
+                        col = T.min(bx * block_N + j, N - 1)
+                        C[i, j] = C[i, j] + partial[i, j] * SFA[bz, row, k // (128 // step)] * \
+                            SFB[bz, col, k]
                 for i, j in T.Parallel(block_M, block_N):
                     if (by * block_M + i < rows) & (bx * block_N + j < N):
                         D[bz, by * block_M + i, bx * block_N + j] = C[i, j]

@@ -4,7 +4,11 @@ from __future__ import annotations
 import torch
 
 from kernforge.kernels.grouped_gemm import config
-from kernforge.kernels.grouped_gemm.kernel import (m_grouped_fp8_gemm_nt_contiguous, m_grouped_gemm_nt_contiguous,
+from kernforge.kernels.gemm.reference import (calc_diff, dequantize_fp4, get_mn_major_tma_aligned_tensor,
+                                              per_token_cast_to_fp4)
+from kernforge.kernels.grouped_gemm.kernel import (m_grouped_fp8_fp4_gemm_nt_contiguous,
+                                                  m_grouped_fp8_fp4_gemm_nt_masked, m_grouped_fp8_gemm_nt_contiguous,
+                                                  m_grouped_fp8_gemm_nt_masked, m_grouped_gemm_nt_contiguous,
                                                   m_grouped_gemm_nt_masked)
 from kernforge.kernels.grouped_gemm.reference import (dequantize, per_block_cast_to_fp8, per_token_cast_to_fp8,
                                                      reference, reference_masked)
@@ -200,4 +204,135 @@ SPEC_MASKED = register(KernelSpec(
     check=_check_masked,
     flops=lambda p: 2.0 * sum(p["masked_rows"]) * p["N"] * p["K"],
     tags=("moe", "gemm", "decode"),
+))
+
+
+# DeepGEMM's test_fp8_fp4.py acceptance thresholds on calc_diff (FP8 x FP8, one FP4 side)
+FP8_DIFF, FP4_DIFF = 0.001, 0.01
+
+
+def _check_diff(d: torch.Tensor, expected: torch.Tensor, max_diff: float) -> None:
+    diff = calc_diff(d.cpu(), expected.cpu())
+    assert diff < max_diff, f"calc_diff {diff:.3g} >= {max_diff}"
+
+
+def make_inputs_fp4(params: dict, seed: int, device: str = "cpu") -> list:
+    """``[A, SFA (MN-major), B (FP4 codes), SFB (1x32), m_indices, D]``."""
+    a, b, m_indices, d = make_inputs(params, seed, "cpu")
+    a = a.float().masked_fill((m_indices < 0)[:, None], 0.0)
+    (a8, sfa), (b4, sfb) = per_token_cast_to_fp8(a), per_token_cast_to_fp4(b.float())
+    return [t.to(device) for t in (a8, get_mn_major_tma_aligned_tensor(sfa), b4, sfb, m_indices, d)]
+
+
+def _dequantized_fp4(inputs: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a8, sfa, b4, sfb, m_indices = (t.cpu() for t in inputs[:5])
+    return dequantize(a8, sfa, (1, 128)), dequantize_fp4(b4, sfb), m_indices
+
+
+def _check_fp4(outputs: list, expected: list, inputs: list, params: dict) -> None:
+    a, b, m_indices = _dequantized_fp4(inputs)
+    assert_close(outputs[0], expected[0], error_bound(a, b, m_indices, expected[0], rounding_steps=3))
+    _check_diff(outputs[0], expected[0], FP4_DIFF)
+
+
+SPEC_FP4 = register(KernelSpec(
+    name="m_grouped_fp8_fp4_gemm_nt_contiguous",
+    family="grouped_gemm",
+    description="DeepGEMM-style MoE grouped GEMM, contiguous layout, fp8 A x FP4 (e2m1, 1x32 scales) B",
+    factory=m_grouped_fp8_fp4_gemm_nt_contiguous,
+    runtime_sizes=_RUNTIME_SIZES,
+    problems={
+        "small": Problem("small", dict(group_rows=[40, 0, 9], alignment=32, num_groups=3,
+                                       N=160, K=256, block_M=32, block_N=64)),
+        "demo": Problem("demo", dict(group_rows=[200, 77, 0, 310], alignment=128, num_groups=4,
+                                     N=256, K=384, block_M=64, block_N=64)),
+        "bench": Problem("bench", dict(group_rows=[8192] * 4, alignment=128, **config.choose_fp8(
+            "cuda", num_groups=4, N=4096, K=2048, alignment=128))),
+    },
+    make_inputs=make_inputs_fp4,
+    outputs=(5,),
+    reference=lambda inputs, params: [reference(*_dequantized_fp4(inputs))],
+    check=_check_fp4,
+    flops=_flops,
+    bytes=lambda p: sum(p["group_rows"]) * (p["K"] + 2.0 * p["N"]) + p["num_groups"] * p["N"] * p["K"] / 2,
+    tags=("moe", "gemm", "fp8", "fp4"),
+))
+
+
+def make_inputs_fp8_masked(params: dict, seed: int, device: str = "cpu", fp4: bool = False) -> list:
+    """``[A, SFA (per-group MN-major), B, SFB, masked_m, D]`` with B as e4m3 (128x128
+    scales) or, with ``fp4``, e2m1 codes (1x32 scales)."""
+    a, b, masked_m, d = make_inputs_masked(params, seed, "cpu")
+    a8, sfa = per_token_cast_to_fp8(a.float())
+    b_q, sfb = per_token_cast_to_fp4(b.float()) if fp4 else per_block_cast_to_fp8(b.float())
+    return [t.to(device) for t in (a8, get_mn_major_tma_aligned_tensor(sfa), b_q, sfb, masked_m, d)]
+
+
+def _dequantized_masked(inputs: list, fp4: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a8, sfa, b_q, sfb, masked_m = (t.cpu() for t in inputs[:5])
+    b = dequantize_fp4(b_q, sfb) if fp4 else dequantize(b_q, sfb, (128, 128))
+    return dequantize(a8, sfa, (1, 128)), b, masked_m
+
+
+def _check_fp8_masked(outputs: list, expected: list, inputs: list, params: dict, fp4: bool = False) -> None:
+    """Valid rows within their bound and DeepGEMM's calc_diff threshold; rows past
+    ``masked_m[g]`` still hold the poison."""
+    a, b, masked_m = _dequantized_masked(inputs, fp4)
+    d, e = outputs[0].cpu(), expected[0]
+    for grp, rows in enumerate(masked_m.tolist()):
+        assert_close(d[grp, :rows], e[grp, :rows],
+                     error_bound(a[grp, :rows], b[grp:grp + 1], torch.zeros(rows, dtype=torch.int32),
+                                 e[grp, :rows], rounding_steps=3))
+        assert torch.isnan(d[grp, rows:].float()).all(), f"group {grp}: rows past masked_m were written"
+    valid = ~torch.isnan(e)
+    _check_diff(d.double()[valid], e[valid], FP4_DIFF if fp4 else FP8_DIFF)
+
+
+def _masked_flops(p: dict) -> float:
+    return 2.0 * sum(p["masked_rows"]) * p["N"] * p["K"]
+
+
+SPEC_FP8_MASKED = register(KernelSpec(
+    name="m_grouped_fp8_gemm_nt_masked",
+    family="grouped_gemm",
+    description="DeepGEMM-style MoE grouped GEMM, masked layout, fp8 e4m3 with 1x128 / 128x128 scales",
+    factory=m_grouped_fp8_gemm_nt_masked,
+    runtime_sizes=_MASKED_RUNTIME_SIZES,
+    # a group with no rows, rows past masked_m inside a tile, several N tiles per scale block
+    problems={
+        "small": Problem("small", dict(masked_rows=[40, 0, 17], max_m=40, num_groups=3, N=160,
+                                       K=256, block_M=32, block_N=64)),
+        "demo": Problem("demo", dict(masked_rows=[20, 0, 64, 7, 33, 50], max_m=64, num_groups=6,
+                                     N=512, K=512, block_M=64, block_N=128)),
+        "bench": Problem("bench", dict(masked_rows=[192] * 32, max_m=256, **config.choose_fp8_masked(
+            "cuda", num_groups=32, N=4096, K=2048, expected_m=192))),
+    },
+    make_inputs=make_inputs_fp8_masked,
+    outputs=(5,),
+    reference=lambda inputs, params: [reference_masked(*_dequantized_masked(inputs, False))],
+    check=_check_fp8_masked,
+    flops=_masked_flops,
+    tags=("moe", "gemm", "decode", "fp8"),
+))
+
+SPEC_FP4_MASKED = register(KernelSpec(
+    name="m_grouped_fp8_fp4_gemm_nt_masked",
+    family="grouped_gemm",
+    description="DeepGEMM-style MoE grouped GEMM, masked layout, fp8 A x FP4 (e2m1, 1x32 scales) B",
+    factory=m_grouped_fp8_fp4_gemm_nt_masked,
+    runtime_sizes=_MASKED_RUNTIME_SIZES,
+    problems={
+        "small": Problem("small", dict(masked_rows=[40, 0, 17], max_m=40, num_groups=3, N=160,
+                                       K=256, block_M=32, block_N=64)),
+        "demo": Problem("demo", dict(masked_rows=[20, 0, 64, 7, 33, 50], max_m=64, num_groups=6,
+                                     N=512, K=512, block_M=64, block_N=128)),
+        "bench": Problem("bench", dict(masked_rows=[192] * 32, max_m=256, **config.choose_fp8_masked(
+            "cuda", num_groups=32, N=4096, K=2048, expected_m=192))),
+    },
+    make_inputs=lambda params, seed, device="cpu": make_inputs_fp8_masked(params, seed, device, fp4=True),
+    outputs=(5,),
+    reference=lambda inputs, params: [reference_masked(*_dequantized_masked(inputs, True))],
+    check=lambda outputs, expected, inputs, params: _check_fp8_masked(outputs, expected, inputs, params, True),
+    flops=_masked_flops,
+    tags=("moe", "gemm", "decode", "fp8", "fp4"),
 ))

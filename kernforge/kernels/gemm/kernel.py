@@ -1,0 +1,159 @@
+"""DeepGEMM's dense block-scaled GEMMs: ``D = [D +] A @ B^T`` with FP8 (or FP4) operands.
+
+``A [M, K]`` is e4m3 with one float32 scale per 1x128 slice of a row (per token);
+``B [N, K]`` is e4m3 with one scale per 128x128 block (``gran_n=128``, DeepGEMM's
+SM90 "1D2D" recipe) or per 1x128 slice of a row (``gran_n=1``, the "1D1D" recipe),
+or e2m1 FP4, two codes per int8 (element ``2i`` in the low nibble), with one scale
+per 1x32 slice.  Dequantisation happens inside the kernel: each K slice of the
+scale's width is multiplied on the tensor cores from the raw codes into a float32
+partial product, scaled by ``sfa[row] * sfb[col]`` and added to a float32
+accumulator ("promotion"), so the result equals the float64 dequantise-then-matmul
+up to float32 accumulation rounding.  FP4 codes are decoded to e4m3 in shared
+memory first (every e2m1 value is exactly an e4m3 value).
+
+Layouts ("majors") are compile-time: ``a_major="k"`` reads ``A [M, K]``,
+``a_major="mn"`` reads ``A [K, M]`` (DeepGEMM's ``tn``/``tt``: the tensor is the
+transpose of the logical operand); likewise ``b_major`` for ``B [N, K]`` / ``[K, N]``.
+The A scales are read in DeepGEMM's required layout: logical ``[M, ceil(K/128)]``,
+MN-major (``stride = (1, sfa_ld)``, ``sfa_ld >= M``, TMA-aligned when ``sfa_ld`` is
+``M`` rounded up to 4), so :func:`get_mn_major_tma_aligned_tensor`'s output goes in
+without a copy.
+
+N and K are compile-time (DeepGEMM's ``compiled_dims="nk"``), M is symbolic; ragged
+edges rely on the copy semantics (reads past the end give 0, writes are skipped).
+With ``accumulate`` the kernel reads ``D`` before writing it (DeepGEMM's ``c``).
+"""
+# no `from __future__ import annotations`: T.Tensor annotations must see the factory's
+# parameters as values when the prim_func is traced
+import kernforge.dsl as T
+
+GRAN_K = 128      # K width of an FP8 scale (both operands)
+FP4_GRAN_K = 32   # K width of an FP4 scale
+FP8 = "float8_e4m3"
+
+
+def fp4_value(code):
+    """The e2m1 value of a 4-bit code (int32 in [0, 16)): bit 3 the sign, bits 2-1 the
+    exponent ``e``, bit 0 the mantissa ``m``; ``m/2`` when ``e == 0``, else
+    ``(1 + m/2) 2^(e-1) = (2 + m) 2^e / 4`` (exact in float32)."""
+    e = (code >> 1) & 3
+    m = code & 1
+    mag = T.if_then_else(e == 0, T.cast(m, "float32") * 0.5, T.cast((m + 2) << e, "float32") * 0.25)
+    return T.if_then_else(code >= 8, -mag, mag)
+
+
+def decode_fp4_tile(packed, out, rows: int, width: int):
+    """``out[r, c]`` (e4m3, ``width`` codes per row) from ``packed[r, c // 2]`` (int8):
+    the low nibble holds the even element, the high nibble the odd one."""
+    for r, c in T.Parallel(rows, width):
+        byte = T.cast(packed[r, c // 2], "int32")
+        out[r, c] = fp4_value((byte >> ((c % 2) * 4)) & 15)
+
+
+def _operand_shape(major: str, mn, K):
+    if major not in ("k", "mn"):
+        raise ValueError(f"major must be 'k' or 'mn', got {major!r}")
+    return (mn, K) if major == "k" else (K, mn)
+
+
+def _tile_origin(major: str, mn0, k0):
+    return (mn0, k0) if major == "k" else (k0, mn0)
+
+
+@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], num_stages=[1, 2, 3])
+def fp8_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", gran_n: int = 128,
+             accumulate: bool = False, block_M: int = 64, block_N: int = 128, num_stages: int = 2,
+             out_dtype: str = "bfloat16", threads: int = 128):
+    """FP8 x FP8.  Kernel parameters: ``A`` e4m3 (``[M, K]`` or ``[K, M]``),
+    ``SFA float32 [M, ceil(K/128)]`` (MN-major, leading dimension ``sfa_ld``), ``B`` e4m3
+    (``[N, K]`` or ``[K, N]``), ``SFB float32 [ceil(N/gran_n), ceil(K/128)]``, ``D [M, N]``.
+    With ``gran_n == 128``, ``block_N`` divides 128 so a tile sees one SFB row."""
+    if gran_n not in (1, GRAN_K):
+        raise ValueError(f"gran_n must be 1 or {GRAN_K}, got {gran_n}")
+    if gran_n == GRAN_K and GRAN_K % block_N:
+        raise ValueError(f"block_N ({block_N}) must divide the 128-wide B scale block")
+    accum = "float32"
+    k_blocks = -(-K // GRAN_K)
+    M = T.symbolic("M")
+    sfa_ld = T.symbolic("sfa_ld")
+    name = (f"fp8_gemm_{a_major}{b_major}_n{N}_k{K}_g{gran_n}{'_acc' if accumulate else ''}"
+            f"_M{block_M}_N{block_N}_s{num_stages}_{out_dtype}_t{threads}")
+    a_tile = (block_M, GRAN_K) if a_major == "k" else (GRAN_K, block_M)
+    b_tile = (block_N, GRAN_K) if b_major == "k" else (GRAN_K, block_N)
+
+    @T.prim_func(name=name)
+    def main(A: T.Tensor(_operand_shape(a_major, M, K), FP8),
+             SFA: T.StridedTensor((M, k_blocks), (1, sfa_ld), accum),
+             B: T.Tensor(_operand_shape(b_major, N, K), FP8),
+             SFB: T.Tensor((-(-N // gran_n), k_blocks), accum),
+             D: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A_shared = T.alloc_shared(a_tile, FP8)
+            B_shared = T.alloc_shared(b_tile, FP8)
+            partial = T.alloc_fragment((block_M, block_N), accum)
+            C = T.alloc_fragment((block_M, block_N), accum)
+            T.clear(C)
+            for k in T.Pipelined(k_blocks, num_stages=num_stages):
+                T.copy(A[_tile_origin(a_major, by * block_M, k * GRAN_K)], A_shared)
+                T.copy(B[_tile_origin(b_major, bx * block_N, k * GRAN_K)], B_shared)
+                T.gemm(A_shared, B_shared, partial, transpose_A=a_major == "mn",
+                       transpose_B=b_major == "k", clear_accum=True)
+                for i, j in T.Parallel(block_M, block_N):
+                    row = T.min(by * block_M + i, M - 1)
+                    col = T.min(bx * block_N + j, N - 1)
+                    C[i, j] = C[i, j] + partial[i, j] * SFA[row, k] * SFB[col // gran_n, k]
+            if accumulate:
+                for i, j in T.Parallel(block_M, block_N):
+                    row = T.min(by * block_M + i, M - 1)
+                    col = T.min(bx * block_N + j, N - 1)
+                    C[i, j] = C[i, j] + D[row, col]
+            T.copy(C, D[by * block_M, bx * block_N])
+
+    return main
+
+
+@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], num_stages=[1, 2, 3])
+def fp8_fp4_gemm(N: int, K: int, accumulate: bool = False, block_M: int = 64, block_N: int = 128,
+                 num_stages: int = 2, out_dtype: str = "bfloat16", threads: int = 128):
+    """FP8 A x FP4 B (both K-major).  Kernel parameters: ``A [M, K]`` e4m3,
+    ``SFA float32 [M, ceil(K/128)]`` (MN-major, as :func:`fp8_gemm`), ``B int8 [N, K/2]``
+    (two e2m1 codes per byte), ``SFB float32 [N, ceil(K/32)]``, ``D [M, N]``.  The K loop
+    steps by 32 (the FP4 scale's width); each step decodes B's codes to e4m3 in shared
+    memory, multiplies, and promotes with ``sfa[row, k/128] * sfb[col, k/32]``."""
+    if K % 2:
+        raise ValueError(f"K ({K}) must be even: FP4 packs two codes per byte")
+    accum = "float32"
+    step = FP4_GRAN_K
+    M = T.symbolic("M")
+    sfa_ld = T.symbolic("sfa_ld")
+    name = (f"fp8_fp4_gemm_n{N}_k{K}{'_acc' if accumulate else ''}_M{block_M}_N{block_N}"
+            f"_s{num_stages}_{out_dtype}_t{threads}")
+
+    @T.prim_func(name=name)
+    def main(A: T.Tensor((M, K), FP8), SFA: T.StridedTensor((M, -(-K // GRAN_K)), (1, sfa_ld), accum),
+             B: T.Tensor((N, K // 2), "int8"), SFB: T.Tensor((N, -(-K // step)), accum),
+             D: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A_shared = T.alloc_shared((block_M, step), FP8)
+            B_packed = T.alloc_shared((block_N, step // 2), "int8")
+            B_shared = T.alloc_shared((block_N, step), FP8)
+            partial = T.alloc_fragment((block_M, block_N), accum)
+            C = T.alloc_fragment((block_M, block_N), accum)
+            T.clear(C)
+            for k in T.Pipelined(T.ceildiv(K, step), num_stages=num_stages):
+                T.copy(A[by * block_M, k * step], A_shared)
+                T.copy(B[bx * block_N, k * (step // 2)], B_packed)
+                decode_fp4_tile(B_packed, B_shared, block_N, step)
+                T.gemm(A_shared, B_shared, partial, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(block_M, block_N):
+                    row = T.min(by * block_M + i, M - 1)
+                    col = T.min(bx * block_N + j, N - 1)
+                    C[i, j] = C[i, j] + partial[i, j] * SFA[row, k // (GRAN_K // step)] * SFB[col, k]
+            if accumulate:
+                for i, j in T.Parallel(block_M, block_N):
+                    row = T.min(by * block_M + i, M - 1)
+                    col = T.min(bx * block_N + j, N - 1)
+                    C[i, j] = C[i, j] + D[row, col]
+            T.copy(C, D[by * block_M, bx * block_N])
+
+    return main

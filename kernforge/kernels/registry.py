@@ -18,7 +18,8 @@ _FAMILIES = ("kernforge.kernels.topk.problems", "kernforge.kernels.mla_decode.pr
              "kernforge.kernels.norm.problems", "kernforge.kernels.rope.problems",
              "kernforge.kernels.hadamard.problems", "kernforge.kernels.hyper_connection.problems",
              "kernforge.kernels.embedding.problems",
-             "kernforge.kernels.quant.problems", "kernforge.kernels.routing.problems")
+             "kernforge.kernels.quant.problems", "kernforge.kernels.routing.problems",
+             "kernforge.kernels.moe_permute.problems", "kernforge.kernels.swiglu.problems")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,10 @@ from kernforge.ops.grouped_gemm import (fp8_m_grouped_gemm_nt_masked, m_grouped_
                                         m_grouped_fp8_fp4_gemm_nt_masked, m_grouped_fp8_gemm_nt_masked,
                                         m_grouped_gemm_fp8_fp8_bf16_nt_masked)
 from kernforge.ops.mla import FlashMLASchedMeta, flash_mla_with_kvcache, get_mla_metadata
+# MoE permutation and the expert activation (docs/kernels/moe_permute.md); not in __all__ until
+# torch_library registers them
+from kernforge.ops.moe import (expand_to_fused, expand_to_fused_with_sf, get_fused_mapping,  # noqa: F401
+                               reduce_fused, swiglu)
 # the dense-layer steps (docs/kernels/layers.md); not in __all__ until torch_library registers them
 from kernforge.ops.layers import (LayerIndexError, LayerTypeError, LayerValueError, embedding,  # noqa: F401
                                  hadamard_transform, hc_head, hc_post, hc_pre, rms_norm, rope_cos_sin,

@@ -1,0 +1,149 @@
+"""MoE permutation on kernforge against the reference model's torch path, side by side.
+
+Usage::
+
+    python benchmarks/bench_moe.py                       # T in {1, 64, 4096}, E=256, k=6, hidden 2048
+    python benchmarks/bench_moe.py --hidden 1024 --repeat 21 --markdown
+
+What is timed, per token count T (identity experts: the dispatch and combine around
+the expert GEMMs, which both sides would share):
+
+* **kernforge**: ``get_fused_mapping`` (sync path: the buffer is trimmed after a host
+  read) + ``expand_to_fused`` (bf16 rows to the expert-major buffer) + ``reduce_fused``
+  (weighted float32 sum back to the tokens);
+* **torch (model path)**: what :class:`kernforge.model.moe.MoE.forward` runs around its
+  experts: per distinct routed expert, the rows naming it, ``index_select`` of their
+  activations and ``index_add_`` of the weighted rows.
+
+Routing is V4's gate on random logits (sqrt-softplus scores, a selection bias, the
+chosen scores renormalised and scaled by 1.5): ``kernforge.ops.top2_sum_gate`` in the
+kernforge column, :class:`kernforge.model.moe.Gate`'s torch ops (``topk`` of the biased
+scores, ``gather``, divide) in the torch one; ``--torch-routing`` uses the torch routing in
+both columns, which isolates the permutation.  Runs are interleaved (a b a b ...) and each
+side's median is reported, with the ratio torch / kernforge (above 1: kernforge faster).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import kernforge.ops as kops  # noqa: E402
+from kernforge.ops import moe  # noqa: E402
+
+CLOCK = time.perf_counter
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} CPUs"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+
+
+SCALE = 1.5
+
+
+def torch_route(logits: torch.Tensor, bias: torch.Tensor, k: int):
+    """Gate.forward's ops after the logits (sqrtsoftplus, norm_topk_prob)."""
+    scores = torch.sqrt(torch.nn.functional.softplus(logits))
+    idx = torch.topk(scores + bias, k, dim=-1).indices
+    weights = scores.gather(1, idx)
+    return idx, weights / weights.sum(-1, keepdim=True) * SCALE
+
+
+def kernforge_route(logits: torch.Tensor, bias: torch.Tensor, k: int, backend: str):
+    return kops.top2_sum_gate(logits, bias, k, 0, 0, False, 0, SCALE, 0, 1, 0, 1, "sqrtsoftplus", backend=backend)
+
+
+def torch_path(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, k: int) -> torch.Tensor:
+    """The model's dispatch/combine with identity experts (MoE.forward's loop)."""
+    indices, weights = torch_route(logits, bias, k)
+    y = torch.zeros_like(x)
+    for e in torch.unique(indices).tolist():
+        hit = indices == e
+        rows = hit.any(dim=1).nonzero().squeeze(1)
+        slot = hit[rows].to(torch.int8).argmax(dim=1)
+        y.index_add_(0, rows, x.index_select(0, rows) * weights[rows, slot, None].to(x.dtype))
+    return y
+
+
+def kernforge_path(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, k: int, experts: int, alignment: int,
+                   backend: str, torch_routing: bool) -> torch.Tensor:
+    indices, weights = (torch_route(logits, bias, k) if torch_routing
+                        else kernforge_route(logits, bias, k, backend))
+    p2e, _, _, t2p, *_ = moe.get_fused_mapping(indices, experts, 0, alignment, backend=backend)
+    expanded = moe.expand_to_fused(x, t2p, p2e, backend=backend)
+    return moe.reduce_fused(expanded, weights.float(), t2p, backend=backend)
+
+
+def median_times(fns, repeat: int) -> list[float]:
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times):
+            t = CLOCK()
+            fn()
+            ts.append(CLOCK() - t)
+    return [statistics.median(ts) for ts in times]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 64, 4096])
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--topk", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--alignment", type=int, default=128)
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--repeat", type=int, default=11)
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--torch-routing", action="store_true", help="torch.topk routing in both columns")
+    args = ap.parse_args(argv)
+
+    print(f"# CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"# E={args.experts} k={args.topk} hidden={args.hidden} bf16, alignment {args.alignment}, "
+          f"backend {args.backend}, median of {args.repeat} interleaved runs; routing: "
+          f"{'torch in both columns' if args.torch_routing else 'kernforge top2_sum_gate vs the model Gate ops'}")
+    header = ("T", "kernforge ms", "torch (model path) ms", "torch / kernforge")
+    rows = []
+    for t in args.tokens:
+        g = torch.Generator().manual_seed(t)
+        x = torch.randn(t, args.hidden, generator=g).bfloat16()
+        logits = torch.randn(t, args.experts, generator=g)
+        bias = torch.randn(args.experts, generator=g) * 0.1
+        ours = lambda: kernforge_path(x, logits, bias, args.topk, args.experts, args.alignment,  # noqa: E731
+                                      args.backend, args.torch_routing)
+        theirs = lambda: torch_path(x, logits, bias, args.topk)  # noqa: E731
+        # the same answer: torch rounds each index_add_ to bf16, kernforge the float32 sum once
+        torch.testing.assert_close(ours().float(), theirs().float(), rtol=2 ** -5, atol=2 ** -5)
+        kf, tt = median_times([ours, theirs], args.repeat)
+        rows.append((str(t), f"{kf * 1e3:.3f}", f"{tt * 1e3:.3f}", f"{tt / kf:.2f}x"))
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+    else:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+        for r in rows:
+            print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""MoE permutation's compile-time configuration: the one place its tile sizes are chosen.
+
+Used by :mod:`kernforge.ops.moe` and the catalogue's problems alike; keys on the language
+a backend generates (:func:`kernforge.backends.lang`), never on backend names.
+"""
+from __future__ import annotations
+
+from kernforge import backends
+from kernforge.kernels.moe_permute.kernel import DEFAULT_CHUNK
+
+
+def num_chunks(num_slots: int, chunk: int = DEFAULT_CHUNK) -> int:
+    """Chunks the mapping kernels split ``T * k`` slots into (at least one, so an empty
+    routing still gets its zero-length segments written)."""
+    return max(1, -(-num_slots // chunk))
+
+
+def choose_mapping(backend: str, num_topk: int, num_experts: int, alignment: int) -> dict:
+    """:func:`~kernforge.kernels.moe_permute.moe_mapping_scan` /
+    :func:`~kernforge.kernels.moe_permute.moe_mapping_scatter` parameters.  256-slot
+    chunks everywhere: the scan's serial loop over chunks and the scatter's serial walk
+    inside one are then both short at V4 sizes (4096 tokens x 6 = 96 chunks); the
+    interpreter takes 64 (its cost is per statement, and tests route few tokens)."""
+    chunk = 64 if backends.lang(backend) == "ir" else DEFAULT_CHUNK
+    return dict(num_topk=num_topk, num_experts=num_experts, alignment=alignment, chunk=chunk)
+
+
+def _block(backend: str, hidden: int) -> int:
+    """Columns moved per step: a whole V4 row (up to 4096) at once on GPUs and CPUs
+    (one fragment, no loop), 256 on the interpreter."""
+    if backends.lang(backend) == "ir":
+        return 256
+    return min(hidden, 4096)
+
+
+def choose_expand(backend: str, hidden: int, num_topk: int, dtype: str, sf_cols: int = 0,
+                  sf_dtype: str = "float32", sf_col_major: bool = False) -> dict:
+    """:func:`~kernforge.kernels.moe_permute.expand_to_fused` parameters."""
+    return dict(hidden=hidden, num_topk=num_topk, dtype=dtype, sf_cols=sf_cols, sf_dtype=sf_dtype,
+                sf_col_major=sf_col_major, block=_block(backend, hidden))
+
+
+def choose_reduce(backend: str, hidden: int, num_topk: int, dtype: str, out_dtype: str,
+                  with_weights: bool, with_x_sf: bool, with_sf: bool) -> dict:
+    """:func:`~kernforge.kernels.moe_permute.reduce_fused` parameters."""
+    return dict(hidden=hidden, num_topk=num_topk, dtype=dtype, out_dtype=out_dtype, with_weights=with_weights,
+                with_x_sf=with_x_sf, with_sf=with_sf, block=_block(backend, hidden))

@@ -1,0 +1,337 @@
+"""TileKernels' MoE permutation ops and the SwiGLU expert activation on kernforge kernels.
+
+``get_fused_mapping``, ``expand_to_fused``, ``expand_to_fused_with_sf`` and
+``reduce_fused`` take TileKernels' arguments and return what it returns (upstream spec
+``deepgemm-grouped.md`` §6); ``swiglu`` is the expert activation between the two grouped
+GEMMs.  ``backend=`` picks the kernforge backend (default: the one
+:func:`kernforge.backends.for_tensor` gives the input's device).
+
+Defined where TileKernels leaves things open:
+
+* inside an expert's segment, valid rows come in flat slot order (token, then slot), so
+  the mapping is deterministic on every backend (TileKernels: unspecified order);
+* ``reduce_fused`` adds a token's terms in slot order, in float32;
+* index values are checked on the host before launch (ids in ``[-1, E)``, positions in
+  ``[-1, N)``), except while a CUDA graph is being captured
+  (:mod:`kernforge.ops._capture`); the kernels skip out-of-range values as well, so
+  nothing is read or written out of bounds even then.  A caller's
+  ``num_expanded_tokens`` too small for the routing drops the rows past it
+  (``token_topk_to_pos = -1`` for them) instead of writing past the buffers;
+* ``expand_to_fused`` zeroes padding rows (and their scales) whatever the token count.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Union
+
+import torch
+
+import kernforge
+from kernforge import backends
+from kernforge.kernels.moe_permute import config as permute_config
+from kernforge.kernels.moe_permute import kernel as permute
+from kernforge.kernels.swiglu import config as swiglu_config
+from kernforge.kernels.swiglu import kernel as swiglu_kernel
+from kernforge.ops._capture import capturing
+
+#: the segment alignments TileKernels' tests and DeepGEMM's SM90 grouped GEMMs use
+ALIGNMENTS = (64, 128)
+#: the scan runs one block over all experts (a fragment of E counters)
+MAX_EXPERTS = 1024
+_INT32_MAX = 2 ** 31 - 1
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
+                torch.float8_e4m3fn: "float8_e4m3"}
+
+
+# ---------------------------------------------------------------- get_fused_mapping
+
+
+def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int,
+                      force_no_sync: bool = False, *, backend: Optional[str] = None):
+    """``(pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start,
+    expert_end, num_tokens_per_expert, num_tokens_per_expert_list)`` for int64
+    ``topk_idx [T, k]``: int32 tensors and a list.
+
+    Expert ``e`` owns rows ``[expert_start[e], expert_end[e])`` of the expanded buffer,
+    ``num_tokens_per_expert[e]`` (its slot count rounded up to ``alignment``) long; valid
+    rows first, in flat slot order, then padding (``-1`` in all three ``pos_to_*``).
+    ``pos_to_token_topk = token * k + slot``; ``-1`` slots are skipped.
+    ``num_expanded_tokens = 0``: the buffer is sized for the worst case
+    ``floor((T*k + (alignment-1)*E) / alignment) * alignment``, then trimmed to the real
+    total after a host sync, which also fills the list.  With ``force_no_sync`` give a
+    non-zero upper bound instead: nothing is trimmed, rows past the segments stay ``-1``,
+    the list is empty."""
+    _check_tensor("topk_idx", topk_idx, (torch.int64,), dim=2)
+    num_experts = _positive_int("num_experts", num_experts)
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(f"num_experts must be at most {MAX_EXPERTS}, got {num_experts}")
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment not in ALIGNMENTS:
+        raise ValueError(f"alignment must be one of {ALIGNMENTS}, got {alignment!r}")
+    if isinstance(num_expanded_tokens, bool) or not isinstance(num_expanded_tokens, int) or num_expanded_tokens < 0:
+        raise ValueError(f"num_expanded_tokens must be a non-negative int, got {num_expanded_tokens!r}")
+    if not isinstance(force_no_sync, bool):
+        raise TypeError(f"force_no_sync must be a bool, got {type(force_no_sync).__name__}")
+    if force_no_sync and num_expanded_tokens == 0:
+        raise ValueError("force_no_sync=True needs a non-zero num_expanded_tokens (an upper bound): "
+                         "0 asks for the host sync that sizes the buffer")
+    t, k = topk_idx.shape
+    if k == 0:
+        raise ValueError("topk_idx must have at least one column (num_topk > 0)")
+    bound = (t * k + (alignment - 1) * num_experts) // alignment * alignment
+    if max(bound, num_expanded_tokens) > _INT32_MAX:
+        raise ValueError(f"the expanded buffer ({max(bound, num_expanded_tokens)} rows) does not fit int32 positions")
+    if not capturing(topk_idx) and topk_idx.numel() and \
+            bool(((topk_idx < -1) | (topk_idx >= num_experts)).any()):
+        bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][:4].tolist()
+        raise ValueError(f"topk_idx values must be in [-1, {num_experts}) (num_experts), got {bad}")
+    sync = num_expanded_tokens == 0
+    n = bound if sync else num_expanded_tokens
+    backend = backends.for_tensor(topk_idx, backend)
+    params = permute_config.choose_mapping(backend, k, num_experts, alignment)
+    chunks = permute_config.num_chunks(t * k, params["chunk"])
+    dev = topk_idx.device
+    i32 = functools.partial(torch.empty, dtype=torch.int32, device=dev)
+    chunk_offset = i32((chunks, num_experts))
+    expert_count, expert_start, expert_end, per_expert = (i32((num_experts,)) for _ in range(4))
+    pos_to_expert, pos_to_token, pos_to_token_topk = i32((n,)), i32((n,)), i32((n,))
+    token_topk_to_pos = i32((t, k))
+    _kernel(permute.moe_mapping_scan, backend, **params)(
+        topk_idx, chunk_offset, expert_count, expert_start, expert_end, per_expert)
+    _kernel(permute.moe_mapping_scatter, backend, **params)(
+        topk_idx, chunk_offset, expert_count, expert_start, expert_end, pos_to_expert, pos_to_token,
+        pos_to_token_topk, token_topk_to_pos)
+    per_expert_list: list[int] = []
+    if sync:
+        per_expert_list = per_expert.tolist()
+        total = sum(per_expert_list)
+        pos_to_expert, pos_to_token, pos_to_token_topk = (v[:total] for v in (pos_to_expert, pos_to_token,
+                                                                                 pos_to_token_topk))
+    return (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+            per_expert, per_expert_list)
+
+
+# ---------------------------------------------------------------- expand
+
+
+def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor, *,
+                    backend: Optional[str] = None) -> torch.Tensor:
+    """``[N, hidden]``: row ``token_topk_to_pos[t, j]`` holds ``x[t]``; rows with
+    ``pos_to_expert < 0`` are zero."""
+    _check_tensor("x", x, tuple(_DTYPE_NAMES), dim=2)
+    n, _ = _check_routing(x, token_topk_to_pos, pos_to_expert)
+    out = torch.empty((n, x.shape[1]), dtype=x.dtype, device=x.device)
+    _launch_expand(x, None, token_topk_to_pos, pos_to_expert, out, None, 0, "float32", False, backend)
+    return out
+
+
+def expand_to_fused_with_sf(x, num_per_channels: int, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
+                            use_tma_aligned_col_major_sf: bool = False, *, backend: Optional[str] = None):
+    """``(out [N, hidden], out_sf)`` for ``x = (data [T, hidden], sf)``: the data rows as
+    :func:`expand_to_fused`, the scale rows along with them (zero for padding).
+
+    ``sf`` is float32 ``[T, ceil(hidden / num_per_channels)]`` or int32 packed UE8M0
+    (four exponents a word, ``[T, ceil(ceil(hidden / num_per_channels) / 4)]``; needs
+    ``use_tma_aligned_col_major_sf``).  With ``use_tma_aligned_col_major_sf`` ``out_sf`` is
+    an ``[N, S]`` view whose columns are contiguous and TMA-aligned (``stride = (1,
+    align(N, 4))``), the SFA layout DeepGEMM's grouped GEMMs read."""
+    if not isinstance(x, (tuple, list)) or len(x) != 2:
+        raise TypeError("x must be a (data, sf) pair")
+    data, sf = x
+    _check_tensor("x[0] (data)", data, tuple(_DTYPE_NAMES), dim=2)
+    _check_tensor("x[1] (sf)", sf, (torch.float32, torch.int32), dim=2)
+    if isinstance(num_per_channels, bool) or num_per_channels not in (32, 128):
+        raise ValueError(f"num_per_channels must be 32 or 128, got {num_per_channels!r}")
+    if not isinstance(use_tma_aligned_col_major_sf, bool):
+        raise TypeError("use_tma_aligned_col_major_sf must be a bool")
+    t, hidden = data.shape
+    cols = -(-hidden // num_per_channels)
+    if sf.dtype == torch.int32:
+        cols = -(-cols // 4)
+        if not use_tma_aligned_col_major_sf:
+            raise ValueError("packed int32 (UE8M0) scale factors need use_tma_aligned_col_major_sf=True")
+    if tuple(sf.shape) != (t, cols):
+        raise ValueError(f"x[1] (sf) must have shape {(t, cols)} (tokens, scale columns), got {tuple(sf.shape)}")
+    if sf.device != data.device:
+        raise ValueError(f"x[1] (sf) is on {sf.device}, expected {data.device}")
+    n, _ = _check_routing(data, token_topk_to_pos, pos_to_expert)
+    out = torch.empty((n, hidden), dtype=data.dtype, device=data.device)
+    if use_tma_aligned_col_major_sf:
+        store = torch.empty((cols, -(-n // 4) * 4), dtype=sf.dtype, device=data.device)[:, :n]
+    else:
+        store = torch.empty((n, cols), dtype=sf.dtype, device=data.device)
+    sf_name = "int32" if sf.dtype == torch.int32 else "float32"
+    _launch_expand(data, sf, token_topk_to_pos, pos_to_expert, out, store, cols, sf_name,
+                   use_tma_aligned_col_major_sf, backend)
+    return out, (store.T if use_tma_aligned_col_major_sf else store)
+
+
+def _launch_expand(x, sf, token_topk_to_pos, pos_to_expert, out, out_sf, cols, sf_dtype, col_major, backend):
+    t, hidden = x.shape
+    n = pos_to_expert.numel()
+    if n == 0 or hidden == 0:
+        return
+    backend = backends.for_tensor(x, backend)
+    k = token_topk_to_pos.shape[1]
+    cfg = permute_config.choose_expand(backend, hidden, k, _DTYPE_NAMES[x.dtype], cols, sf_dtype, col_major)
+    if sf is None:   # one-element placeholders: the kernel never touches them without scales
+        sf = out_sf = torch.zeros((1, 1), dtype=torch.float32, device=x.device)
+    _kernel(permute.expand_to_fused, backend, **cfg)(x, sf, token_topk_to_pos, pos_to_expert, out, out_sf)
+
+
+# ---------------------------------------------------------------- reduce
+
+
+def reduce_fused(x: Union[torch.Tensor, tuple], topk_weights: Optional[torch.Tensor], token_topk_to_pos: torch.Tensor,
+                 fp8_format: str = "", sf: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None, *,
+                 backend: Optional[str] = None) -> torch.Tensor:
+    """``out[t] = sf * sum_j topk_weights[t, j] * x_sf[p] * x[p]`` over the slots of token
+    ``t`` with a row ``p = token_topk_to_pos[t, j] >= 0``, accumulated in float32 in slot
+    order.  ``x [N, hidden]`` (``hidden % 256 == 0``) or ``(x, x_sf [N] float32)``;
+    the output has ``x``'s dtype, or e4m3 with ``fp8_format='e4m3'`` (then ``sf``, a
+    one-element float32 tensor, may scale it).  ``out`` is written in place if given."""
+    x_sf = None
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise TypeError("x must be a tensor or an (x, x_sf) pair")
+        x, x_sf = x
+    _check_tensor("x", x, tuple(_DTYPE_NAMES), dim=2)
+    n, hidden = x.shape
+    if hidden % 256:
+        raise ValueError(f"x's hidden size must be a multiple of 256, got {hidden}")
+    _check_tensor("token_topk_to_pos", token_topk_to_pos, (torch.int32,), dim=2)
+    t, k = token_topk_to_pos.shape
+    if k == 0:
+        raise ValueError("token_topk_to_pos must have at least one column (num_topk > 0)")
+    if fp8_format not in ("", "e4m3"):
+        raise ValueError(f"fp8_format must be '' or 'e4m3', got {fp8_format!r}")
+    if sf is not None and fp8_format != "e4m3":
+        raise ValueError("sf is only valid with fp8_format='e4m3' (only FP8 output takes a scale)")
+    if topk_weights is not None:
+        _check_tensor("topk_weights", topk_weights, (torch.float32,), shape=(t, k))
+    if x_sf is not None:
+        _check_tensor("x_sf", x_sf, (torch.float32,), shape=(n,))
+    if sf is not None:
+        _check_tensor("sf", sf, (torch.float32,))
+        if sf.numel() != 1:
+            raise ValueError(f"sf must hold one float32 value, got shape {tuple(sf.shape)}")
+    out_dtype = torch.float8_e4m3fn if fp8_format == "e4m3" else x.dtype
+    if out is not None:
+        _check_tensor("out", out, (out_dtype,), shape=(t, hidden))
+    for name, v in (("token_topk_to_pos", token_topk_to_pos), ("topk_weights", topk_weights), ("x_sf", x_sf),
+                    ("sf", sf), ("out", out)):
+        if v is not None and v.device != x.device:
+            raise ValueError(f"{name} is on {v.device}, expected {x.device} (x's device)")
+    _check_positions(token_topk_to_pos, n)
+    if out is None:
+        out = torch.empty((t, hidden), dtype=out_dtype, device=x.device)
+    if t == 0:
+        return out
+    backend = backends.for_tensor(x, backend)
+    cfg = permute_config.choose_reduce(backend, hidden, k, _DTYPE_NAMES[x.dtype], _DTYPE_NAMES[out_dtype],
+                                       topk_weights is not None, x_sf is not None, sf is not None)
+    one = functools.partial(torch.zeros, dtype=torch.float32, device=x.device)
+    _kernel(permute.reduce_fused, backend, **cfg)(
+        x, topk_weights if topk_weights is not None else one((1, k)), token_topk_to_pos,
+        x_sf if x_sf is not None else one((1,)), sf.reshape(1) if sf is not None else one((1,)), out)
+    return out
+
+
+# ---------------------------------------------------------------- swiglu
+
+
+def swiglu(x: torch.Tensor, weights: Optional[torch.Tensor] = None, swiglu_limit: float = 0.0,
+           quantize: bool = False, *, backend: Optional[str] = None):
+    """The MoE expert activation of ``x [M, 2I]`` (gate ``x[:, :I]``, up ``x[:, I:]``):
+    ``silu(min(gate, limit)) * clamp(up, -limit, limit)``, times ``weights[m]`` when given
+    (float32 ``[M]`` or ``[M, 1]``), each step rounded to ``x``'s dtype exactly as
+    :class:`kernforge.model.moe.Expert` rounds it.  ``swiglu_limit <= 0``: no clamp.
+
+    Returns ``[M, I]`` in ``x``'s dtype, or with ``quantize`` the pair
+    ``(e4m3 [M, I], float32 scales [M, I / 128])`` of DeepGEMM's 1x128 per-token recipe,
+    bit for bit ``per_token_cast_to_fp8`` of the unquantised result (``I % 128 == 0``)."""
+    _check_tensor("x", x, (torch.bfloat16, torch.float16, torch.float32), dim=2)
+    m, cols = x.shape
+    if cols == 0 or cols % 2:
+        raise ValueError(f"x must be [M, 2 * I] with I > 0 (gate and up halves), got {tuple(x.shape)}")
+    inter = cols // 2
+    if isinstance(swiglu_limit, bool) or not isinstance(swiglu_limit, (int, float)) or swiglu_limit != swiglu_limit:
+        raise TypeError(f"swiglu_limit must be a real number, got {swiglu_limit!r}")
+    if not isinstance(quantize, bool):
+        raise TypeError(f"quantize must be a bool, got {type(quantize).__name__}")
+    if quantize and inter % swiglu_kernel.QBLOCK:
+        raise ValueError(f"quantize needs I % {swiglu_kernel.QBLOCK} == 0 (1x128 scale blocks), got I = {inter}")
+    if weights is not None:
+        if isinstance(weights, torch.Tensor) and weights.dim() == 2 and weights.shape[1:] == (1,):
+            weights = weights.reshape(-1)
+        _check_tensor("weights", weights, (torch.float32,), shape=(m,))
+        if weights.device != x.device:
+            raise ValueError(f"weights is on {weights.device}, expected {x.device} (x's device)")
+    out = torch.empty((m, inter), dtype=torch.float8_e4m3fn if quantize else x.dtype, device=x.device)
+    out_sf = torch.empty((m, inter // swiglu_kernel.QBLOCK), dtype=torch.float32, device=x.device) if quantize \
+        else None
+    if m:
+        backend = backends.for_tensor(x, backend)
+        cfg = swiglu_config.choose(backend, inter, _DTYPE_NAMES[x.dtype], weights is not None, quantize)
+        one = functools.partial(torch.zeros, dtype=torch.float32, device=x.device)
+        _kernel(swiglu_kernel.swiglu, backend, **cfg)(
+            x, weights if weights is not None else one((1,)), float(swiglu_limit), out,
+            out_sf if quantize else one((1, 1)))
+    return (out, out_sf) if quantize else out
+
+
+# ---------------------------------------------------------------- shared checks
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(factory, backend: str, params: tuple):
+    return kernforge.compile(factory, backend=backend, **dict(params))
+
+
+def _kernel(factory, backend: str, **params):
+    return _compiled(factory, backend, tuple(sorted(params.items())))
+
+
+def _positive_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return v
+
+
+def _check_tensor(name: str, t, dtypes: tuple, dim: Optional[int] = None, shape: Optional[tuple] = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if t.requires_grad:
+        raise ValueError(f"{name} requires grad: these ops are inference only")
+
+
+def _check_routing(x, token_topk_to_pos, pos_to_expert) -> tuple[int, int]:
+    _check_tensor("token_topk_to_pos", token_topk_to_pos, (torch.int32,), dim=2)
+    _check_tensor("pos_to_expert", pos_to_expert, (torch.int32,), dim=1)
+    t, k = token_topk_to_pos.shape
+    if t != x.shape[0]:
+        raise ValueError(f"token_topk_to_pos has {t} rows, x has {x.shape[0]} tokens")
+    if k == 0:
+        raise ValueError("token_topk_to_pos must have at least one column (num_topk > 0)")
+    for name, v in (("token_topk_to_pos", token_topk_to_pos), ("pos_to_expert", pos_to_expert)):
+        if v.device != x.device:
+            raise ValueError(f"{name} is on {v.device}, expected {x.device} (x's device)")
+    n = pos_to_expert.numel()
+    _check_positions(token_topk_to_pos, n)
+    return n, k
+
+
+def _check_positions(token_topk_to_pos: torch.Tensor, n: int) -> None:
+    if capturing(token_topk_to_pos) or token_topk_to_pos.numel() == 0:
+        return
+    bad = (token_topk_to_pos < -1) | (token_topk_to_pos >= n)
+    if bool(bad.any()):
+        raise ValueError(f"token_topk_to_pos values must be in [-1, {n}) (expanded rows), "
+                         f"got {token_topk_to_pos[bad][:4].tolist()}")

@@ -367,14 +367,21 @@ def cmd_demo(args) -> int:
     if args.problem is not None:
         for _, spec in specs:
             get_problem(spec, args.problem)
-    results = []
+    results, skipped = [], []
     t0 = time.perf_counter()
     total = len(specs) * len(wanted)
     with _Status() as status:
         for name, spec in specs:
             for b in wanted:
+                problem = args.problem or default_problem(spec, b)
+                # a backend that cannot lower a kernel says why (ascend-emu: no cube path yet)
+                unsupported = getattr(backends.get(b), "unsupported", None)
+                why = unsupported(spec.factory(**get_problem(spec, problem).params).ir) if unsupported else None
+                if why:
+                    skipped.append(f"{name} on {b}: {why}")
+                    continue
                 step = f"[{len(results) + 1}/{total}] "
-                results.append(run_spec(spec, b, args.problem or default_problem(spec, b), _repeats(args, b),
+                results.append(run_spec(spec, b, problem, _repeats(args, b),
                                         progress=lambda msg: status(step + msg)))
     ok = sum(r.verified for r in results)
     if args.json:
@@ -384,6 +391,7 @@ def cmd_demo(args) -> int:
     _print_results(results, False)
     notes = [f"{b}: {backends.get(b).verified_label}, not timed for speed"
              for b in wanted if not backends.get(b).speed_path and backends.get(b).verified_label != "verified"]
+    notes += [f"not run: {x}" for x in skipped]
     _emit(f"\n{ok}/{len(results)} verified in {time.perf_counter() - t0:.1f} s; vs torch = torch reference time / "
           f"kernforge time on the same inputs" + "".join(f"\n({n})" for n in notes))
     return 0 if ok == len(results) else 1
@@ -475,7 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("build", help="compile a kernel without loading it (no GPU needed) and report resources")
     _kernel_args(s, "cuda", "the backend to compile for (default cuda; it needs a build_report)",
                  "a library kernel's problem size (default demo; sizes below)")
-    s.add_argument("--arch", default="sm_90a", help="target arch (default sm_90a)")
+    s.add_argument("--arch", default=None,
+                   help="target arch (default: the backend's, sm_90a for cuda, dav-c220 for ascend)")
     s.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     s.set_defaults(func=cmd_build)
 

@@ -40,7 +40,8 @@ _TABLE = [
     Entry("cpu", "kernforge.backends.cpu.backend:CpuBackend", device="cpu", lang="c++", default=True),
     Entry("cuda-emu", "kernforge.backends.cuda_emu.backend:CudaEmuBackend", device="cpu", lang="cuda"),
     Entry("cuda", "kernforge.backends.cuda.backend:CudaBackend", device="cuda", lang="cuda", default=True),
-    Entry("ascend", None, device="npu", lang="ascend-c", default=True),
+    Entry("ascend-emu", "kernforge.backends.ascend_emu.backend:AscendEmuBackend", device="cpu", lang="ascend-c"),
+    Entry("ascend", "kernforge.backends.ascend.backend:AscendBackend", device="npu", lang="ascend-c", default=True),
 ]
 _ENTRIES: dict[str, Entry] = {e.name: e for e in _TABLE}
 _INSTANCES: dict[str, Backend] = {}

@@ -63,8 +63,10 @@ def test_the_table_gives_devices_languages_and_defaults():
         backends.for_device("xpu")
     with pytest.raises(backends.BackendError, match="unknown backend 'cdua'.*known: .*cuda"):
         backends.for_tensor(torch.empty(1), "cdua")
-    with pytest.raises(backends.BackendError, match="'ascend' is not implemented yet"):
-        backends.get("ascend")
+    # ascend renders (its semantics run on ascend-emu) but cannot launch without an NPU
+    assert backends.lang("ascend") == backends.lang("ascend-emu") == "ascend-c"
+    with pytest.raises(backends.BackendError, match="'ascend' cannot launch here.*ascend-emu"):
+        backends.get("ascend").target(launch=True)
 
 
 @pytest.mark.parametrize("name", ["interp", "cpu", "cuda", "cuda-emu"])

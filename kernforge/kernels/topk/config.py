@@ -35,6 +35,11 @@ def choose(backend: str, k: int, dtype: str = "float32", index_dtype: str = "int
     if lang == "c++":
         return dict(common, tile=1024, group=16, slack=max(2048, 2 * k), mask_append=False, prescan=128,
                     sort="radix")
+    if lang == "ascend-c":
+        # the AI Core's scalar unit runs the compaction and the sort (as on a CPU), and every
+        # buffer must fit the Unified Buffer (192 KiB on 910B): group-serial appends, a radix
+        # sort and a 1024-element slack keep k = 4096 float32 at 161 KiB
+        return dict(common, compaction="group_serial", tile=1024, group=16, slack=1024, sort="radix")
     # GPUs: the buffers (six arrays of k + tile + slack) must fit one block's shared memory
     small = k <= 1024
     return dict(common, tile=2048 if small else 1024, group=32, slack=2048 if small else 1024)

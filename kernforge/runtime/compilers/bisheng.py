@@ -18,6 +18,22 @@ from .cpu import parse_probe
 
 DEFAULT_OPTIONS = ("-O2", "-std=c++17", "-fPIC", "-c")
 
+# The NPU targets kernforge renders for, by kernforge's arch name: CANN >= 9 (asc-devkit) spells
+# them --npu-arch=..., older CANN --cce-aicore-arch=... (spec section 8).
+NPU_ARCH = {"dav-c220": "dav-2201", "dav-3510": "dav-3510"}
+LEGACY_ARCH = {"dav-c220": "dav-c220", "dav-3510": "dav-c310"}
+
+
+def arch_options(arch: str, legacy: bool = False) -> tuple[str, ...]:
+    """The options that make ``kernel.cpp`` an Ascend C device compile for ``arch``: the source
+    language (``-xasc``; ``-xcce`` for the legacy driver) and the target.  AIV-only kernels
+    target the vector core (``-vec``) in the legacy spelling, which names the core type."""
+    if arch not in NPU_ARCH:
+        raise ValueError(f"bisheng: unknown arch {arch!r}; known: {', '.join(NPU_ARCH)}")
+    if legacy:
+        return ("-xcce", f"--cce-aicore-arch={LEGACY_ARCH[arch]}-vec", "--cce-aicore-only")
+    return ("-xasc", f"--npu-arch={NPU_ARCH[arch]}")
+
 
 class BishengCompiler(Compiler):
     backend = "ascend"

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 DIGESTS = Path(__file__).resolve().parents[1] / "tests" / "codegen" / "data" / "source_digests.json"
+CPU_PATHS = ("avx2", "avx512bf16")  # float-widening and native-bf16 operand layouts
 CUDA_TARGETS = (("sm_80", ""), ("sm_90a", ""), ("sm_90a", "cp.async"), ("sm_100a", ""))
 
 
@@ -31,8 +32,10 @@ def sources():
         for label, problem in sorted(spec.problems.items()):
             kernel = spec.factory(**problem.params).ir
             base = f"{name}/{label}"
-            for b in ("interp", "cpu"):
-                yield f"{base}/{b}", backends.get(b).render(kernel, Target(b)).source
+            yield f"{base}/interp", backends.get("interp").render(kernel, Target("interp")).source
+            # the CPU's instruction-set path is explicit: the default follows the machine's compiler
+            for arch in CPU_PATHS:
+                yield f"{base}/cpu/{arch}", backends.get("cpu").render(kernel, Target("cpu", arch)).source
             for b in ("cuda", "cuda-emu"):
                 for arch, variant in CUDA_TARGETS:
                     suffix = "-cpasync" if variant else ""

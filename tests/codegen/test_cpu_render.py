@@ -19,8 +19,9 @@ from kernforge.backends.cpu.renderer import CpuRenderer
 from kernforge.codegen.renderer import NameTable, Target
 
 
-def render(pf) -> str:
-    return CpuRenderer().render(pf.ir, Target("cpu")).source
+def render(pf, arch: str = "avx512bf16") -> str:
+    """The source for one instruction-set path (fixed, so the text does not depend on the machine)."""
+    return CpuRenderer().render(pf.ir, Target("cpu", arch)).source
 
 
 def gemm(trans_a=False, trans_b=False):
@@ -66,16 +67,32 @@ def test_copies_have_an_unmasked_fast_path_and_simd_inner_loops():
     assert inner and all(int(n) in (32, 64) for _, n in inner)
 
 
+@pytest.mark.parametrize("arch", ["avx2", "avx512bf16"])
 @pytest.mark.parametrize("trans_a,trans_b,strides", [
     (False, False, "32, 1, 64, 1, 64, 1"),
     (True, False, "1, 32, 64, 1, 64, 1"),
-    (False, True, "32, 1, 1, 32, 64, 1"),
-    (True, True, "1, 32, 1, 32, 64, 1"),
+    # a transposed B tile is stored N-contiguous by the layout pass: the GEMM reads
+    # whole vectors along N (B_RS = 64, B_CS = 1) instead of packing it per call
+    (False, True, "32, 1, 64, 1, 64, 1"),
+    (True, True, "1, 32, 64, 1, 64, 1"),
 ])
-def test_gemm_call_has_static_shapes_and_transposes_by_strides(trans_a, trans_b, strides):
-    src = render(gemm(trans_a, trans_b))
+def test_gemm_call_has_static_shapes_and_transposes_by_strides(trans_a, trans_b, strides, arch):
+    src = render(gemm(trans_a, trans_b), arch)
     assert f"kf::gemm<float, 32, 64, 32, {strides}, false>(" in src
     assert "kf::gemm_scratch_bytes<float, 32, 64, 32>()" in src
+    assert f"#define KF_ISA {('generic', 'avx2', 'avx512', 'avx512bf16').index(arch)}" in src
+    if trans_b:  # the copy writes the transposed order: element (n, k) of the tile at n + 64 k
+        assert re.search(r"b_s\[\w+ \+ \w+ \* 64\] = ", src)
+
+
+def test_bf16_operand_tiles_are_widened_once_at_the_copy_unless_the_path_multiplies_bf16():
+    """On AVX2 the micro-kernel multiplies in float: the operand tiles become float at their
+    copy (exact: every value came from a bf16 tensor), so the GEMM reads them directly.
+    AVX512-BF16's VDPBF16PS reads bf16: the tiles stay bf16."""
+    wide, narrow = render(gemm(), "avx2"), render(gemm(), "avx512bf16")
+    assert "float* __restrict__ a_s" in wide and "float* __restrict__ b_s" in wide
+    assert re.search(r"a_s\[[^\]]+\] = \(\(float\)kf_to_float\(A\[", wide)
+    assert "kf_bf16* __restrict__ a_s" in narrow and "kf_bf16* __restrict__ b_s" in narrow
 
 
 def test_big_tiles_go_to_the_arena_small_locals_to_the_stack():
@@ -183,6 +200,7 @@ def test_lowered_ir_is_what_gets_rendered():
     dumps = []
     CpuRenderer().render(gemm().ir, Target("cpu"), dump=lambda name, k: dumps.append((name, k)))
     transforms = [p.__name__ for p in CpuRenderer.transforms]
+    transforms.insert(1, "gemm_layout")  # the operand layout pass follows the first simplify
     assert [n for n, _ in dumps] == transforms + ["names", "nonneg_vars", "memory"]
     # the analyses describe the kernel the last transform produced, and the memory plan is the arena
     *_, (_, lowered), (_, names), _, (_, memory) = dumps

@@ -19,6 +19,7 @@ import numpy as np
 
 from kernforge import runtime
 from kernforge.backends.base import Backend
+from kernforge.backends.cpu import isa
 from kernforge.backends.cpu import renderer as cpu
 from kernforge.codegen import ir
 from kernforge.codegen.passes import checks
@@ -121,6 +122,12 @@ class CpuBackend(Backend):
     options = ("-ffp-contract=off",)
 
     supports_checks = True
+
+    def target(self, arch: Optional[str] = None, launch: bool = False) -> Target:
+        """``arch`` is the instruction-set path (``isa.PATHS``); None: ``$KERNFORGE_CPU_ISA``, else the
+        best one the compiler targets.  A path the compiler does not target is an ``IsaError`` here,
+        before anything is compiled."""
+        return Target(self.name, isa.default_path(arch))
 
     def build(self, kernel: ir.Kernel, target: Optional[Target] = None) -> CpuLauncher:
         target = target or self.target()

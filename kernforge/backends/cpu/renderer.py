@@ -30,7 +30,9 @@ from kernforge.codegen import ir
 from kernforge.codegen.passes import (Analysis, buffer_bytes, lower_copies, nonneg_vars, plan_memory, simplify,
                                       simplify_expr)
 from kernforge.codegen.passes.append import AppendLoop, match_append
+from kernforge.backends.cpu import isa
 from kernforge.codegen.passes.checks import insert_checks
+from kernforge.codegen.passes.gemm_layout import NARROW, layout_for
 from kernforge.codegen.passes.ranges import statements
 from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol
 
@@ -53,6 +55,7 @@ class CpuRenderer(CRenderer, Renderer):
     stack_bytes = 1024  # LOCAL buffers up to this size are stack arrays, larger ones go to the arena
     gemm_compute = {dtypes.float32: "float", dtypes.float16: "float", dtypes.bfloat16: "float",
                     dtypes.float8_e4m3: "float", dtypes.float64: "double", dtypes.int8: "int32_t"}
+    native_bf16_dtypes = (dtypes.bfloat16, dtypes.float8_e4m3)  # what VDPBF16PS reads (fp8 widened exactly)
     reduce_op = {ir.Op.REDUCE_MAX: "kf::Reduce::Max", ir.Op.REDUCE_MIN: "kf::Reduce::Min",
                  ir.Op.REDUCE_SUM: "kf::Reduce::Sum"}
     atomic_op = {ir.Op.ATOMIC_ADD: "kf::atomic_add", ir.Op.ATOMIC_MAX: "kf::atomic_max"}
@@ -80,22 +83,34 @@ class CpuRenderer(CRenderer, Renderer):
     # ------------------------------------------------------------------ kernel
     def pipeline(self, kernel: ir.Kernel, target: Target) -> tuple:
         """The transforms, then the analyses the emitter reads: C names, the variables
-        proven non-negative (plain ``/`` and ``%``), and the on-chip arena's layout.  Checked
-        mode (``target.checks``) inserts its bounds tests after the first simplify, before
-        copies are lowered: the masked element loops of global copies are legal by definition."""
-        transforms = self.transforms
+        proven non-negative (plain ``/`` and ``%``), and the on-chip arena's layout.  After
+        the first simplify the GEMM operand tiles get the layout the target's micro-kernel
+        reads (``passes.gemm_layout``; a path that multiplies bf16 natively keeps bf16 and
+        fp8 tiles narrow).  Checked mode (``target.checks``) inserts its bounds tests next,
+        before copies are lowered: the masked element loops of global copies are legal by
+        definition."""
+        path = self.isa_path(target)
+        widen = tuple(d for d in NARROW if not (path in isa.NATIVE_BF16 and d in self.native_bf16_dtypes))
+        transforms = self.transforms[:1] + (layout_for(widen, direct=True),) + self.transforms[1:]
         if target.checks:
-            transforms = transforms[:1] + (insert_checks,) + transforms[1:]
+            transforms = transforms[:2] + (insert_checks,) + transforms[2:]
         return transforms + (
             Analysis("names", lambda k, facts: NameTable.for_kernel(k)),
             Analysis("nonneg_vars", lambda k, facts: nonneg_vars(k)),
             Analysis("memory", lambda k, facts: plan_memory(k, self.in_arena)),
         )
 
-    def emit_program(self, k: ir.Kernel, facts: dict, target: Target) -> Program:
-        return Program(self.emit_source(k, facts, target.checks), entry_symbol(k))
+    @staticmethod
+    def isa_path(target: Target) -> str:
+        """The instruction-set path (``isa.PATHS``) to render for: ``target.arch``, else the
+        machine's default.  Rendering any path is allowed; building one the compiler does
+        not target fails in ``CpuBackend.target``."""
+        return isa.check(target.arch) if target.arch else isa.default_path()
 
-    def emit_source(self, k: ir.Kernel, facts: dict, checks: bool = False) -> str:
+    def emit_program(self, k: ir.Kernel, facts: dict, target: Target) -> Program:
+        return Program(self.emit_source(k, facts, target.checks, self.isa_path(target)), entry_symbol(k))
+
+    def emit_source(self, k: ir.Kernel, facts: dict, checks: bool = False, path: str = "generic") -> str:
         """Source for a kernel that has already been through :meth:`pipeline`."""
         self.names = facts["names"]
         self.nonneg_vars = facts["nonneg_vars"]
@@ -108,6 +123,7 @@ class CpuRenderer(CRenderer, Renderer):
         grid_names = [f"kf_grid{d}" for d in range(rank)]
         return _environment(self.template_dir).get_template(self.template).render({
             "kernel_name": k.name,
+            "isa": path, "isa_level": isa.level(path),
             "entry": entry_symbol(k),
             "attrs": repr(dict(sorted(k.attrs.items()))),
             "buffers_bytes": self.plan.total,
@@ -236,7 +252,12 @@ class CpuRenderer(CRenderer, Renderer):
         out.append(pad + "}")
 
     def stmt_Parallel(self, s: ir.Parallel, out, pad, depth):
-        simd = all(isinstance(n, (ir.Seq, ir.If, ir.Store, ir.Check)) for n in statements(s.body))
+        # ``omp simd`` over stores and branches, except a store under an ``if`` with no ``else``:
+        # g++ 12 (its dominator optimisations) drops such a masked store when the condition
+        # reads a variable of the enclosing ``omp for``, i.e. every edge tile's masked write-back
+        # (tests/backends/test_cpu_gemm_paths.py found it; g++ vectorises these loops without it)
+        simd = all(isinstance(n, (ir.Seq, ir.Store, ir.Check)) or (isinstance(n, ir.If) and n.orelse is not None)
+                   for n in statements(s.body))
         hoisted = self.hoist_invariant_loads(s, out, pad)
         for level, (v, e) in enumerate(zip(s.vars, s.extents)):
             p = "  " * (depth + level)
@@ -356,9 +377,11 @@ class CpuRenderer(CRenderer, Renderer):
 
     # ------------------------------------------------------------------ tile operands
     def matrix(self, r: ir.Region, trans: bool) -> tuple[tuple[int, int], tuple[int, int]]:
-        """Logical (rows, cols) of a 2-D tile operand and its element strides."""
-        if r.buffer.scope == ir.Scope.GLOBAL or not r.buffer.is_static:
-            raise ir.KernelError(f"the CPU gemm needs on-chip operands, {r.buffer.name} is global")
+        """Logical (rows, cols) of a 2-D tile operand and its element strides.  A global
+        operand (``passes.gemm_layout``'s direct operands) has constant strides there."""
+        if not all(isinstance(x, ir.Const) for x in r.buffer.strides):  # the layout pass guarantees this
+            raise ir.KernelError(f"the CPU gemm needs constant operand strides, {r.buffer.name} has "
+                                 f"{r.buffer.strides}")
         dims = [d for d, e in enumerate(r.extents) if e != 1] if len(r.extents) > 2 else [0, 1]
         dims = dims if len(dims) == 2 else list(range(len(r.extents)))[-2:]
         rows, cols = (r.extents[d] for d in dims)

@@ -1,13 +1,29 @@
-// The tile GEMM: C (+)= A @ B on on-chip tiles, with a blocked register micro-kernel.
+// The tile GEMM: C (+)= A @ B on on-chip tiles, with blocked register micro-kernels.
 //
 // Element (i, k) of A is A[i * A_RS + k * A_CS] (the renderer swaps the strides
 // for a transposed operand), likewise B (k, j) and C (i, j), so one routine
-// serves every layout and transpose.  Operands are packed once per call into
-// compute-type panels (float for fp32/fp16/bf16/fp8, int32 for int8, double for
-// fp64) padded with zeros to whole MR x NR register tiles; the micro-kernel
-// keeps an MR x NR block of C in vector registers and streams K with FMAs.
-// Accumulation is in the compute type, k in order 0..K-1 per element, then added
-// to C's old value once (clear_accum skips that) and rounded once on store.
+// serves every layout and transpose.  Two ways in:
+//
+// * direct: when A and B already hold the compute type and B's rows are
+//   contiguous along N (B_CS == 1, N a multiple of the vector width), the
+//   micro-kernel reads the tiles where they are: A by broadcasts at any
+//   stride, B by vector loads.  The CPU pipeline's layout pass
+//   (codegen/passes/gemm_layout.py) gives operand tiles that layout (and the
+//   compute type) at the T.copy that fills them, so no call packs.
+// * packed: otherwise both operands are packed per call into zero-padded
+//   compute-type panels (float for fp32/fp16/bf16/fp8, int32 for int8, double
+//   for fp64); under AVX512-BF16 bf16/fp8 operands become (k, k+1) pairs for
+//   VDPBF16PS.
+//
+// The micro-kernel keeps an MR x NV-vector block of C in registers and streams
+// K with FMAs, k in order 0..K-1 per element; the block is then added to C's old
+// value once (clear_accum skips that) and rounded once on store.  Both ways give
+// the same bits.
+//
+// The instruction set is KF_ISA, which the renderer defines from the target
+// (Target.arch: "generic", "avx2", "avx512", "avx512bf16"), so a lower path can
+// be forced on a machine that has a higher one (KERNFORGE_CPU_ISA) and every
+// path is testable there.
 #pragma once
 
 #include <cstddef>
@@ -15,7 +31,34 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX512F__) || defined(__AVX2__) || defined(__FMA__)
+#define KF_ISA_GENERIC 0
+#define KF_ISA_AVX2 1
+#define KF_ISA_AVX512 2
+#define KF_ISA_AVX512BF16 3
+
+#ifndef KF_ISA
+#if defined(__AVX512BF16__)
+#define KF_ISA KF_ISA_AVX512BF16
+#elif defined(__AVX512F__)
+#define KF_ISA KF_ISA_AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KF_ISA KF_ISA_AVX2
+#else
+#define KF_ISA KF_ISA_GENERIC
+#endif
+#endif
+
+#if KF_ISA >= KF_ISA_AVX512BF16 && !defined(__AVX512BF16__)
+#error "KF_ISA selects AVX512-BF16 but the compiler does not target it (-mavx512bf16)"
+#endif
+#if KF_ISA >= KF_ISA_AVX512 && !defined(__AVX512F__)
+#error "KF_ISA selects AVX-512 but the compiler does not target it (-mavx512f)"
+#endif
+#if KF_ISA >= KF_ISA_AVX2 && !(defined(__AVX2__) && defined(__FMA__))
+#error "KF_ISA selects AVX2/FMA but the compiler does not target it (-mavx2 -mfma)"
+#endif
+
+#if KF_ISA >= KF_ISA_AVX2
 #include <immintrin.h>
 #endif
 
@@ -23,12 +66,15 @@
 
 namespace kf {
 
-#if defined(__AVX512F__)
+#if KF_ISA >= KF_ISA_AVX512
 inline constexpr int kVecBytes = 64;
-#elif defined(__AVX__)
+inline constexpr int kVecRegs = 32;
+#elif KF_ISA >= KF_ISA_AVX2
 inline constexpr int kVecBytes = 32;
+inline constexpr int kVecRegs = 16;
 #else
 inline constexpr int kVecBytes = 16;
+inline constexpr int kVecRegs = 16;
 #endif
 
 template <class T>
@@ -37,10 +83,12 @@ struct GemmShape {
   static constexpr int L = kVecBytes / int(sizeof(T));  // lanes per vector
 };
 
-// Rows of C per register block: 8 (16 accumulators of 2 vectors each measured best
-// on AVX-512), or all of M when M is smaller, so a decode-sized M is not padded.
+// Rows per register block: 8 x 3 zmm on AVX-512, 6 x 2 ymm on AVX2 (12 accumulators,
+// 2 B vectors and a broadcast fill the 16 registers; 8 rows would spill), or all of M
+// when M is smaller, so a decode-sized M is not padded.
+inline constexpr int kDirectRows = kVecRegs == 32 ? 8 : 6;
 template <int M>
-inline constexpr int kRowBlock = M < 8 ? M : 8;
+inline constexpr int kRowBlock = M < kDirectRows ? M : kDirectRows;
 
 template <class T, int M, int N>
 struct GemmTile {
@@ -60,18 +108,129 @@ inline constexpr size_t gemm_scratch_bytes() {
 
 template <class V>
 inline V fma(V a, V b, V c) {
-#if defined(__AVX512F__)
+#if KF_ISA >= KF_ISA_AVX512
   if constexpr (sizeof(V) == 64 && std::is_same_v<decltype(a[0] + 0), float>)
     return (V)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
   if constexpr (sizeof(V) == 64 && std::is_same_v<decltype(a[0] + 0), double>)
     return (V)_mm512_fmadd_pd((__m512d)a, (__m512d)b, (__m512d)c);
-#elif defined(__FMA__)
+#endif
+#if KF_ISA >= KF_ISA_AVX2
   if constexpr (sizeof(V) == 32 && std::is_same_v<decltype(a[0] + 0), float>)
     return (V)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
   if constexpr (sizeof(V) == 32 && std::is_same_v<decltype(a[0] + 0), double>)
     return (V)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c);
 #endif
   return a * b + c;
+}
+
+// All lanes = *x.  (Not `V{} + *x`: adding +0.0 is not an identity for -0.0, so the
+// compiler must emit the add, one more instruction per broadcast.)
+template <class V, class T>
+inline V broadcast(const T* x) {
+#if KF_ISA >= KF_ISA_AVX512
+  if constexpr (sizeof(V) == 64 && std::is_same_v<T, float>) return (V)_mm512_set1_ps(*x);
+  if constexpr (sizeof(V) == 64 && std::is_same_v<T, double>) return (V)_mm512_set1_pd(*x);
+#endif
+#if KF_ISA >= KF_ISA_AVX2
+  if constexpr (sizeof(V) == 32 && std::is_same_v<T, float>) return (V)_mm256_broadcast_ss(x);
+  if constexpr (sizeof(V) == 32 && std::is_same_v<T, double>) return (V)_mm256_broadcast_sd(x);
+#endif
+  V v;
+  for (size_t i = 0; i < sizeof(V) / sizeof(T); ++i) v[i] = *x;
+  return v;
+}
+
+// Vectors per row of the direct register block for MR rows: as many as keep the
+// MR * NV accumulators, the NV B vectors and one broadcast inside the register
+// file (16 ymm on AVX2, 32 zmm on AVX-512), at most 8.  A short block (a decode
+// GEMM's one row) thus gets a wide one, whose independent FMA chains hide the
+// FMA latency that a 1 x 2 block would wait on.
+template <int MR>
+inline constexpr int kDirectVectors = (kVecRegs - 1) / (MR + 1) < 8 ? (kVecRegs - 1) / (MR + 1) : 8;
+
+// C[MR x NV*L] (+)= A[MR x K] @ B[K x NV*L] straight from the tiles.
+template <class T, int MR, int NV, int K, int A_RS, int A_CS, int B_RS, int C_RS, int C_CS, int N_LEFT, bool CLEAR,
+          class CS>
+inline void direct_block(const T* __restrict__ a, const T* __restrict__ b, CS* __restrict__ c) {
+  using S = GemmShape<T>;
+  using V = typename S::vec;
+  V acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  for (int k = 0; k < K; ++k) {
+    V bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) std::memcpy(&bv[v], b + int64_t(k) * B_RS + v * S::L, sizeof(V));
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const V av = broadcast<V>(a + int64_t(r) * A_RS + int64_t(k) * A_CS);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = fma(av, bv[v], acc[r][v]);
+    }
+  }
+  constexpr bool vector_store = std::is_same_v<CS, T> && C_CS == 1;
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    CS* row = c + int64_t(r) * C_RS;
+    if constexpr (vector_store) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        V out = acc[r][v];
+        if constexpr (!CLEAR) {
+          V old;
+          std::memcpy(&old, row + v * S::L, sizeof(V));
+          out = old + out;
+        }
+        std::memcpy(row + v * S::L, &out, sizeof(V));
+      }
+    } else {
+      T out[NV * S::L];
+      std::memcpy(out, acc[r], sizeof(out));
+      for (int j = 0; j < NV * S::L && j < N_LEFT; ++j) {
+        const T old = CLEAR ? T(0) : load_as<T>(row[j * C_CS]);
+        row[j * C_CS] = store_as<CS>(CLEAR ? out[j] : T(old + out[j]));
+      }
+    }
+  }
+}
+
+// The rows of one column panel [j0, j0 + NV*L): full MR-row blocks, then the rest.
+template <class T, int M, int N, int K, int NV, int A_RS, int A_CS, int B_RS, int C_RS, int C_CS, bool CLEAR,
+          class CS>
+inline void direct_panel(const T* __restrict__ A, const T* __restrict__ B, CS* __restrict__ C, int j0) {
+  constexpr int MR = kDirectRows < M ? kDirectRows : M;
+  constexpr int NVR = NV < kDirectVectors<MR> ? NV : kDirectVectors<MR>;
+  static_assert(NVR == NV, "a panel is as wide as its row block can hold");
+  const T* b = B + j0;
+  CS* c = C + int64_t(j0) * C_CS;
+  int i0 = 0;
+  for (; i0 + MR <= M; i0 += MR)
+    direct_block<T, MR, NV, K, A_RS, A_CS, B_RS, C_RS, C_CS, N, CLEAR>(A + int64_t(i0) * A_RS, b,
+                                                                        c + int64_t(i0) * C_RS);
+  if constexpr (M % MR != 0)
+    direct_block<T, M % MR, NV, K, A_RS, A_CS, B_RS, C_RS, C_CS, N, CLEAR>(A + int64_t(i0) * A_RS, b,
+                                                                            c + int64_t(i0) * C_RS);
+}
+
+// Whether the direct way applies: operands in the compute type and B contiguous along N
+// in whole vectors.
+template <class T, int N, int B_CS, class AS, class BS>
+inline constexpr bool direct_gemm_applies =
+    std::is_same_v<AS, T> && std::is_same_v<BS, T> && (std::is_same_v<T, float> || std::is_same_v<T, double>) &&
+    B_CS == 1 && N % GemmShape<T>::L == 0;
+
+template <class T, int M, int N, int K, int A_RS, int A_CS, int B_RS, int C_RS, int C_CS, bool CLEAR, class CS>
+inline void gemm_direct(const T* __restrict__ A, const T* __restrict__ B, CS* __restrict__ C) {
+  constexpr int L = GemmShape<T>::L;
+  constexpr int MR = kDirectRows < M ? kDirectRows : M;
+  constexpr int NV = kDirectVectors<MR> < N / L ? kDirectVectors<MR> : N / L;
+  constexpr int W = NV * L, FULL = N / W * W, TAIL = (N - FULL) / L;
+  // Column panels outermost: a K x W panel of B stays in L1 while the row blocks pass.
+  for (int j0 = 0; j0 < FULL; j0 += W)
+    direct_panel<T, M, N, K, NV, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B, C, j0);
+  if constexpr (TAIL > 0) direct_panel<T, M, N, K, TAIL, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B, C, FULL);
 }
 
 // One MR x NR block of C from K-major panels ap[K][MR] and bp[K][NR].
@@ -92,7 +251,7 @@ inline void gemm_block(const T* __restrict__ ap, const T* __restrict__ bp, CS* _
     for (int v = 0; v < NV; ++v) std::memcpy(&b[v], bp + size_t(k) * G::NR + v * S::L, sizeof(V));
 #pragma GCC unroll 16
     for (int r = 0; r < G::MR; ++r) {
-      const V a = V{} + ap[size_t(k) * G::MR + r];
+      const V a = broadcast<V>(ap + size_t(k) * G::MR + r);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] = fma(a, b[v], acc[r][v]);
     }
@@ -176,7 +335,7 @@ inline void store_block(const float* out, CS* __restrict__ C, int i, int j0) {
   }
 }
 
-#if defined(__AVX512BF16__)
+#if KF_ISA >= KF_ISA_AVX512BF16
 // bf16 (or fp8, widened exactly to bf16) -> fp32 with AVX512-BF16: VDPBF16PS
 // multiplies pairs of bf16 along K exactly and adds both products into each fp32
 // lane (round to nearest even; the instruction treats denormal inputs as zero and
@@ -225,7 +384,11 @@ inline void gemm_bf16(const AS* __restrict__ A, const BS* __restrict__ B, CS* __
 template <class T, int M, int N, int K, int A_RS, int A_CS, int B_RS, int B_CS, int C_RS, int C_CS,
           bool CLEAR, class AS, class BS, class CS>
 inline void gemm(const AS* __restrict__ A, const BS* __restrict__ B, CS* __restrict__ C, char* scratch) {
-#if defined(__AVX512BF16__)
+  if constexpr (direct_gemm_applies<T, N, B_CS, AS, BS>) {
+    gemm_direct<T, M, N, K, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B, C);
+    return;
+  }
+#if KF_ISA >= KF_ISA_AVX512BF16
   constexpr bool a_bf16 = std::is_same_v<AS, kf_bf16> || std::is_same_v<AS, kf_fp8e4m3>;
   constexpr bool b_bf16 = std::is_same_v<BS, kf_bf16> || std::is_same_v<BS, kf_fp8e4m3>;
   if constexpr (a_bf16 && b_bf16 && std::is_same_v<T, float>) {

@@ -1,0 +1,288 @@
+"""GEMM operand layout: give the on-chip tiles that feed a ``T.gemm`` the layout and
+type its micro-kernel reads, so that the copy that fills a tile does the packing
+once and the GEMM call does none.
+
+Two rewrites of an operand buffer's declaration, both invisible to the program:
+
+* **orientation**: a B operand used transposed (``trans_b``, the ``nt`` layout of
+  every DeepGEMM kernel and of MLA's ``Q K^T``) is stored with its N dimension
+  contiguous; its strides change, its shape and indices do not.  The copy that
+  fills it writes the transposed order, and the micro-kernel then loads whole
+  vectors of B along N.
+* **widening**: a low-precision float operand (bf16, fp16, fp8 e4m3) is stored
+  as float32 when the target's micro-kernel multiplies in float anyway.  This is
+  exact only if every value the tile holds is already representable in the narrow
+  type, so it applies only when every write is a ``Copy`` from a buffer of the
+  same dtype and every read is a GEMM operand.
+
+A buffer is rewritten only when every use agrees (one orientation over all its
+GEMMs) and every access goes through its strides (copies, loads, stores, GEMM
+operands): a tile handed whole to ``Reduce`` or ``Cumsum``, which read it as
+row-major, keeps its layout.  Like a fragment layout on CUDA, this is chosen here,
+once, not by hand in each kernel.  The pass runs before copies are lowered.
+
+A third rewrite, **direct operands** (``direct=True``; the CPU, whose GEMM reads any
+address), removes a copy altogether: a tile filled by one in-bounds ``Copy`` from a
+global tensor the kernel never writes, already in the compute type, and read only by
+GEMMs right after the copy in the same sequence, is replaced in those GEMMs by the
+global region itself.  Always for A (the micro-kernel broadcasts its elements from
+any stride); for B only when few rows use it (``direct_b_rows``): a decode GEMM
+streams its weight tile once, where the copy doubled the traffic, but a B tile that
+many row blocks reuse is better copied into a contiguous tile, clear of the cache-set
+conflicts of a power-of-two row stride.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Optional
+
+from kernforge import dtypes
+from kernforge.codegen import ir
+from kernforge.codegen.passes import ranges
+from kernforge.codegen.passes.masks import tile_mask
+
+_ON_CHIP = (ir.Scope.SHARED, ir.Scope.FRAGMENT)
+NARROW = (dtypes.bfloat16, dtypes.float16, dtypes.float8_e4m3)
+
+
+class _Uses:
+    """How one on-chip buffer is used: as which GEMM operands, written how, read how."""
+
+    def __init__(self):
+        self.b_orientations: set[tuple[int, int, bool]] = set()  # (k dim, n dim, trans_b)
+        self.gemm_reads = 0
+        self.copy_writes_same_dtype = True
+        self.other_reads = False
+        self.strided_only = True  # every access goes through the buffer's strides
+
+
+def _dims(r: ir.Region) -> tuple[int, int]:
+    """The buffer dimensions a GEMM operand region spans (rows, cols), as the CPU
+    renderer reads them."""
+    if len(r.extents) <= 2:
+        return (0, 1) if len(r.extents) == 2 else (0, 0)
+    spanned = [d for d, e in enumerate(r.extents) if e != 1]
+    return tuple(spanned) if len(spanned) == 2 else (len(r.extents) - 2, len(r.extents) - 1)
+
+
+def _collect(kernel: ir.Kernel) -> dict[ir.Buffer, _Uses]:
+    uses: dict[ir.Buffer, _Uses] = {}
+
+    def use(b: ir.Buffer) -> Optional[_Uses]:
+        if b.scope not in _ON_CHIP or not b.is_static:
+            return None
+        return uses.setdefault(b, _Uses())
+
+    for node in ir.nodes(kernel.body):
+        if isinstance(node, (ir.Buffer, ir.Region)):
+            continue
+        if isinstance(node, ir.Gemm):
+            for role, r in (("a", node.a), ("b", node.b)):
+                u = use(r.buffer)
+                if u is None:
+                    continue
+                u.gemm_reads += 1
+                if role == "b":
+                    rows, cols = _dims(r)
+                    k_dim, n_dim = (cols, rows) if node.trans_b else (rows, cols)
+                    u.b_orientations.add((k_dim, n_dim, node.trans_b))
+            u = use(node.c.buffer)
+            if u is not None:
+                u.other_reads = True
+            continue
+        if isinstance(node, ir.Copy):
+            src, dst = use(node.src.buffer), use(node.dst.buffer)
+            if src is not None:
+                src.other_reads = True
+            if dst is not None and node.src.buffer.dtype != node.dst.buffer.dtype:
+                dst.copy_writes_same_dtype = False
+            continue
+        if isinstance(node, ir.Allocate):
+            continue
+        for f in fields(node):
+            v = getattr(node, f.name)
+            for x in v if isinstance(v, tuple) else (v,):
+                b = x.buffer if isinstance(x, ir.Region) else x
+                if not isinstance(b, ir.Buffer):
+                    continue
+                u = use(b)
+                if u is None:
+                    continue
+                if isinstance(node, ir.Load):
+                    u.other_reads = True
+                elif isinstance(node, ir.Store):
+                    u.copy_writes_same_dtype = False
+                else:  # a tile op reading the buffer whole (Reduce, Cumsum, Fill, ...)
+                    u.strided_only = False
+                    u.other_reads = True
+                    u.copy_writes_same_dtype = False
+    return uses
+
+
+def _n_contiguous(b: ir.Buffer, k_dim: int, n_dim: int) -> tuple[ir.Expr, ...]:
+    """Strides with ``n_dim`` contiguous, then ``k_dim``, then the other dimensions in order."""
+    shape = b.static_shape()
+    order = [d for d in range(b.ndim) if d not in (k_dim, n_dim)] + [k_dim, n_dim]
+    strides = [0] * b.ndim
+    acc = 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= shape[d]
+    return tuple(ir.const(s) for s in strides)
+
+
+def _plan(kernel: ir.Kernel, widen: frozenset) -> dict[ir.Buffer, ir.Buffer]:
+    table: dict[ir.Buffer, ir.Buffer] = {}
+    for b, u in _collect(kernel).items():
+        if u.gemm_reads == 0:
+            continue
+        changes = {}
+        if u.strided_only and len(u.b_orientations) == 1:
+            (k_dim, n_dim, trans) = next(iter(u.b_orientations))
+            if trans and k_dim != n_dim:
+                changes["strides"] = _n_contiguous(b, k_dim, n_dim)
+        if b.dtype in widen and u.copy_writes_same_dtype and not u.other_reads and u.strided_only:
+            changes["dtype"] = dtypes.float32
+            if "strides" not in changes:
+                changes["strides"] = b.strides
+        if changes:
+            table[b] = replace(b, **changes)
+    return table
+
+
+class _Rebuffer(ir.Mutator):
+    """Replaces buffers by identity everywhere they appear (declarations, regions, loads, stores)."""
+
+    def __init__(self, table: dict[ir.Buffer, ir.Buffer]):
+        self.table = table
+
+    def generic(self, node):
+        if isinstance(node, ir.Buffer):
+            return self.table.get(node, node)
+        node = super().generic(node)
+        changes = {}
+        for f in fields(node):
+            v = getattr(node, f.name)
+            if isinstance(v, ir.Buffer) and v in self.table:
+                changes[f.name] = self.table[v]
+            elif isinstance(v, tuple) and any(isinstance(x, ir.Buffer) and x in self.table for x in v):
+                changes[f.name] = tuple(self.table.get(x, x) if isinstance(x, ir.Buffer) else x for x in v)
+        return replace(node, **changes) if changes else node
+
+
+_DIRECT_DTYPES = (dtypes.float32, dtypes.float64)  # the compute types: read as they are
+
+
+def _written_globals(kernel: ir.Kernel) -> set:
+    out = set()
+    for n in ir.nodes(kernel.body):
+        if isinstance(n, (ir.Store, ir.Atomic)):
+            out.add(n.buffer)
+        elif isinstance(n, (ir.Copy, ir.Fill)):
+            out.add(n.dst.buffer)
+        elif isinstance(n, (ir.Reduce, ir.Cumsum)):
+            out.add(n.dst)
+    return out
+
+
+def _whole(r: ir.Region) -> bool:
+    return all(isinstance(s, ir.Const) and s.value == 0 for s in r.starts) and \
+        tuple(r.extents) == r.buffer.static_shape()
+
+
+class _Direct(ir.Mutator):
+    """Within each ``Seq``: a copy into an eligible tile, then GEMMs reading it, become the
+    GEMMs reading the copy's source."""
+
+    def __init__(self, kernel: ir.Kernel, direct_b_rows: int):
+        self.uses = _collect(kernel)
+        self.counts: dict[ir.Buffer, int] = {}
+        for n in ir.nodes(kernel.body):
+            if isinstance(n, ir.Region) and n.buffer.scope in _ON_CHIP:
+                self.counts[n.buffer] = self.counts.get(n.buffer, 0) + 1
+            elif isinstance(n, (ir.Load, ir.Store, ir.Atomic)) and n.buffer.scope in _ON_CHIP:
+                self.counts[n.buffer] = self.counts.get(n.buffer, 0) + 1
+        self.written = _written_globals(kernel)
+        self.table = ranges.var_ranges(kernel)
+        self.direct_b_rows = direct_b_rows
+        self.removed: set = set()
+
+    def source(self, copy: ir.Copy) -> Optional[ir.Region]:
+        """The copy's global source, when the tile it fills may be replaced by it."""
+        src, dst = copy.src, copy.dst
+        g, t = src.buffer, dst.buffer
+        u = self.uses.get(t)
+        if (g.scope != ir.Scope.GLOBAL or t.scope not in _ON_CHIP or u is None or g in self.written
+                or g.dtype != t.dtype or t.dtype not in _DIRECT_DTYPES or not _whole(dst)
+                or u.other_reads or not u.strided_only or not u.copy_writes_same_dtype
+                or not all(isinstance(x, ir.Const) for x in g.strides)
+                or tile_mask(src, self.table) is not None or src.squeezed() != dst.squeezed()):
+            return None
+        return src
+
+    def visit_Seq(self, s: ir.Seq):
+        body = [self.visit(x) for x in s.body]
+        for i, st in enumerate(body):
+            src = self.source(st) if isinstance(st, ir.Copy) else None
+            if src is None:
+                continue
+            tile = st.dst.buffer
+            # the GEMMs reading the tile later in this sequence; any other statement that
+            # touches it ends the search (and the rewrite)
+            found, clean = [], True
+            for j in range(i + 1, len(body)):
+                x = body[j]
+                if isinstance(x, ir.Gemm) and tile in (x.a.buffer, x.b.buffer):
+                    found.append(j)
+                elif any(n is tile for n in ir.nodes(x) if isinstance(n, ir.Buffer)) or \
+                        any(isinstance(n, ir.Region) and n.buffer is tile for n in ir.nodes(x)):
+                    clean = False
+                    break
+            gemms = [body[j] for j in found]
+            reads = sum((g.a.buffer is tile) + (g.b.buffer is tile) for g in gemms)
+            ok = clean and gemms and reads == self.uses[tile].gemm_reads and self.counts.get(tile, 0) == reads + 1
+            ok = ok and all(_whole(g.a) if g.a.buffer is tile else _whole(g.b) for g in gemms)
+            ok = ok and all(g.b.buffer is not tile or (not g.trans_b and g.a.extents[1 if g.trans_a else 0]
+                                                        <= self.direct_b_rows) for g in gemms)
+            if not ok:
+                continue
+            region = ir.Region(src.buffer, src.starts, src.extents)
+            for j in found:
+                g = body[j]
+                body[j] = replace(g, **{("a" if g.a.buffer is tile else "b"): region})
+            body[i] = None
+            self.removed.add(tile)
+        return replace(s, body=tuple(x for x in body if x is not None))
+
+
+class _DropAllocations(ir.Mutator):
+    def __init__(self, buffers: set):
+        self.buffers = buffers
+
+    def visit_Seq(self, s: ir.Seq):
+        body = [self.visit(x) for x in s.body if not (isinstance(x, ir.Allocate) and x.buffer in self.buffers)]
+        return replace(s, body=tuple(body))
+
+
+def gemm_operand_layout(kernel: ir.Kernel, widen=NARROW, direct: bool = False, direct_b_rows: int = 16
+                        ) -> ir.Kernel:
+    """``kernel`` with its GEMM operand tiles re-laid-out (see the module docstring);
+    ``widen``: the narrow dtypes to store as float32 (none on a target whose GEMM
+    multiplies them natively); ``direct``: let GEMMs read eligible global tiles in place."""
+    if direct:
+        d = _Direct(kernel, direct_b_rows)
+        body = d.visit(kernel.body)
+        if d.removed:
+            kernel = kernel.with_body(_DropAllocations(d.removed).visit(body))
+    table = _plan(kernel, frozenset(widen))
+    if not table:
+        return kernel
+    return kernel.with_body(_Rebuffer(table).visit(kernel.body))
+
+
+def layout_for(widen, direct: bool = False) -> "callable":
+    """The pass, named for the pipeline, for a target that widens ``widen`` (and reads
+    global GEMM operands in place when ``direct``)."""
+    def gemm_layout(kernel: ir.Kernel) -> ir.Kernel:
+        return gemm_operand_layout(kernel, widen, direct)
+    return gemm_layout

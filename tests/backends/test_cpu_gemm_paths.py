@@ -1,0 +1,146 @@
+"""The CPU tile GEMM on every instruction-set path this machine's compiler targets,
+against torch in float64.
+
+Each path (``kernforge.backends.cpu.isa.PATHS``) is its own source and binary; the
+ones the compiler does not target are skipped with the reason.  Shapes are drawn by
+hypothesis: odd and prime sizes, K not a multiple of the tile, partial edge tiles,
+every transpose and every operand dtype the DSL allows; outputs start poisoned (NaN).
+The direct micro-kernel (operands already in the compute type, B contiguous along N)
+and the packed one must give the same bits: both accumulate k in order and add to C
+once.
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kernforge
+import kernforge.dsl as T
+from kernforge.backends.cpu import isa
+from kernforge.codegen.renderer import Target
+from kernforge.backends.cpu.renderer import CpuRenderer
+
+PATHS = [pytest.param(p, marks=pytest.mark.skipif(p not in isa.compiler_paths(),
+                                                  reason=f"the C++ compiler does not target {p} on this machine"))
+         for p in isa.PATHS]
+
+# operand dtype -> (accumulator, relative tolerance of the float32 accumulation against float64)
+DTYPES = {"float32": ("float32", 1e-5), "bfloat16": ("float32", 1e-5), "float16": ("float32", 1e-5),
+          "float8_e4m3": ("float32", 1e-5), "int8": ("int32", 0), "float64": ("float64", 1e-12)}
+
+
+@functools.lru_cache(maxsize=None)
+def gemm_kernel(M, N, K, bm, bn, bk, dtype, accum, trans_a, trans_b):
+    a_shape = (K, M) if trans_a else (M, K)
+    b_shape = (N, K) if trans_b else (K, N)
+
+    @T.prim_func
+    def gemm(A: T.Tensor(a_shape, dtype), B: T.Tensor(b_shape, dtype), C: T.Tensor((M, N), accum)):
+        with T.Kernel(T.ceildiv(N, bn), T.ceildiv(M, bm), threads=128) as (bx, by):
+            A_s = T.alloc_shared((bk, bm) if trans_a else (bm, bk), dtype)
+            B_s = T.alloc_shared((bn, bk) if trans_b else (bk, bn), dtype)
+            C_l = T.alloc_fragment((bm, bn), accum)
+            T.clear(C_l)
+            for k in T.Pipelined(T.ceildiv(K, bk), num_stages=2):
+                T.copy(A[k * bk, by * bm] if trans_a else A[by * bm, k * bk], A_s)
+                T.copy(B[bx * bn, k * bk] if trans_b else B[k * bk, bx * bn], B_s)
+                T.gemm(A_s, B_s, C_l, transpose_A=trans_a, transpose_B=trans_b)
+            T.copy(C_l, C[by * bm, bx * bn])
+    return gemm
+
+
+def operand(shape, dtype, g):
+    if dtype == "int8":
+        return torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    if dtype == "float8_e4m3":
+        return x.float().to(torch.float8_e4m3fn)
+    return x.to(getattr(torch, dtype))
+
+
+def check(path, M, N, K, bm, bn, bk, dtype, trans_a, trans_b, seed):
+    accum, rtol = DTYPES[dtype]
+    g = torch.Generator().manual_seed(seed)
+    a = operand((K, M) if trans_a else (M, K), dtype, g)
+    b = operand((N, K) if trans_b else (K, N), dtype, g)
+    c = torch.full((M, N), -7, dtype=getattr(torch, accum)) if accum == "int32" else \
+        torch.full((M, N), float("nan"), dtype=getattr(torch, accum))
+    kern = kernforge.compile(gemm_kernel(M, N, K, bm, bn, bk, dtype, accum, trans_a, trans_b),
+                             backend="cpu", arch=path)
+    kern(a, b, c)
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    a64, b64 = (a64.T if trans_a else a64), (b64.T if trans_b else b64)
+    want = a64 @ b64
+    if accum == "int32":
+        assert torch.equal(c.to(torch.int64), want.to(torch.int64))
+        return
+    got = c.to(torch.float64)
+    bound = rtol * (a64.abs() @ b64.abs()) * K + 1e-30
+    err = (got - want).abs()
+    assert not torch.isnan(got).any(), "an output element was never written"
+    assert (err <= bound).all(), f"max error {float(err.max())} vs bound {float(bound.max())} ({path}, {dtype})"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(M=st.integers(1, 29), N=st.sampled_from([1, 7, 8, 13, 16, 24, 31, 40]), K=st.integers(1, 37),
+       tiles=st.sampled_from([(8, 8, 8), (6, 16, 16), (16, 24, 8), (13, 16, 7), (32, 32, 32)]),
+       dtype=st.sampled_from(sorted(DTYPES)), trans=st.sampled_from([(False, False), (False, True),
+                                                                      (True, False), (True, True)]),
+       seed=st.integers(0, 2**16))
+def test_tile_gemm_matches_float64_on_every_path(path, M, N, K, tiles, dtype, trans, seed):
+    check(path, M, N, K, *tiles, dtype, *trans, seed)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("M,N,K,tiles,dtype,trans_b", [
+    (1, 4096, 64, (1, 128, 64), "float32", False),     # a decode row: the widest register block
+    (8, 256, 96, (8, 128, 32), "bfloat16", True),      # decode rows against an nt weight
+    (61, 67, 71, (24, 32, 16), "bfloat16", False),     # primes: partial tiles on every edge
+    (96, 128, 256, (48, 64, 128), "float32", True),
+])
+def test_tile_gemm_decode_and_prime_shapes(path, M, N, K, tiles, dtype, trans_b):
+    check(path, M, N, K, *tiles, dtype, False, trans_b, seed=M + N + K)
+
+
+def _source(path, dtype, trans_b):
+    kern = gemm_kernel(16, 32, 16, 16, 32, 16, dtype, "float32", False, trans_b)
+    return CpuRenderer().render(kern.ir, Target("cpu", path)).source
+
+
+@pytest.mark.parametrize("path", isa.PATHS)
+def test_every_path_renders_its_own_source(path):
+    """Paths differ in text (``KF_ISA``), so each is its own cache entry and binary."""
+    sources = {p: _source(p, "float32", True) for p in isa.PATHS}
+    assert f"#define KF_ISA {isa.level(path)}" in sources[path]
+    assert len(set(sources.values())) == len(isa.PATHS)
+
+
+def test_a_path_the_compiler_does_not_target_is_a_typed_error(monkeypatch):
+    missing = [p for p in isa.PATHS if p not in isa.compiler_paths()]
+    monkeypatch.setenv(isa.ENV, "avx9000")
+    with pytest.raises(isa.IsaError, match="unknown CPU instruction-set path 'avx9000'"):
+        kernforge.compile(gemm_kernel(8, 8, 8, 8, 8, 8, "float32", "float32", False, False), backend="cpu")
+    if not missing:
+        pytest.skip("this machine's compiler targets every path")
+    monkeypatch.setenv(isa.ENV, missing[0])
+    with pytest.raises(isa.IsaError, match=f"KERNFORGE_CPU_ISA='{missing[0]}'.*does not target it"):
+        kernforge.compile(gemm_kernel(8, 8, 8, 8, 8, 8, "float32", "float32", False, False), backend="cpu")
+
+
+def test_the_environment_switch_forces_a_lower_path(monkeypatch):
+    monkeypatch.setenv(isa.ENV, "generic")
+    kern = kernforge.compile(gemm_kernel(8, 16, 8, 8, 16, 8, "float32", "float32", False, False), backend="cpu")
+    assert "#define KF_ISA 0" in kern.get_kernel_source()
+
+
+def test_supported_paths_follow_the_resolved_compiler_flags():
+    assert isa.supported_paths([]) == ("generic",)
+    assert isa.supported_paths(["-mavx2", "-mfma", "-mno-avx512f"]) == ("generic", "avx2")
+    assert isa.supported_paths(["-mavx2", "-mfma", "-mavx512f", "-mno-avx512bf16"]) == ("generic", "avx2", "avx512")
+    assert isa.supported_paths(["-mavx2", "-mfma", "-mavx512f", "-mavx512bf16"])[-1] == "avx512bf16"
+    assert isa.supported_paths(["-mavx2"]) == ("generic",)  # AVX2 without FMA is not the AVX2 path

@@ -144,3 +144,27 @@ def test_supported_paths_follow_the_resolved_compiler_flags():
     assert isa.supported_paths(["-mavx2", "-mfma", "-mavx512f", "-mno-avx512bf16"]) == ("generic", "avx2", "avx512")
     assert isa.supported_paths(["-mavx2", "-mfma", "-mavx512f", "-mavx512bf16"])[-1] == "avx512bf16"
     assert isa.supported_paths(["-mavx2"]) == ("generic",)  # AVX2 without FMA is not the AVX2 path
+
+
+@pytest.mark.parametrize("path", [p for p in isa.PATHS if p != "generic"])
+def test_every_path_compiles_even_where_it_cannot_run(path, tmp_path):
+    """A path this machine cannot run is still compiled (to an object, never loaded) for a CPU
+    that has it, so its micro-kernels are at least valid code for g++ on every machine."""
+    import shutil
+    import subprocess
+
+    from kernforge.backends.cpu.backend import CpuBackend
+
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ is not on PATH")
+    march = {"avx2": "haswell", "avx512": "skylake-avx512", "avx512bf16": "sapphirerapids"}[path]
+    for dtype, trans_b in (("float32", True), ("bfloat16", False), ("int8", True)):
+        accum = "int32" if dtype == "int8" else "float32"
+        src = CpuRenderer().render(gemm_kernel(13, 48, 40, 13, 48, 16, dtype, accum, False, trans_b).ir,
+                                   Target("cpu", path)).source
+        (tmp_path / "k.cpp").write_text(src)
+        run = subprocess.run([cxx, "-std=c++17", "-O1", "-fopenmp", f"-march={march}", "-c", str(tmp_path / "k.cpp"),
+                              "-o", str(tmp_path / "k.o"), "-I", CpuBackend.include_dir],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-2000:]

@@ -1,0 +1,361 @@
+"""`Engine`: the V4 forward pass over the paged KV cache, on kernforge kernels where they exist.
+
+Why a separate engine: `kernforge.model.Transformer` is the torch oracle, with
+dense caches inside the module and every batch row at the same position. The
+engine keeps the model's weights but owns its state: a `PagedKVCache` (window,
+compressed and indexer-key blocks) and, per sequence, the compressors' small
+partial-block states. Sequences of any lengths run in one `step`: their new
+tokens are flattened into one [1, N] row, every per-token step runs once on
+all of them, and attention reads each token's candidates through flat slot ids.
+
+Kernel steps: `sparse_mla` (attention over window + compressed candidates with
+the sink, `kernforge.ops.flash_mla_with_kvcache` sparse path, bf16) and
+`indexer_topk` (`kernforge.ops.topk`). Everything else is listed in
+`torch_steps.py`; `steps()` returns the table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import torch
+
+from kernforge.engine import torch_steps as ts
+from kernforge.engine.cache import BLOCK_SIZE, CacheKind, PagedKVCache
+from kernforge.engine.steps import STEPS, step
+from kernforge.model import numerics as nx
+from kernforge.model.transformer import Transformer
+
+BACKENDS = ("cpu", "interp", "cuda-emu", "cuda")
+
+
+@step("sparse_mla", "kernel", "sparse MLA with sink (flash_mla_with_kvcache, indices path)")
+def _sparse_mla(q, pages, indices, sink, scale, backend):
+    from kernforge.ops import flash_mla_with_kvcache
+
+    out, _ = flash_mla_with_kvcache(q, pages, None, None, q.shape[-1], indices=indices, attn_sink=sink,
+                                    softmax_scale=scale, backend=backend)
+    return out
+
+
+@step("indexer_topk", "kernel", "top-k of the indexer scores (kernforge.ops.topk)")
+def _indexer_topk(scores, k, end, backend):
+    from kernforge.ops import topk
+
+    _, idx = topk(scores, k, end=end, indices_type=torch.int64, idx_oob_fill_value=-1,
+                  return_value=False, backend=backend)
+    return idx
+
+
+class Engine:
+    """Serve a `Transformer`'s weights over a paged KV cache.
+
+    Two interfaces share one cache: `forward(input_ids, start_pos)` with the
+    reference's contract (batch rows are sequences 0..b-1), and the sequence
+    level `add_sequence` / `fork` / `step({seq_id: tokens})` / `free` that a
+    serving scheduler drives (chunked prefill and decode of different
+    sequences in one step).
+    """
+
+    def __init__(self, model: Transformer, backend: str = "cpu", *, num_blocks: int | dict[str, int] | None = None,
+                 is_fp8_kvcache: bool = False, block_size: int = BLOCK_SIZE):
+        if not isinstance(model, Transformer):
+            raise TypeError(f"model must be a kernforge.model.Transformer, got {type(model).__name__}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.model, self.backend, self.config = model.eval(), backend, model.config
+        self.block_size, self.is_fp8_kvcache = block_size, bool(is_fp8_kvcache)
+        c = self.config
+        n = c.num_hidden_layers
+        ratios = c.compress_ratios[:n]
+        kinds = [CacheKind("window", 1, c.head_dim, tuple(range(n)), window=c.sliding_window,
+                           rope_dim=c.qk_rope_head_dim, pool="kv")]
+        for r in sorted(set(ratios) - {0}):
+            kinds.append(CacheKind(f"compressed{r}", r, c.head_dim, tuple(i for i in range(n) if ratios[i] == r),
+                                   rope_dim=c.qk_rope_head_dim, pool="kv"))
+        if 4 in ratios:
+            kinds.append(CacheKind("index4", 4, c.index_head_dim, tuple(i for i in range(n) if ratios[i] == 4),
+                                   kv=False, pool="index"))
+        self.kinds = kinds
+        # The MTP block keeps its own window cache (own positions, as the reference's mtp_next_pos).
+        self.mtp_kinds = [CacheKind("window", 1, c.head_dim, tuple(range(n, n + len(model.mtp))),
+                                    window=c.sliding_window, rope_dim=c.qk_rope_head_dim, pool="kv")]
+        self._mtp_blocks = c.max_batch_size * -(-c.max_seq_len // block_size)
+        if num_blocks is None:
+            per_seq = {p: 0 for p in ("kv", "index")}
+            for k in kinds:
+                per_seq[k.pool_name] += -(-k.entries(c.max_seq_len) // block_size)
+            num_blocks = {p: c.max_batch_size * v for p, v in per_seq.items() if v}
+        self._num_blocks = num_blocks
+        self._ids = itertools.count()
+        self.reset_cache()
+
+    # Introspection ---------------------------------------------------------------
+    @staticmethod
+    def steps() -> dict[str, str]:
+        """{step name: "kernel" | "torch"} for every compute step of the engine."""
+        return {name: s.kind for name, s in sorted(STEPS.items())}
+
+    # Cache -------------------------------------------------------------------------
+    def reset_cache(self) -> None:
+        """Drop every sequence and start from empty pools."""
+        self.cache = PagedKVCache(self.kinds, self._num_blocks, block_size=self.block_size,
+                                  is_fp8_kvcache=self.is_fp8_kvcache, dtype=self.model.embed.weight.dtype)
+        self._states: dict[object, dict] = {}
+        self._rows: list[object] = []  # forward()'s batch rows
+        self.next_pos = 0
+        self._reset_mtp()
+
+    def _reset_mtp(self) -> None:
+        self.mtp_cache = PagedKVCache(self.mtp_kinds, self._mtp_blocks, block_size=self.block_size,
+                                      is_fp8_kvcache=self.is_fp8_kvcache, dtype=self.model.embed.weight.dtype)
+        self.mtp_next_pos = 0
+
+    # Sequences -----------------------------------------------------------------------
+    def add_sequence(self, seq_id=None):
+        """Start an empty sequence; returns its id (a fresh int when none is given)."""
+        if seq_id is None:
+            seq_id = next(i for i in self._ids if i not in self._states)
+        self.cache.add_sequence(seq_id)
+        self._states[seq_id] = {}
+        return seq_id
+
+    def fork(self, src, dst=None):
+        """A new sequence equal to `src` so far, sharing its cache blocks copy-on-write."""
+        if dst is None:
+            dst = next(i for i in self._ids if i not in self._states)
+        self.cache.fork(src, dst)
+        self._states[dst] = {key: tuple(t.clone() for t in v) for key, v in self._states[src].items()}
+        return dst
+
+    def free(self, seq_id) -> None:
+        self.cache.free(seq_id)
+        del self._states[seq_id]
+
+    def length(self, seq_id) -> int:
+        return self.cache.length(seq_id)
+
+    @property
+    def sequences(self) -> list:
+        return list(self._states)
+
+    # Forward ---------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        """Logits [b, s, vocab] for every new position, as `Transformer.forward`.
+
+        start_pos 0 resets the cache and starts b sequences; a later call must
+        continue at the next position with the same batch size.
+        """
+        segs, xs = self._forward_rows(input_ids, start_pos)
+        with self._numerics():
+            logits = ts.head(self.model, xs)[0]
+        return logits.view(input_ids.shape[0], input_ids.shape[1], -1)
+
+    __call__ = forward
+
+    @torch.no_grad()
+    def forward_hidden(self, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        """The final hyper-connection streams [b, s, M, D] (input of `mtp_logits`), as the reference's."""
+        _, xs = self._forward_rows(input_ids, start_pos)
+        return torch.stack(xs, dim=2).view(input_ids.shape[0], input_ids.shape[1], len(xs), -1)
+
+    def _forward_rows(self, input_ids: torch.Tensor, start_pos: int):
+        b, s = self._check_rows(input_ids, start_pos, self.next_pos, len(self._rows))
+        if start_pos == 0:
+            self.reset_cache()
+            self._rows = [self.add_sequence() for _ in range(b)]
+        out = self._advance({seq: input_ids[i] for i, seq in enumerate(self._rows)})
+        self.next_pos = start_pos + s
+        return out
+
+    def _check_rows(self, input_ids, start_pos: int, next_pos: int, rows: int) -> tuple[int, int]:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int64, torch.int32) \
+                or input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError("input_ids must be an int64/int32 tensor [batch, seq] with seq >= 1")
+        b, s = input_ids.shape
+        if start_pos and (start_pos != next_pos or b != rows):
+            raise ValueError(f"start_pos={start_pos}, batch={b} does not continue the cached sequences "
+                             f"(next position {next_pos}, batch {rows}); start at 0 to reset")
+        if not 1 <= b <= self.config.max_batch_size:
+            raise ValueError(f"batch {b} outside 1..max_batch_size={self.config.max_batch_size}")
+        return b, s
+
+    def _numerics(self):
+        return nx.deterministic() if self.config.deterministic else contextlib.nullcontext()
+
+    @torch.no_grad()
+    def step(self, tokens: dict) -> dict:
+        """Append tokens to several sequences at once: {seq_id: ids [n]} -> {seq_id: logits [n, vocab]}.
+
+        Raises CacheFullError (state unchanged) when the pools cannot hold the step.
+        """
+        segs, xs = self._advance(tokens)
+        with self._numerics():
+            logits = ts.head(self.model, xs)[0]
+        return {seq_id: logits[lo:hi] for seq_id, _, lo, hi in segs}
+
+    @torch.no_grad()
+    def mtp_logits(self, streams: torch.Tensor, next_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        """Logits of the MTP head, as `Transformer.mtp_logits`: position t uses the main streams at
+        t and token t+1 to predict t+2. Keeps its own window cache; start_pos follows forward's rules."""
+        if not self.model.mtp:
+            raise ValueError("this config has no MTP layer (num_nextn_predict_layers=0)")
+        b, s = self._check_rows(next_ids, start_pos, self.mtp_next_pos, len(self.mtp_cache.sequences))
+        if streams.dim() != 4 or streams.shape[:2] != next_ids.shape:
+            raise ValueError(f"streams {tuple(streams.shape)} and next_ids {tuple(next_ids.shape)} disagree")
+        if start_pos == 0:
+            self._reset_mtp()
+            for row in range(b):
+                self.mtp_cache.add_sequence(row)
+        counts = {row: s for row in range(b)}
+        self.mtp_cache.prepare(counts)
+        ids = next_ids.long().reshape(-1)
+        pos = torch.arange(start_pos, start_pos + s).repeat(b)
+        segs = [(row, start_pos, row * s, (row + 1) * s) for row in range(b)]
+        mtp, n = self.model.mtp[0], self.config.num_hidden_layers
+        with self._numerics():
+            flat = [streams[:, :, j].reshape(1, b * s, -1) for j in range(streams.shape[2])]
+            xs = ts.mtp_input(mtp, ts.embedding(self.model.embed.weight, ids[None]), flat)
+            xs = self._block(n, mtp, xs, ids, pos, segs, {}, self.mtp_cache)
+            logits = ts.head(self.model, xs, mtp)[0]
+        self.mtp_cache.commit(counts)
+        self.mtp_next_pos = start_pos + s
+        return logits.view(b, s, -1)
+
+    def _advance(self, tokens: dict):
+        """Run the main blocks on {seq_id: ids}; returns the segments and the final streams [1, N, D] x M."""
+        c = self.config
+        if not tokens:
+            raise ValueError("step needs at least one sequence")
+        segs, ids, pos = [], [], []
+        offset = 0
+        for seq_id, t in tokens.items():
+            if seq_id not in self._states:
+                raise KeyError(f"unknown sequence {seq_id!r}; add_sequence first")
+            t = torch.as_tensor(t)
+            if t.dtype not in (torch.int64, torch.int32) or t.dim() != 1 or t.numel() == 0:
+                raise ValueError(f"tokens of sequence {seq_id!r} must be a non-empty 1-d int tensor")
+            if int(t.min()) < 0 or int(t.max()) >= c.vocab_size:
+                raise ValueError(f"token ids of sequence {seq_id!r} must lie in [0, {c.vocab_size})")
+            start = self.cache.length(seq_id)
+            if start + t.numel() > c.max_seq_len:
+                raise ValueError(f"sequence {seq_id!r}: positions up to {start + t.numel() - 1} exceed "
+                                 f"max_seq_len={c.max_seq_len}")
+            segs.append((seq_id, start, offset, offset + t.numel()))
+            ids.append(t.long())
+            pos.append(torch.arange(start, start + t.numel()))
+            offset += t.numel()
+        counts = {seq_id: hi - lo for seq_id, _, lo, hi in segs}
+        self.cache.prepare(counts)
+        ids_flat, pos_flat = torch.cat(ids), torch.cat(pos)
+        pending: dict = {}
+        with self._numerics():
+            xs = [ts.embedding(self.model.embed.weight, ids_flat[None])] * c.hc_mult
+            for layer_id, block in enumerate(self.model.layers):
+                xs = self._block(layer_id, block, xs, ids_flat, pos_flat, segs, pending, self.cache)
+        for seq_id, state in pending.items():
+            self._states[seq_id].update(state)
+        self.cache.commit(counts)
+        return segs, xs
+
+    def _block(self, layer_id, block, xs, ids, pos, segs, pending, cache):
+        u, post, comb = ts.hc_pre(block, xs, "attn")
+        y = self._attention(layer_id, block.attn, ts.rms_norm(block.attn_norm, u), pos, segs, pending, cache)
+        xs = ts.hc_post(y, xs, post, comb)
+        u, post, comb = ts.hc_pre(block, xs, "ffn")
+        y = ts.moe(block.ffn, ts.rms_norm(block.ffn_norm, u), ids[None])
+        return ts.hc_post(y, xs, post, comb)
+
+    def _attention(self, layer_id, attn, x, pos, segs, pending, cache):
+        """x [1, N, D] -> [1, N, D]; writes this layer's window KV and compressed entries into `cache`."""
+        c = self.config
+        h, d, rd = attn.n_heads, attn.head_dim, attn.rope_dim
+        qr = ts.rms_norm(attn.q_norm, ts.linear(attn.wq_a, x))
+        q = ts.rms_norm(None, ts.linear(attn.wq_b, qr).unflatten(-1, (h, d)), attn.eps)
+        q = ts.rope(attn.rope, q, pos)
+        kv = ts.rope(attn.rope, ts.rms_norm(attn.kv_norm, ts.linear(attn.wkv, x)), pos)
+        if attn.fake_quant:
+            kv = ts.kv_fake_quant(kv, rd)
+        window_slots = torch.cat([cache.slots(seq, "window", pos[lo:hi]) for seq, _, lo, hi in segs])
+        cache.write("window", layer_id, window_slots, kv[0])
+        w = c.sliding_window
+        rows = []
+        r = attn.compress_ratio
+        if r:  # the per-token parts of the compressors and the indexer, once for all sequences
+            main = ts.compressor_project(attn.compressor, x, pos)
+            if attn.indexer is not None:
+                index = ts.compressor_project(attn.indexer.compressor, x, pos)
+                q_index = ts.indexer_query(attn.indexer, qr, pos)[0]
+        for seq, start, lo, hi in segs:
+            p = pos[lo:hi]
+            cand = p[:, None] - (w - 1) + torch.arange(w)  # oldest first, as the reference
+            parts = [cache.slots(seq, "window", torch.where(cand >= 0, cand, -1))]
+            if r:
+                picks = None
+                if attn.indexer is not None:
+                    self._compress(layer_id, attn.indexer.compressor, "index", "index4",
+                                   index[0][0, lo:hi], index[1][0, lo:hi], seq, start, pending)
+                    picks = self._indexer(layer_id, attn.indexer, x[0, lo:hi], q_index[lo:hi], seq, start)
+                self._compress(layer_id, attn.compressor, "main", f"compressed{r}",
+                               main[0][0, lo:hi], main[1][0, lo:hi], seq, start, pending)
+                if picks is None:
+                    k = torch.arange(c.max_seq_len // r)
+                    picks = torch.where(k[None, :] < ((p + 1) // r)[:, None], k[None, :], -1)
+                parts.append(cache.slots(seq, f"compressed{r}", picks))
+            rows.append(torch.cat(parts, dim=1))
+        indices = torch.cat(rows).to(torch.int32)[:, None].contiguous()
+        pages = cache.kv_pages("window", layer_id)
+        o = _sparse_mla(q[0, :, None].to(pages.dtype).contiguous(), pages, indices,
+                        attn.attn_sink.float().contiguous(), d ** -0.5, self.backend)
+        o = ts.rope(attn.rope, o[:, 0].to(x.dtype)[None], pos, inverse=True)
+        return ts.linear(attn.wo_b, ts.grouped_output(attn, o))
+
+    def _state(self, seq, key, comp, pending):
+        if key in pending.get(seq, {}):
+            return pending[seq][key]
+        if key not in self._states[seq]:
+            shape = (2 * comp.ratio, comp.width)  # an absent row: score -inf drops out of the softmax
+            return (torch.zeros(shape, dtype=comp.ape.dtype),
+                    torch.full(shape, float("-inf"), dtype=comp.ape.dtype))
+        return self._states[seq][key]
+
+    def _compress(self, layer_id, comp, which, kind, kv, score, seq, start, pending) -> None:
+        """Absorb the projections kv, score [s, width] of positions start..start+s-1 into the
+        sequence's compressor; store the entries they complete.
+
+        The same block arithmetic as `kernforge.model.compressor.Compressor.forward`, on this
+        sequence's own state rows (kept in `pending` until the step completes).
+        """
+        r, s = comp.ratio, kv.shape[0]
+        key = (layer_id, which)
+        kv_state, score_state = self._state(seq, key, comp, pending)
+        base = (start // r) * r
+        kept = r + start - base
+        seq_kv = torch.cat([kv_state[:kept], kv])
+        seq_score = torch.cat([score_state[:kept], score])
+        first = base // r
+        n_new = (start + s) // r - first
+        if n_new > 0:
+            entries = ts.compressor_pool(comp, seq_kv, seq_score, n_new, first)
+            self.cache.write(kind, layer_id, self.cache.slots(seq, kind, torch.arange(first, first + n_new)), entries)
+        keep_from = ((start + s) // r) * r - base
+        rest_kv, rest_score = seq_kv[keep_from:], seq_score[keep_from:]
+        new_kv, new_score = torch.zeros_like(kv_state), torch.full_like(score_state, float("-inf"))
+        lo = 0 if comp.overlap else r  # only ratio 4 reads the previous block again
+        new_kv[lo:rest_kv.shape[0]] = rest_kv[lo:]
+        new_score[lo:rest_score.shape[0]] = rest_score[lo:]
+        pending.setdefault(seq, {})[key] = (new_kv, new_score)
+
+    def _indexer(self, layer_id, indexer, x, q, seq, start) -> torch.Tensor:
+        """Entry picks [s, index_topk] (-1 = empty) for one sequence's queries (x [s, D], indexer
+        q [s, h, d]), against its keys (already updated with this step's tokens)."""
+        s = x.shape[0]
+        positions = torch.arange(start, start + s)
+        n_visible = (start + s) // 4
+        if n_visible == 0:
+            return torch.full((s, indexer.topk), -1, dtype=torch.long)
+        keys = self.cache.read("index4", layer_id, self.cache.slots(seq, "index4", torch.arange(n_visible)))
+        scores = ts.indexer_scores(indexer, x, q, keys).float().contiguous()
+        end = ((positions + 1) // 4).to(torch.int32)
+        return _indexer_topk(scores, indexer.topk, end, self.backend)

@@ -1,0 +1,101 @@
+"""Every aten op of a prefill + decode, attributed to the engine step that issued it.
+
+Issue 15 wants the forward pass to be kernels only: no matmul, softmax, topk,
+sort, reduction or elementwise float math in torch. Until then the fallbacks
+are documented in `kernforge/engine/torch_steps.py`; these tests hold the
+code to that document: float math outside a registered step fails (a fallback
+crept in), a documented torch step that no longer issues math fails (it was
+replaced: update the table), and the final goal is an xfail that lists what
+is left.
+"""
+
+import re
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernforge.engine import Engine, steps, torch_steps as ts_module
+from kernforge.model import random_model, tiny
+from tests.engine.conftest import tokens
+
+MATH_OPS = frozenset("""
+mm bmm addmm addbmm baddbmm matmul linear dot einsum _softmax softmax _log_softmax topk sort
+_scaled_dot_product_flash_attention_for_cpu scaled_dot_product_attention
+sum mean amax amin max min prod cumsum linalg_vector_norm norm var std
+exp exp2 log log1p log2 sigmoid silu tanh softplus relu neg abs sign reciprocal sqrt rsqrt pow
+mul add sub rsub div addcmul addcdiv lerp clamp clamp_min clamp_max maximum minimum
+round floor ceil trunc frexp ldexp copysign
+""".split())
+
+
+class Recorder(TorchDispatchMode):
+    """(op name, step) for every aten op that computes on floating-point tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.float_math: list[tuple[str, str | None]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__.rstrip("_")
+        if name in MATH_OPS:
+            tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs, out)) if isinstance(a, torch.Tensor)]
+            if any(t.is_floating_point() for t in tensors):
+                self.float_math.append((name, steps.current_step()))
+        return out
+
+
+GATHER_STEPS = {"embedding"}  # a row gather: torch data movement, but the issue wants a kernel
+
+
+def documented_torch_steps() -> set[str]:
+    """The step names in torch_steps.py's docstring table."""
+    return set(re.findall(r"^\| `(\w+)` \|", ts_module.__doc__, flags=re.M))
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    # one ratio-4 layer (indexer, hash routing) and one ratio-128 layer (scored routing):
+    # every step runs, at half the cost of tiny()'s four layers
+    model = random_model(tiny(num_hidden_layers=2, compress_ratios=(4, 128, 0), num_hash_layers=1), seed=0)
+    eng = Engine(model, is_fp8_kvcache=True)  # so the FP8 page steps run too
+    ids = tokens(21, seed=3)  # crosses the window and several ratio-4 entries
+    eng.forward(ids[:, :20], 0)  # compile outside the recording
+    with Recorder() as rec, steps.record() as calls:
+        hidden = eng.forward_hidden(ids[:, :20], 0)
+        eng.forward(ids[:, 20:], 20)
+        eng.mtp_logits(hidden[:, :-1], ids[:, 1:20], 0)
+    return rec.float_math, calls
+
+
+def test_no_float_math_outside_a_registered_step(recorded):
+    float_math, _ = recorded
+    stray = sorted({op for op, where in float_math if where is None})
+    assert not stray, f"torch float math outside any engine step (a fallback crept in): {stray}"
+
+
+def test_kernel_steps_do_no_torch_math(recorded):
+    float_math, _ = recorded
+    kernel = set(steps.kernel_steps())
+    leaks = sorted({(op, where) for op, where in float_math if where in kernel})
+    assert not leaks, leaks
+
+
+def test_torch_steps_are_exactly_the_documented_ones(recorded):
+    float_math, calls = recorded
+    doing_math = {where for _, where in float_math if where is not None} - set(steps.kernel_steps())
+    doing_math |= GATHER_STEPS & set(calls)
+    assert documented_torch_steps() == set(steps.torch_steps()), "torch_steps.py's table and registry disagree"
+    assert doing_math == set(steps.torch_steps()), (
+        f"documented but no torch math: {sorted(set(steps.torch_steps()) - doing_math)}; "
+        f"math but undocumented: {sorted(doing_math - set(steps.torch_steps()))}")
+    assert {"sparse_mla", "indexer_topk"} <= set(calls)
+
+
+@pytest.mark.xfail(strict=True, reason="torch steps remain (kernforge/engine/torch_steps.py): "
+                   + ", ".join(sorted(steps.torch_steps())))
+def test_forward_pass_is_kernels_only(recorded):
+    float_math, _ = recorded
+    assert not float_math, sorted({op for op, _ in float_math})

@@ -336,17 +336,37 @@ def cmd_run(args) -> int:
 
 def cmd_build(args) -> int:
     backend = backends.get(args.backend)
+    if args.report and args.backend != "cuda":
+        raise CliError(f"--report reads SASS: it needs --backend cuda, not {args.backend!r}")
     if not hasattr(backend, "build_report"):
         raise CliError(f"backend {args.backend!r} does not build without loading (its kernels build on first run; "
                        f"try kernforge run)")
-    kernel = _Choice(args).kernel_ir()
+    choice = _Choice(args)
+    kernel = choice.kernel_ir()
+    extra = {}
+    if args.report:
+        params = choice.spec.problems[choice.problem].params if choice.spec is not None else None
+        extra = {"report": True,
+                 "flops": choice.spec.flops(params) if params is not None and choice.spec.flops else None,
+                 "nbytes": choice.spec.bytes(params) if params is not None and choice.spec.bytes else None}
     with _Status() as status:
         status(f"compiling {kernel.name} for {args.backend} {args.arch or ''}".rstrip())
-        report = backend.build_report(kernel, args.arch)
+        report = backend.build_report(kernel, args.arch, **extra)
+    for line in report.get("advisories", ()):
+        sys.stderr.write(f"ptxas advisory: {line}\n")
     if args.json:
         _json(report)
-    else:
-        _emit(format_table(["field", "value"], [[k, str(v)] for k, v in report.items()]))
+        return 0
+    sass, model = report.pop("sass", None), report.pop("model", None)
+    _emit(format_table(["field", "value"], [[k, str(v)] for k, v in report.items()]))
+    if sass is not None:
+        _emit("\nSASS instruction counts (static)")
+        _emit(format_table(["class", "count"], [[k, str(v)] for k, v in sass.items()]))
+        _emit("\ncycle model (kernforge/backends/cuda/sass_report.py; no GPU, an estimate)")
+        rows = [[k, str(v)] for k, v in model.items() if k not in ("assumptions", "main_loop")]
+        rows += [[f"main_loop.{k}", str(v)] for k, v in (model.get("main_loop") or {}).items()]
+        _emit(format_table(["field", "value"], rows))
+        _emit("assumptions: " + "; ".join(model["assumptions"]))
     return 0
 
 
@@ -485,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
                  "a library kernel's problem size (default demo; sizes below)")
     s.add_argument("--arch", default=None,
                    help="target arch (default: the backend's, sm_90a for cuda, dav-c220 for ascend)")
+    s.add_argument("--report", action="store_true",
+                   help="also SASS instruction counts (cuobjdump) and the cycle model's estimated fraction of peak "
+                        "for the problem (cuda)")
     s.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     s.set_defaults(func=cmd_build)
 

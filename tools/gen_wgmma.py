@@ -2,7 +2,7 @@
 """Regenerate ``kf/wgmma.cuh``, the sm_90a warpgroup-MMA device header.
 
 The header's bulk is one ``Wgmma_<type>_<N>`` struct per accumulator width N
-(8, 16, ..., 256) and operand type (bf16, f16): the PTX operand list of
+(8, 16, ..., 256) and operand type (bf16, f16 at k16; e4m3 at k32): the PTX operand list of
 ``wgmma.mma_async ... m64nNk16`` names N/2 float registers, so every N needs its
 own ``asm`` statement.  The hand-written parts (the descriptor layout notes,
 ``make_smem_desc``, fence/commit/wait, the dispatch functions) are kept verbatim
@@ -57,9 +57,22 @@ PROLOGUE = r"""// Warpgroup tensor-core primitives (sm_90a only): wgmma with sha
 //   g = lane/4, t = lane%4: d[4*j + q] holds D(16*w + g + 8*(q/2), 8*j + 2*t + q%2)
 //   (the mma.sync m16n8 accumulator layout of kf/mma.cuh repeated along N).
 //   Asynchronous: d may be read or written only after wgmma_wait<0>() (or an N covering it).
+// wgmma_m64nNk32_f32_e4m3<N>(d, desc_a, desc_b, scale_d): native fp8 (sm_90a `QGMMA`),
+//   `wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3 d, desc_a, desc_b, p, 1, 1;`:
+//   D(64xN) = A(64x32) * B(32xN) + (p ? D : 0), products and sums in fp32 (the DeepGEMM recipe
+//   promotes D into a float32 total after each 128-K block).  8-bit operands are K-major only
+//   (PTX has no transpose for them): A stored M x K, B stored N x K.  Their core matrices are
+//   8 rows of 16 bytes = 8 x 16 elements: element (r, c) of an R x C tile at byte offset
+//   ((r/8) * (C/16) + c/16) * 128 + (r%8) * 16 + c%16; LBO = 128 (next 16 K), SBO = (C/16) * 128.
+//   d: the same accumulator layout as the 16-bit shapes.
 // wgmma_fence(): `wgmma.fence.sync.aligned;` orders prior register/shared accesses before the next wgmma.
 // wgmma_commit(): `wgmma.commit_group.sync.aligned;` closes the current group of wgmma ops.
 // wgmma_wait<N>(): `wgmma.wait_group.sync.aligned N;` waits until at most N groups are pending.
+// wgmma_fence_operand(d): an empty asm that reads and writes every accumulator register.  The
+//   fences above clobber only memory, so the compiler may move plain arithmetic on d (a softmax
+//   rescale of the output accumulator) past wgmma_fence, next to the wgmma; ptxas then injects a
+//   warpgroup.arrive there (advisory C7519).  Called on d before wgmma_fence and after the
+//   wait, it pins those register accesses outside the asynchronous region.
 // fence_proxy_async() (kf/fence.cuh): `fence.proxy.async.shared::cta;` makes this thread's earlier generic-proxy
 //   shared-memory writes (plain stores, cp.async) visible to the async proxy (wgmma operand reads);
 //   call it in every writing thread before the __syncthreads() that precedes the wgmma.
@@ -84,11 +97,17 @@ KF_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n
 template <int N> KF_DEVICE void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+template <int R> KF_DEVICE void wgmma_fence_operand(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 
 template <int N, int TRANS_A, int TRANS_B>
 KF_DEVICE void wgmma_m64nNk16_f32_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
 template <int N, int TRANS_A, int TRANS_B>
 KF_DEVICE void wgmma_m64nNk16_f32_f16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
+template <int N>
+KF_DEVICE void wgmma_m64nNk32_f32_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
 
 // One definition per N (the PTX operand list has N/2 registers); all multiples of 8 up to 256.
 """
@@ -101,6 +120,10 @@ KF_DEVICE void wgmma_m64nNk16_f32_bf16(float (&d)[N / 2], uint64_t desc_a, uint6
 template <int N, int TRANS_A, int TRANS_B>
 KF_DEVICE void wgmma_m64nNk16_f32_f16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   WgmmaF16<N, TRANS_A, TRANS_B>::run(d, desc_a, desc_b, scale_d);
+}
+template <int N>
+KF_DEVICE void wgmma_m64nNk32_f32_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  WgmmaE4m3<N>::run(d, desc_a, desc_b, scale_d);
 }
 
 }  // namespace kf
@@ -121,6 +144,27 @@ STRUCT = r"""template <int TA, int TB> struct Wgmma_{infix}_{n} {{
 }};
 """
 
+# The fp8 shape: K = 32, no transpose immediates (8-bit operands are K-major only).
+STRUCT_FP8 = r"""struct Wgmma_e4m3_{n} {{
+  static KF_DEVICE void run(float (&d)[{regs}], uint64_t a, uint64_t b, int scale_d) {{
+    asm volatile(
+        "{{\n.reg .pred p;\nsetp.ne.b32 p, %{scale}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{acc}}}, %{a}, %{b}, p, 1, 1;\n}}\n"
+        : {outputs}
+        : "l"(a), "l"(b), "r"(scale_d));
+  }}
+}};
+"""
+
+
+def struct_fp8(n: int) -> str:
+    """``Wgmma_e4m3_<n>``: one fp8 ``wgmma.mma_async ... m64nNk32`` (operands as in :func:`struct`,
+    without TRANS_A / TRANS_B)."""
+    regs = n // 2
+    a, b, scale = range(regs, regs + 3)
+    return STRUCT_FP8.format(n=n, regs=regs, scale=scale, a=a, b=b, acc=", ".join(f"%{i}" for i in range(regs)),
+                             outputs=", ".join(f'"+f"(d[{i}])' for i in range(regs)))
+
 
 def struct(infix: str, ptx: str, n: int) -> str:
     """``Wgmma_<infix>_<n>``: one ``wgmma.mma_async`` whose operands are the n/2 accumulator
@@ -137,10 +181,13 @@ def render() -> str:
     """The whole header."""
     out = [PROLOGUE]
     out += [struct(infix, ptx, n) for infix, _, ptx in TYPES for n in WIDTHS]
+    out += [struct_fp8(n) for n in WIDTHS]
     out.append("\n")
     out += [f"template <int N, int TA, int TB> struct {dispatch};\n" for _, dispatch, _ in TYPES]
     out += [f"template <int TA, int TB> struct {dispatch}<{n}, TA, TB> : Wgmma_{infix}_{n}<TA, TB> {{}};\n"
             for infix, dispatch, _ in TYPES for n in WIDTHS]
+    out.append("template <int N> struct WgmmaE4m3;\n")
+    out += [f"template <> struct WgmmaE4m3<{n}> : Wgmma_e4m3_{n} {{}};\n" for n in WIDTHS]
     out.append(EPILOGUE)
     return "".join(out)
 

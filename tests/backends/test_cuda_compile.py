@@ -23,8 +23,9 @@ from tests.backends.test_cuda_semantics import gemm, scores_softmax
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")]
 
-# tiles under 64 rows take mma.sync (HMMA) on Hopper too; fp8 operands run on bf16 shadow tiles
-TENSOR_CORE = {"sm_90a": ("HGMMA", "HMMA"), "sm_80": ("HMMA",), "sm_100a": ("HMMA",)}
+# tiles under 64 rows take mma.sync (HMMA) on Hopper too; K-major fp8 tiles of warpgroup size take
+# native fp8 wgmma (QGMMA) on sm_90a, other fp8 operands run on bf16 shadow tiles
+TENSOR_CORE = {"sm_90a": ("HGMMA", "HMMA", "QGMMA"), "sm_80": ("HMMA",), "sm_100a": ("HMMA",)}
 
 
 def _mma_shaped(kernel) -> bool:
@@ -107,8 +108,16 @@ def test_hopper_gemm_and_attention_issue_hgmma(built):
     """The Hopper GEMM and the attention (MLA decode, demo size) run on warpgroup MMA."""
     found = {label for (label, arch, kernel, hot), report, error in built
              if arch == "sm_90a" and error is None and "HGMMA" in _sass_or_skip(report["path"])}
-    assert {"gemm", "gemm_nt", "scores_softmax", "mla_decode[demo]", "m_grouped_gemm_nt_contiguous[demo]",
-            "m_grouped_fp8_gemm_nt_contiguous[demo]"} <= found
+    assert {"gemm", "gemm_nt", "scores_softmax", "mla_decode[demo]", "m_grouped_gemm_nt_contiguous[demo]"} <= found
+
+
+def test_hopper_fp8_grouped_gemm_issues_native_fp8_wgmma(built):
+    """The fp8 grouped GEMM (demo) runs e4m3 wgmma on its fp8 tiles: QGMMA, no bf16 HGMMA and no
+    fp8 -> bf16 shadow conversion (F2FP.*.E4M3 unpacks)."""
+    (report,) = [r for (label, arch, _, _), r, e in built
+                 if label == "m_grouped_fp8_gemm_nt_contiguous[demo]" and arch == "sm_90a"]
+    sass = _sass_or_skip(report["path"])
+    assert "QGMMA" in sass and "HGMMA" not in sass and "E4M3.UNPACK" not in sass
 
 
 TMA_KERNELS = {"gemm", "gemm_nt", "mla_decode[demo]", "mla_decode[small]", "m_grouped_gemm_nt_contiguous[demo]",
@@ -142,6 +151,7 @@ def test_hopper_cp_async_fallback_variant_compiles():
 
 def test_build_report_shape():
     report = cuda_backend.build_report(gemm().ir, "sm_80")
-    assert set(report) == {"path", "arch", "registers", "shared_bytes", "spill_stores", "spill_loads", "local_bytes"}
+    assert set(report) == {"path", "arch", "registers", "shared_bytes", "spill_stores", "spill_loads", "local_bytes",
+                           "advisories"}
     assert 0 < report["registers"] <= 255
     assert report["shared_bytes"] == render_cuda(gemm().ir, "sm_80").dynamic_smem

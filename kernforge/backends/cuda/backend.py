@@ -3,7 +3,7 @@
 (the one owner of driver calls; launches go to torch's current stream).
 
 Also the hook the CLI wires, :func:`build_report` (``kernforge build``: registers, shared memory, spills,
-without a GPU), plus :func:`disassemble` (SASS through ``cuobjdump``) for the
+ptxas' wgmma advisories, and with ``--report`` SASS counts and a cycle model, without a GPU), plus :func:`disassemble` (SASS through ``cuobjdump``) for the
 tests that check which instructions a kernel really uses.
 """
 from __future__ import annotations
@@ -19,11 +19,13 @@ from typing import Optional, Sequence
 from kernforge.backends.base import Backend, BackendError
 from kernforge.backends.cuda.renderer import (ARCHS, DEFAULT_ARCH, arch_info, INCLUDE_DIR, TENSOR_MAP_CTYPE, CudaProgram,
                                               CudaRenderer, render_cuda)
+from kernforge.backends.cuda import sass_report
 from kernforge.backends.cuda.tma import TensorMapLaunch
 from kernforge.codegen import ir
 from kernforge.codegen.passes import checks
 from kernforge.codegen.renderer import Target
 from kernforge.runtime import cuda_module
+from kernforge.runtime.compilers.nvcc import parse_ptxas_advisories
 
 # Part of every cache key: bump when the device library's semantics change without its text changing
 # (the headers themselves are keyed by content through the compiler's dependency list).
@@ -49,18 +51,43 @@ def _compile(program: CudaProgram, kernel: ir.Kernel, load: bool):
               include_dirs=(INCLUDE_DIR,), dependency_signature=DEPENDENCY_SIGNATURE)
 
 
-def build_report(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True, checks: bool = False) -> dict:
-    """Compile without a GPU and report the cache entry and ptxas' resource usage
-    (``tma=False``: the sm_90a cp.async variant; ``checks``: the checked-mode build)."""
+def build_report(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True, checks: bool = False,
+                 report: bool = False, flops: Optional[float] = None, nbytes: Optional[float] = None) -> dict:
+    """Compile without a GPU and report the cache entry, ptxas' resource usage and its wgmma
+    advisories (``advisories``: C7520 / C7519 lines, empty when every wgmma runs unserialized)
+    (``tma=False``: the sm_90a cp.async variant; ``checks``: the checked-mode build).
+    ``report``: also the SASS instruction counts and the cycle model of
+    :mod:`~kernforge.backends.cuda.sass_report` (``sass``, ``model``), for a problem of
+    ``flops`` / ``nbytes`` when given; needs ``cuobjdump``."""
     program = render_cuda(kernel, arch, tma=tma, checks=checks)
     result = _compile(program, kernel, load=False)
     usage = result.resource_usage.get(program.entry)
     if usage is None:
         raise BackendError(f"nvcc reported no resource usage for {program.entry} (ptxas -v output missing)")
-    return {"path": result.binary_path, "arch": program.arch, "registers": usage.get("registers", 0),
-            "shared_bytes": usage.get("shared_bytes", 0) + program.dynamic_smem,
-            "spill_stores": usage.get("spill_store_bytes", 0), "spill_loads": usage.get("spill_load_bytes", 0),
-            "local_bytes": usage.get("stack_bytes", 0)}
+    out = {"path": result.binary_path, "arch": program.arch, "registers": usage.get("registers", 0),
+           "shared_bytes": usage.get("shared_bytes", 0) + program.dynamic_smem,
+           "spill_stores": usage.get("spill_store_bytes", 0), "spill_loads": usage.get("spill_load_bytes", 0),
+           "local_bytes": usage.get("stack_bytes", 0), "advisories": _advisories(result).get(program.entry, [])}
+    if report:
+        kernels = {k.name: k for k in sass_report.parse(disassemble(result.binary_path))}
+        if program.entry not in kernels:
+            raise BackendError(f"cuobjdump listed no function {program.entry} in {result.binary_path}")
+        sk = kernels[program.entry]
+        operands = "fp8" if any(isinstance(p, ir.Buffer) and p.dtype.name.startswith("float8")
+                                for p in kernel.params) else "bf16"
+        out["sass"] = sass_report.counts(sk.instrs)
+        out["model"] = sass_report.model(sk, program.arch, program.threads, flops, nbytes, operands)
+    return out
+
+
+def _advisories(result) -> dict:
+    """ptxas' wgmma advisories of a compiled entry, per kernel: from the manifest, or (an entry
+    built before the manifest recorded them) parsed again from the entry's build.log."""
+    recorded = result.manifest.get("extra", {}).get("advisories")
+    if recorded is not None:
+        return recorded
+    log = os.path.join(result.path, "build.log")
+    return parse_ptxas_advisories(open(log).read()) if os.path.exists(log) else {}
 
 
 def cuobjdump() -> str:
@@ -188,9 +215,11 @@ class CudaBackend(Backend):
                 raise BackendError(NO_GPU)
         return Target(self.name, arch or (device_arch() if launch else DEFAULT_ARCH))
 
-    def build_report(self, kernel: ir.Kernel, arch: Optional[str] = None) -> dict:
-        """``kernforge build``: compile without a GPU and report resources (see :func:`build_report`)."""
-        return build_report(kernel, arch)
+    def build_report(self, kernel: ir.Kernel, arch: Optional[str] = None, report: bool = False,
+                     flops: Optional[float] = None, nbytes: Optional[float] = None) -> dict:
+        """``kernforge build [--report]``: compile without a GPU and report resources, wgmma
+        advisories and (``report``) SASS counts with the cycle model (see :func:`build_report`)."""
+        return build_report(kernel, arch, report=report, flops=flops, nbytes=nbytes)
 
     def build(self, kernel: ir.Kernel, target: Optional[Target] = None) -> CudaLauncher:
         """Compile the kernel; with TMA pipelines (sm_90a) the cp.async variant is compiled

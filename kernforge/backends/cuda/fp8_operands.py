@@ -1,4 +1,10 @@
-"""fp8 gemm operands -> bf16 shadow tiles, so fp8 gemms run on the bf16 tensor-core path.
+"""fp8 gemm operands -> bf16 shadow tiles, for the fp8 gemms no native fp8 instruction takes.
+
+On sm_90a a gemm of K-major e4m3 shared tiles runs natively (fp8 ``wgmma`` m64nNk32, SASS
+``QGMMA``, twice the bf16 rate, reading the TMA'd fp8 tiles in place;
+``layout_plan.native_fp8_gemm``) and keeps its operands: :func:`cuda_fp8_operands_wgmma`.
+Everywhere else (sm_80, sm_100a's mma.sync path, transposed or fragment operands) the
+shadow below applies.
 
 Every e4m3 value is exactly a bf16 value (3 mantissa bits into 7, exponent range
 inside bf16's), and a bf16 x bf16 product is exact in float32, so converting the
@@ -16,6 +22,7 @@ from dataclasses import replace
 
 from kernforge import dtypes
 from kernforge.codegen import ir
+from kernforge.backends.cuda.layout_plan import native_fp8_gemm
 
 FP8 = (dtypes.float8_e4m3,)
 
@@ -26,8 +33,9 @@ def _whole(r: ir.Region) -> bool:
 
 
 class _Widen(ir.Mutator):
-    def __init__(self):
+    def __init__(self, keep=lambda g: False):
         self.shadow: dict[ir.Buffer, ir.Buffer] = {}
+        self.keep = keep  # gemms that stay fp8 (native instruction)
 
     def widen(self, r: ir.Region) -> ir.Region:
         b = r.buffer
@@ -38,7 +46,7 @@ class _Widen(ir.Mutator):
     def visit_Gemm(self, g: ir.Gemm):
         ops = (g.a, g.b)
         if not all(r.buffer.dtype in FP8 and r.buffer.scope in (ir.Scope.SHARED, ir.Scope.FRAGMENT) and _whole(r)
-                   for r in ops):
+                   for r in ops) or self.keep(g):
             return g
         a16, b16 = self.widen(g.a), self.widen(g.b)
         return ir.Seq((ir.Copy(g.a, a16, g.loc), ir.Copy(g.b, b16, g.loc), replace(g, a=a16, b=b16)), g.loc)
@@ -46,7 +54,15 @@ class _Widen(ir.Mutator):
 
 def cuda_fp8_operands(kernel: ir.Kernel) -> ir.Kernel:
     """Run fp8 x fp8 gemms on bf16 shadow tiles (exact; see module docstring)."""
-    m = _Widen()
+    return _shadow(kernel, _Widen())
+
+
+def cuda_fp8_operands_wgmma(kernel: ir.Kernel) -> ir.Kernel:
+    """sm_90a: gemms ``native_fp8_gemm`` admits keep their fp8 tiles; the rest get shadows."""
+    return _shadow(kernel, _Widen(keep=lambda g: native_fp8_gemm(g, kernel.threads)))
+
+
+def _shadow(kernel: ir.Kernel, m: _Widen) -> ir.Kernel:
     body = m.visit(kernel.body)
     if not m.shadow:
         return kernel

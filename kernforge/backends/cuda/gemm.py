@@ -35,7 +35,14 @@ def render_gemm(R, g: ir.Gemm) -> None:
     def core(name, cols, r, col):
         return f"{name} + (((({r}) >> 3) * {cols // 8} + (({col}) >> 3)) * 64 + (({r}) & 7) * 8 + (({col}) & 7))"
 
+    if kind == "wgmma" and a.dtype == dtypes.float8_e4m3:
+        render_wgmma_fp8(R, g, lay, K)
+        R.close()
+        return
     if kind == "wgmma":
+        # the operand fences keep arithmetic on the accumulator (zeroing, a softmax rescale) out
+        # of the asynchronous region, where ptxas would inject a warpgroup.arrive (C7519)
+        R.emit(f"kf::wgmma_fence_operand({cn});")
         R.emit("kf::wgmma_fence();")
         R.emit("#pragma unroll")
         R.open(f"for (int kf_kk = 0; kf_kk < {K // 16}; ++kf_kk)")
@@ -58,6 +65,7 @@ def render_gemm(R, g: ir.Gemm) -> None:
         R.close()
         R.emit("kf::wgmma_commit();")
         R.emit("kf::wgmma_wait<0>();")
+        R.emit(f"kf::wgmma_fence_operand({cn});")
         R.close()
         return
     # mma.sync m16n8k16 with ldmatrix from core-matrix tiles
@@ -97,6 +105,37 @@ def render_gemm(R, g: ir.Gemm) -> None:
     R.close()
     R.close()
     R.close()
+
+
+def render_wgmma_fp8(R, g: ir.Gemm, lay: AccumLayout, K: int) -> None:
+    """Native fp8: ``wgmma m64nNk32 .e4m3`` (``QGMMA``) on the fp8 tiles themselves, both K-major
+    (``layout_plan.native_fp8_gemm``), in 8 x 16-byte core-matrix order: a descriptor at the core
+    matrix holding (mn0, 32 kk), LBO 128 bytes (next 16 K), SBO (K / 16) * 128 bytes (next 8 rows).
+    Called inside the warp scope ``render_gemm`` opened (and closes)."""
+    a, b, c = g.a.buffer, g.b.buffer, g.c.buffer
+    cn, an, bn = R.buffer_name(c), R.buffer_name(a), R.buffer_name(b)
+
+    def core8(name, r):
+        return f"{name} + (((({r}) >> 3) * {K // 16} + ((kf_kk * 32) >> 4)) * 128 + (({r}) & 7) * 16)"
+
+    R.emit(f"kf::wgmma_fence_operand({cn});")
+    R.emit("kf::wgmma_fence();")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_kk = 0; kf_kk < {K // 32}; ++kf_kk)")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_mi = 0; kf_mi < {lay.mt}; ++kf_mi)")
+    R.emit(f"const int kf_row0 = kf_mi * {16 * lay.wm} + (kf_wr & ~3) * 16;")
+    R.emit(f"const int kf_col0 = kf_wc * {lay.n // lay.wn};")
+    R.emit(f"const uint64_t kf_da = kf::make_smem_desc({core8(an, 'kf_row0')}, 128, {K // 16 * 128});")
+    R.emit(f"const uint64_t kf_db = kf::make_smem_desc({core8(bn, 'kf_col0')}, 128, {K // 16 * 128});")
+    n = lay.nt * 8
+    R.emit(f"kf::wgmma_m64nNk32_f32_e4m3<{n}>(*reinterpret_cast<float(*)[{n // 2}]>(&{cn}[kf_mi * {lay.nt * 4}]), "
+           f"kf_da, kf_db, 1);")
+    R.close()
+    R.close()
+    R.emit("kf::wgmma_commit();")
+    R.emit("kf::wgmma_wait<0>();")
+    R.emit(f"kf::wgmma_fence_operand({cn});")
 
 
 def render_scalar_gemm(R, g: ir.Gemm) -> None:

@@ -32,7 +32,8 @@ class LayoutPlan:
 
     registers: dict[ir.Buffer, Layout] = field(default_factory=dict)
     staged: set[ir.Buffer] = field(default_factory=set)  # fragments living in shared memory
-    core_tiles: set[ir.Buffer] = field(default_factory=set)  # shared tiles in core-matrix order
+    # shared tiles in core-matrix order (8 rows x 16 bytes per core matrix: 8x8 16-bit, 8x16 fp8)
+    core_tiles: set[ir.Buffer] = field(default_factory=set)
     gemm_kind: dict[ir.Gemm, str] = field(default_factory=dict)  # "wgmma" | "mma" | "scalar"
 
 
@@ -41,17 +42,36 @@ def _whole(r: ir.Region) -> bool:
         all(isinstance(s, ir.Const) and s.value == 0 for s in r.starts)
 
 
-def _tensor_core_gemm(g: ir.Gemm) -> bool:
+def _tensor_core_gemm(g: ir.Gemm, wgmma: bool = False) -> bool:
+    """Operand types and tile shapes a tensor-core instruction takes (``wgmma``: fp8 too, see
+    :func:`native_fp8_gemm`)."""
     a, b, c = g.a.buffer, g.b.buffer, g.c.buffer
     if not (_whole(g.a) and _whole(g.b) and _whole(g.c)) or c.scope != ir.Scope.FRAGMENT:
         return False
-    if a.dtype != b.dtype or a.dtype not in TENSOR_CORE_DTYPES or c.dtype != dtypes.float32:
+    fp8 = wgmma and a.dtype == dtypes.float8_e4m3 and not g.trans_a and g.trans_b
+    if a.dtype != b.dtype or not (a.dtype in TENSOR_CORE_DTYPES or fp8) or c.dtype != dtypes.float32:
         return False
     if a.scope == ir.Scope.GLOBAL or b.scope == ir.Scope.GLOBAL or a.ndim != 2 or b.ndim != 2:
         return False
     m, k = a.static_shape()[::-1] if g.trans_a else a.static_shape()
     n = b.static_shape()[0] if g.trans_b else b.static_shape()[1]
-    return m % 16 == 0 and n % 8 == 0 and k % 16 == 0 and m % 8 == 0
+    return m % 16 == 0 and n % 8 == 0 and k % (32 if fp8 else 16) == 0 and m % 8 == 0
+
+
+def native_fp8_gemm(g: ir.Gemm, threads: int) -> bool:
+    """Whether sm_90a runs ``g`` as fp8 wgmma (``m64nNk32 .e4m3``, SASS ``QGMMA``) straight from
+    its fp8 tiles: both operands whole e4m3 shared tiles, K-major (A stored M x K, B stored
+    N x K: PTX has no transpose for 8-bit wgmma operands), K a multiple of 32, and an
+    accumulator a warpgroup layout tiles.  ``cuda_fp8_operands`` gives every other fp8 gemm
+    bf16 shadow tiles; a gemm this admits whose accumulator the planner later stages runs the
+    scalar loop (still exact), never mma.sync."""
+    a, b = g.a.buffer, g.b.buffer
+    if a.scope != ir.Scope.SHARED or b.scope != ir.Scope.SHARED or not _tensor_core_gemm(g, wgmma=True):
+        return False
+    if a.dtype != dtypes.float8_e4m3:
+        return False
+    m, n = a.static_shape()[0], b.static_shape()[0]
+    return accum_layout(m, n, threads, wgmma=True, policy=g.policy) is not None
 
 
 def _identity(indices, vars_) -> bool:
@@ -70,7 +90,7 @@ class _Planner:
     def propose(self) -> None:
         regs = self.plan.registers
         for g in self._nodes(ir.Gemm):
-            if not _tensor_core_gemm(g):
+            if not _tensor_core_gemm(g, self.wgmma):
                 continue
             m, n = g.c.buffer.static_shape()
             lay = (accum_layout(m, n, self.k.threads, wgmma=True, policy=g.policy) if self.wgmma else None) \
@@ -146,13 +166,14 @@ class _Planner:
 
     def _gemm_kind(self, g: ir.Gemm) -> str:
         lay = self.plan.registers.get(g.c.buffer)
-        if not (_tensor_core_gemm(g) and isinstance(lay, AccumLayout)):
+        if not (_tensor_core_gemm(g, self.wgmma) and isinstance(lay, AccumLayout)):
             return "scalar"
         if any(op in self.plan.registers for op in (g.a.buffer, g.b.buffer)):
             return "scalar"
         if self.wgmma and lay.wm % 4 == 0 and lay.m % 64 == 0 and lay.n // lay.wn <= 256:
             return "wgmma"
-        return "mma"
+        # mma.sync has no fp8 path here (fp8 reaches this planner only as a native wgmma candidate)
+        return "scalar" if g.a.buffer.dtype == dtypes.float8_e4m3 else "mma"
 
     def _violations(self) -> set:
         regs = {b: lay for b, lay in self.plan.registers.items() if b not in self.plan.staged}

@@ -309,8 +309,8 @@ def _async_ok(R, c: ir.Copy) -> int:
     last = c.dst.extents[-1]
     if last % vec or arith.const_int(src.strides[-1]) != 1:
         return 0
-    if dst in R.plan.core_tiles and vec != 8:
-        return 0
+    if dst in R.plan.core_tiles and dst.dtype.itemsize not in (1, 2):
+        return 0  # a core matrix row is one 16-byte chunk of 8 (16-bit) or 16 (fp8) elements
     return vec
 
 

@@ -45,7 +45,7 @@ from kernforge.backends.cuda.layouts import AccumLayout
 from kernforge.codegen.passes import Analysis, simplify
 from kernforge.codegen.passes.checks import insert_checks
 from kernforge.backends.cuda.barriers import barrier_pass
-from kernforge.backends.cuda.fp8_operands import cuda_fp8_operands
+from kernforge.backends.cuda.fp8_operands import cuda_fp8_operands, cuda_fp8_operands_wgmma
 from kernforge.backends.cuda.layout_plan import LayoutPlan, plan_layouts
 from kernforge.backends.cuda.pipeline_plan import PipelinePlan, plan_pipelines
 from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tma as cuda_tma
@@ -139,6 +139,8 @@ class CudaRenderer(CRenderer, Renderer):
         tma = arch.wgmma and target.variant != "cp.async"
         # checked mode tests the author's accesses, before fp8 shadow tiles and barriers exist
         transforms = TRANSFORMS[:1] + (insert_checks,) + TRANSFORMS[1:] if target.checks else TRANSFORMS
+        if arch.wgmma:  # native fp8 wgmma where it applies
+            transforms = tuple(cuda_fp8_operands_wgmma if t is cuda_fp8_operands else t for t in transforms)
         return transforms + (barrier_pass(arch.wgmma, tma),) + (
             Analysis("layouts", lambda k, facts: plan_layouts(k, arch.wgmma)),
             Analysis("pipelines", lambda k, facts: plan_pipelines(k, facts["layouts"].staged)),
@@ -204,6 +206,8 @@ class CudaRenderer(CRenderer, Renderer):
         if self.is_smem(buf) and buf in self.plan.core_tiles:
             r, c = (self.expr(i) for i in indices)
             cols = buf.static_shape()[1]
+            if buf.dtype.itemsize == 1:  # fp8: core matrices of 8 rows x 16 elements (kf/wgmma.cuh)
+                return f"(((({r}) >> 3) * {cols // 16} + (({c}) >> 4)) * 128 + (({r}) & 7) * 16 + (({c}) & 15))"
             return f"(((({r}) >> 3) * {cols // 8} + (({c}) >> 3)) * 64 + (({r}) & 7) * 8 + (({c}) & 7))"
         return super().offset(buf, indices)
 

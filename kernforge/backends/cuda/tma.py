@@ -15,8 +15,9 @@ A loop goes through TMA only when every copy it prefetches qualifies:
 * global source whose innermost stride is the constant 1, same dtype as the
   shared tile, a 2-D tile spanning the source's last axis and one other axis,
   rows of a multiple of 16 bytes, each stage 128-byte aligned, source rank <= 4;
-* gemm operand tiles (8x8 core-matrix order, ``kf/wgmma.cuh``) of 16-bit types
-  load one 8x8 box (128 contiguous bytes) per core matrix; other tiles load
+* gemm operand tiles (core-matrix order, ``kf/wgmma.cuh``) of 16-bit types and fp8
+  load one box of 8 rows x 16 bytes (8x8 or 8x16 elements, 128 contiguous bytes) per core
+  matrix; other tiles load
   row-major boxes of at most 256 x 256 elements.
 
 Out-of-bounds elements of a box are written as 0 by the copy engine, which is
@@ -109,10 +110,10 @@ def _tile(core_tiles, c: ir.Copy, params: Sequence) -> Optional[tuple]:
     e = src.dtype.itemsize
     if (cols * e) % 16 or (rows * cols * e) % 128:
         return None
-    if dst in core_tiles:
-        if e != 2 or rows % 8 or cols % 8:
+    if dst in core_tiles:  # one box per core matrix: 8 rows of 16 bytes
+        if e not in (1, 2) or rows % 8 or cols % (16 // e):
             return None
-        return params.index(src), row_axes[0], rows, cols, 8, 8, True
+        return params.index(src), row_axes[0], rows, cols, 8, 16 // e, True
     box_rows = rows if rows <= MAX_BOX else MAX_BOX
     if cols > MAX_BOX or rows % box_rows:
         return None
@@ -176,7 +177,7 @@ def render_issue(R, tiles: list[TmaTile], stage_expr: str, bar: str) -> None:
         R.open(f"for (int {q} = {R.tid}; {q} < {t.boxes}; {q} += {R.k.threads})")
         R.emit(f"const int kf_rb = {q} / {per_row}, kf_cb = {q} % {per_row};")
         if t.core:
-            R.emit(f"{ct}* kf_dst = {base} + ({q}) * 64;")
+            R.emit(f"{ct}* kf_dst = {base} + ({q}) * {t.box_rows * t.box_cols};")
         else:
             R.emit(f"{ct}* kf_dst = {base} + kf_rb * {t.box_rows * t.cols};")
         coords = []

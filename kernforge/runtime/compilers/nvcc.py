@@ -7,7 +7,8 @@ search directories, so two toolkit installs of one version share entries.
 
 ``-Xptxas -v`` is always on: its report (registers, shared memory, stack,
 spills per kernel) is parsed into the manifest at build time, which is how
-``kernforge build`` reports resources without a GPU or ``cuobjdump``.
+``kernforge build`` reports resources without a GPU or ``cuobjdump``; so are ptxas'
+wgmma performance advisories (C7519 / C7520: a serialized wgmma), per kernel.
 """
 
 from __future__ import annotations
@@ -54,6 +55,22 @@ def parse_ptxas_report(log: str) -> dict:
             smem = re.search(r"(\d+) bytes smem", line)
             current["shared_bytes"] = int(smem.group(1)) if smem else 0
     return usage
+
+
+def parse_ptxas_advisories(log: str) -> dict:
+    """``{entry: ["C7520: <message>", ...]}``: ptxas' wgmma performance advisories per kernel --
+    the ``ptxas info : (Cnnnn)`` lines about wgmma / warpgroup / GMMA, such as C7520 (wgmma
+    serialized: a warpgroup arrive in a divergent path) and C7519 (a warpgroup.arrive injected
+    because accumulator registers are used inside the asynchronous region).  They name the
+    function they are about."""
+    found: dict[str, list[str]] = {}
+    for line in log.splitlines():
+        match = re.search(r"\((C\d{4})\)\s*(.*)", line)
+        if not match or not re.search(r"wgmma|warpgroup|gmma", match.group(2), re.IGNORECASE):
+            continue
+        func = re.search(r"function '([^']+)'", match.group(2))
+        found.setdefault(func.group(1) if func else "", []).append(f"{match.group(1)}: {match.group(2).strip()}")
+    return found
 
 
 class NvccCompiler(Compiler):
@@ -139,7 +156,8 @@ class NvccCompiler(Compiler):
         deps = read_depfile(os.path.join(build_dir, "kernel.d"), argv)
         os.unlink(os.path.join(build_dir, "kernel.d"))
         return CompileOutput(command=argv, log=log, deps=deps, binary=binary,
-                             extra={"resource_usage": parse_ptxas_report(log)})
+                             extra={"resource_usage": parse_ptxas_report(log),
+                                    "advisories": parse_ptxas_advisories(log)})
 
 
 def _host_compiler(options) -> str:

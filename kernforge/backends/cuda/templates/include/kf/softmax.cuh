@@ -35,7 +35,11 @@ struct AccumShape {
   static constexpr bool CROSS_WARP = WN > 1 || WM * WN < WARPS;
   static_assert(WM * WN <= WARPS, "the accumulator uses more warps than the block has");
 
-  static KF_DEVICE bool owner() { return (threadIdx.x >> 5) < WM * WN; }
+  // Whether this thread's warp holds accumulator tiles.  A compile-time `true` when every warp
+  // does: a runtime test of threadIdx would make the row reductions a divergent path to ptxas,
+  // which then serializes every wgmma of the kernel around it (advisory C7520, one
+  // WARPGROUP.DEPBAR per HGMMA).
+  static KF_DEVICE bool owner() { return WM * WN >= WARPS || (threadIdx.x >> 5) < WM * WN; }
   static KF_DEVICE int row(int s) {
     const int t = threadIdx.x;
     return (s >> 1) * 16 * WM + ((t >> 5) % WM) * 16 + ((t & 31) >> 2) + 8 * (s & 1);

@@ -5,6 +5,8 @@
 // matrices of 16-bit elements, each 8 rows of 16 contiguous bytes):
 //   K-major  (not transposed): elem(mn, k) at start + (mn/8)*SBO + (k/8)*LBO + (mn%8)*16 + (k%8)*2
 //   MN-major (transposed):     elem(mn, k) at start + (mn/8)*SBO + (k/8)*LBO + (k%8)*16 + (mn%8)*2
+// fp8 e4m3 (m64nNk32, K-major only; core matrices of 8 rows x 16 one-byte elements):
+//   elem(mn, k) at start + (mn/8)*SBO + (k/16)*LBO + (mn%8)*16 + k%16
 // (LBO: distance between core matrices adjacent along K; SBO: along M or N.)
 // Swizzled layouts and a nonzero base offset are not emulated and fail loudly.
 //
@@ -37,7 +39,16 @@ inline SmemDesc decode_desc(uint64_t desc, const char* which) {
   return SmemDesc{uint32_t(desc & 0x3fff) << 4, uint32_t((desc >> 16) & 0x3fff) << 4, uint32_t((desc >> 32) & 0x3fff) << 4};
 }
 
-inline float desc_elem(const SmemDesc& s, int mn, int k, bool mn_major, bool bf16) {
+enum WgmmaType { WG_F16, WG_BF16, WG_E4M3 };
+
+inline float desc_elem(const SmemDesc& s, int mn, int k, bool mn_major, WgmmaType type) {
+  if (type == WG_E4M3) {
+    const uint32_t addr = s.start + uint32_t(mn / 8) * s.sbo + uint32_t(k / 16) * s.lbo + uint32_t(mn % 8) * 16 +
+                          uint32_t(k % 16);
+    if (addr + 1 > smem_size()) fail("wgmma: operand element at shared address %u is outside shared memory", addr);
+    return e4m3_bits_to_float(smem_base()[addr]);
+  }
+  const bool bf16 = type == WG_BF16;
   const uint32_t addr = s.start + uint32_t(mn / 8) * s.sbo + uint32_t(k / 8) * s.lbo +
                         (mn_major ? uint32_t(k % 8) * 16 + uint32_t(mn % 8) * 2 : uint32_t(mn % 8) * 16 + uint32_t(k % 8) * 2);
   if (addr + 2 > smem_size()) fail("wgmma: operand element at shared address %u is outside shared memory", addr);
@@ -50,7 +61,9 @@ struct WgmmaOp {
   float* d;
   int n;
   uint64_t desc_a, desc_b;
-  bool accumulate, bf16, trans_a, trans_b;
+  bool accumulate;
+  WgmmaType type;
+  bool trans_a, trans_b;
   uint64_t group;  // commit-group number (the open group is `committed`)
 };
 
@@ -67,15 +80,16 @@ inline void execute(const WgmmaOp& op) {
     for (int q = 0; q < 4; ++q) {
       const int row = 16 * w + g + 8 * (q / 2), col = 8 * j + 2 * t + q % 2;
       double acc = 0.0;
-      for (int k = 0; k < 16; ++k)
-        acc += double(desc_elem(a, row, k, op.trans_a, op.bf16)) * double(desc_elem(b, col, k, op.trans_b, op.bf16));
+      for (int k = 0; k < (op.type == WG_E4M3 ? 32 : 16); ++k)
+        acc += double(desc_elem(a, row, k, op.trans_a, op.type)) * double(desc_elem(b, col, k, op.trans_b, op.type));
       float& dst = op.d[4 * j + q];
       dst = float((op.accumulate ? double(dst) : 0.0) + acc);
     }
 }
 
-inline void wgmma_issue(float* d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, bool bf16, int ta, int tb) {
-  g_wgmma.ops.push(WgmmaOp{d, n, desc_a, desc_b, scale_d != 0, bf16, ta != 0, tb != 0, g_wgmma.committed});
+inline void wgmma_issue(float* d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, WgmmaType type, int ta,
+                        int tb) {
+  g_wgmma.ops.push(WgmmaOp{d, n, desc_a, desc_b, scale_d != 0, type, ta != 0, tb != 0, g_wgmma.committed});
 }
 inline void wgmma_commit() { g_wgmma.committed += 1; }
 // Executes every op of the committed groups but the newest n, in issue order.
@@ -112,16 +126,24 @@ KF_DEVICE uint64_t make_smem_desc(const void* ptr, uint32_t lbo_bytes, uint32_t 
 KF_DEVICE void wgmma_fence() {}
 KF_DEVICE void wgmma_commit() { kf_emu::wgmma_commit(); }
 template <int N> KF_DEVICE void wgmma_wait() { kf_emu::wgmma_wait(N); }
+// A compiler-ordering fence on the GPU (kf/wgmma.cuh); the emulated wgmma reads and writes d
+// at the wait, so there is nothing to order here.
+template <int R> KF_DEVICE void wgmma_fence_operand(float (&)[R]) {}
 
 template <int N, int TRANS_A, int TRANS_B>
 KF_DEVICE void wgmma_m64nNk16_f32_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N is a multiple of 8 in 8..256");
-  kf_emu::wgmma_issue(d, N, desc_a, desc_b, scale_d, true, TRANS_A, TRANS_B);
+  kf_emu::wgmma_issue(d, N, desc_a, desc_b, scale_d, kf_emu::WG_BF16, TRANS_A, TRANS_B);
 }
 template <int N, int TRANS_A, int TRANS_B>
 KF_DEVICE void wgmma_m64nNk16_f32_f16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N is a multiple of 8 in 8..256");
-  kf_emu::wgmma_issue(d, N, desc_a, desc_b, scale_d, false, TRANS_A, TRANS_B);
+  kf_emu::wgmma_issue(d, N, desc_a, desc_b, scale_d, kf_emu::WG_F16, TRANS_A, TRANS_B);
+}
+template <int N>
+KF_DEVICE void wgmma_m64nNk32_f32_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk32: N is a multiple of 8 in 8..256");
+  kf_emu::wgmma_issue(d, N, desc_a, desc_b, scale_d, kf_emu::WG_E4M3, 0, 0);
 }
 
 }  // namespace kf

@@ -1,0 +1,60 @@
+"""Which fp8 gemms run natively on sm_90a (fp8 wgmma on the fp8 tiles) and which keep the
+bf16 shadow tiles, and what the native path renders (no nvcc needed)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import kernforge.dsl as T
+from kernforge import dtypes
+from kernforge.backends.cuda.fp8_operands import cuda_fp8_operands_wgmma
+from kernforge.backends.cuda.renderer import render_cuda
+from kernforge.codegen import ir
+
+
+def _gemm(m=64, n=64, k=64, trans_b=True, threads=128):
+    b_shape = (n, k) if trans_b else (k, n)
+
+    @T.prim_func
+    def kern(A: T.Tensor((m, k), "float8_e4m3"), B: T.Tensor(b_shape, "float8_e4m3"), C: T.Tensor((m, n), "float32")):
+        with T.Kernel(1, threads=threads) as bx:
+            A_s = T.alloc_shared((m, k), "float8_e4m3")
+            B_s = T.alloc_shared(b_shape, "float8_e4m3")
+            acc = T.alloc_fragment((m, n), "float32")
+            T.copy(A[0, 0], A_s)
+            T.copy(B[0, 0], B_s)
+            T.gemm(A_s, B_s, acc, transpose_B=trans_b, clear_accum=True)
+            T.copy(acc, C[0, 0])
+    return kern.ir
+
+
+def _operand_dtype(kernel):
+    return next(n for n in ir.walk(kernel.body) if isinstance(n, ir.Gemm)).a.buffer.dtype
+
+
+@pytest.mark.parametrize("case, native", [
+    (dict(), True),                       # K-major, 64 rows, K % 32 == 0
+    (dict(trans_b=False), False),         # B stored K x N: 8-bit wgmma has no transpose
+    (dict(m=32), False),                  # under a warpgroup's 64 rows: mma.sync on shadows
+    (dict(k=48), False),                  # K not a multiple of the k32 instruction
+])
+def test_native_or_shadow(case, native):
+    k = _gemm(**case)
+    assert (_operand_dtype(cuda_fp8_operands_wgmma(k)) == dtypes.float8_e4m3) == native
+    sm90 = render_cuda(k, "sm_90a").source
+    assert ("wgmma_m64nNk32_f32_e4m3" in sm90) == native
+    assert ("A_s_bf16" in sm90) != native
+    # sm_80 / sm_100a have no fp8 tensor-core path here: always the shadow tiles
+    assert "A_s_bf16" in render_cuda(k, "sm_100a").source
+
+
+def test_native_descriptors_step_32_k_per_instruction():
+    src = render_cuda(_gemm(k=128), "sm_90a").source
+    # 4 k32 instructions; LBO 128 bytes (next 16 K), SBO (K/16) * 128 = 1024 bytes (next 8 rows)
+    assert "kf_kk < 4;" in src
+    assert re.search(r"make_smem_desc\(A_s \+ \(\(\(\(kf_row0\) >> 3\) \* 8 \+ \(\(kf_kk \* 32\) >> 4\)\) \* 128 "
+                     r"\+ \(\(kf_row0\) & 7\) \* 16\), 128, 1024\)", src)
+    # outside a pipeline the fp8 tiles are filled by 16-byte cp.async chunks, one core-matrix row
+    # each, at the 8 x 16-element core-matrix offset
+    assert "kf::cp_async_cg_16" in src and ">> 4)) * 128 + ((" in src

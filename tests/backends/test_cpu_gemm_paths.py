@@ -168,3 +168,43 @@ def test_every_path_compiles_even_where_it_cannot_run(path, tmp_path):
                               "-o", str(tmp_path / "k.o"), "-I", CpuBackend.include_dir],
                              capture_output=True, text=True)
         assert run.returncode == 0, run.stderr[-2000:]
+
+
+@functools.lru_cache(maxsize=None)
+def attention_kernel(M, N, D):
+    """MLA's shape: one K tile read transposed by Q K^T and straight by P K, P rounded to bf16
+    by a copy. The layout pass can orient K for one GEMM only, so on a float path Q K^T packs K
+    alone (Q is read in place) and P K widens P once and reads K in place."""
+    @T.prim_func
+    def attn(Q: T.Tensor((M, D), "bfloat16"), K: T.Tensor((N, D), "bfloat16"), O: T.Tensor((M, D), "float32")):
+        with T.Kernel(1, threads=128) as bx:
+            Q_s = T.alloc_shared((M, D), "bfloat16")
+            K_s = T.alloc_shared((N, D), "bfloat16")
+            S = T.alloc_fragment((M, N), "float32")
+            P = T.alloc_shared((M, N), "bfloat16")
+            O_l = T.alloc_fragment((M, D), "float32")
+            T.copy(Q[0, 0], Q_s)
+            T.copy(K[0, 0], K_s)
+            T.gemm(Q_s, K_s, S, transpose_B=True, clear_accum=True)
+            T.copy(S, P)
+            T.gemm(P, K_s, O_l, clear_accum=True)
+            T.copy(O_l, O[0, 0])
+    return attn
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("M,N,D", [(16, 24, 40), (7, 13, 48), (64, 64, 128)])
+def test_gemms_sharing_a_tile_in_two_orientations(path, M, N, D):
+    g = torch.Generator().manual_seed(M * N)
+    q = torch.randn(M, D, generator=g).bfloat16()
+    k = torch.randn(N, D, generator=g).bfloat16()
+    o = torch.full((M, D), float("nan"))
+    kernforge.compile(attention_kernel(M, N, D), backend="cpu", arch=path)(q, k, o)
+    s = q.double() @ k.double().T
+    p = s.float().bfloat16().double()  # the kernel rounds S (float32 sums) to bf16
+    want = p @ k.double()
+    # S's float32 sums may round to a neighbouring bf16: one bf16 ulp of |S| per term of P K
+    bound = (2 ** -8 * s.abs()) @ k.double().abs() + 1e-5 * (p.abs() @ k.double().abs()) * N
+    assert ((o.double() - want).abs() <= bound + 1e-30).all()
+    src = CpuRenderer().render(attention_kernel(M, N, D).ir, Target("cpu", path)).source
+    assert ("float* __restrict__ K_s" in src) == (path not in isa.NATIVE_BF16)

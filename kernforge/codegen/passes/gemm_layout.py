@@ -13,7 +13,9 @@ Two rewrites of an operand buffer's declaration, both invisible to the program:
   as float32 when the target's micro-kernel multiplies in float anyway.  This is
   exact only if every value the tile holds is already representable in the narrow
   type, so it applies only when every write is a ``Copy`` from a buffer of the
-  same dtype and every read is a GEMM operand.
+  same dtype or a store of such a value (a load of that dtype, a cast to it, zero,
+  a select between them: MLA's masked KV tile, its bf16 probabilities) and every
+  read is a GEMM operand.
 
 A buffer is rewritten only when every use agrees (one orientation over all its
 GEMMs) and every access goes through its strides (copies, loads, stores, GEMM
@@ -56,6 +58,21 @@ class _Uses:
         self.strided_only = True  # every access goes through the buffer's strides
 
 
+def _representable(e: ir.Expr, b: ir.Buffer) -> bool:
+    """Whether every value ``e`` can take is exactly representable in ``b``'s narrow dtype, so
+    storing it into a float32 copy of ``b`` keeps the same value: a load of that dtype (``b``
+    itself included), a cast to it, a constant it holds, or a select between such."""
+    if isinstance(e, ir.Load):
+        return e.buffer.dtype == b.dtype
+    if isinstance(e, ir.Cast):
+        return e.dtype == b.dtype
+    if isinstance(e, ir.Const):
+        return float(e.value) == 0.0
+    if isinstance(e, ir.Select):
+        return _representable(e.a, b) and _representable(e.b, b)
+    return False
+
+
 def _dims(r: ir.Region) -> tuple[int, int]:
     """The buffer dimensions a GEMM operand region spans (rows, cols), as the CPU
     renderer reads them."""
@@ -73,8 +90,9 @@ def _collect(kernel: ir.Kernel) -> dict[ir.Buffer, _Uses]:
             return None
         return uses.setdefault(b, _Uses())
 
+    own_reads: set[int] = set()  # loads of a tile inside a store back into it (a mask in place)
     for node in ir.nodes(kernel.body):
-        if isinstance(node, (ir.Buffer, ir.Region)):
+        if isinstance(node, (ir.Buffer, ir.Region)) or id(node) in own_reads:
             continue
         if isinstance(node, ir.Gemm):
             for role, r in (("a", node.a), ("b", node.b)):
@@ -111,7 +129,10 @@ def _collect(kernel: ir.Kernel) -> dict[ir.Buffer, _Uses]:
                 if isinstance(node, ir.Load):
                     u.other_reads = True
                 elif isinstance(node, ir.Store):
-                    u.copy_writes_same_dtype = False
+                    if not _representable(node.value, b):
+                        u.copy_writes_same_dtype = False
+                    own_reads.update(id(x) for x in ir.nodes(node.value)
+                                     if isinstance(x, ir.Load) and x.buffer is b)
                 else:  # a tile op reading the buffer whole (Reduce, Cumsum, Fill, ...)
                     u.strided_only = False
                     u.other_reads = True
@@ -151,10 +172,32 @@ def _plan(kernel: ir.Kernel, widen: frozenset) -> dict[ir.Buffer, ir.Buffer]:
 
 
 class _Rebuffer(ir.Mutator):
-    """Replaces buffers by identity everywhere they appear (declarations, regions, loads, stores)."""
+    """Replaces buffers by identity everywhere they appear (declarations, regions, loads, stores).
+    A store into a widened tile stores its (representable) value cast to float32; a load of the
+    tile inside that value reads it back in the narrow type, exactly, so the expression's types
+    are unchanged."""
 
     def __init__(self, table: dict[ir.Buffer, ir.Buffer]):
         self.table = table
+        self.narrowing: Optional[ir.Buffer] = None  # the widened tile whose store value is visited
+
+    def visit_Store(self, node: ir.Store):
+        new = self.table.get(node.buffer)
+        if new is None or new.dtype == node.buffer.dtype:
+            return self.generic(node)
+        indices = tuple(self.visit(i) for i in node.indices)
+        self.narrowing = node.buffer
+        try:
+            value = self.visit(node.value)
+        finally:
+            self.narrowing = None
+        return replace(node, buffer=new, indices=indices, value=ir.Cast(value, new.dtype))
+
+    def visit_Load(self, node: ir.Load):
+        out = self.generic(node)
+        if self.narrowing is not None and node.buffer is self.narrowing:
+            return ir.Cast(out, node.buffer.dtype)
+        return out
 
     def generic(self, node):
         if isinstance(node, ir.Buffer):

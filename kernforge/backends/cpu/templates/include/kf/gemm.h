@@ -103,7 +103,10 @@ struct GemmTile {
 template <class T, int M, int N, int K>
 inline constexpr size_t gemm_scratch_bytes() {
   using G = GemmTile<T, M, N>;
-  return (size_t(G::MP) * K + size_t(K) * G::NP) * sizeof(T) + 64;
+  constexpr int MR = kRowBlock<M>, W = (kVecRegs - 1) / (MR + 1) < 8 ? (kVecRegs - 1) / (MR + 1) : 8;
+  constexpr size_t NPW = size_t(N + W * G::L - 1) / (W * G::L) * (W * G::L);  // B-only panels (direct_b_packed)
+  constexpr size_t NP = NPW > size_t(G::NP) ? NPW : size_t(G::NP);
+  return (size_t(G::MP) * K + size_t(K) * NP) * sizeof(T) + 128;
 }
 
 template <class V>
@@ -149,7 +152,8 @@ template <int MR>
 inline constexpr int kDirectVectors = (kVecRegs - 1) / (MR + 1) < 8 ? (kVecRegs - 1) / (MR + 1) : 8;
 
 // C[MR x NV*L] (+)= A[MR x K] @ B[K x NV*L] straight from the tiles.
-template <class T, int MR, int NV, int K, int A_RS, int A_CS, int B_RS, int C_RS, int C_CS, int N_LEFT, bool CLEAR,
+// NCOLS: the block's columns that exist in C (fewer than NV * L in a zero-padded last panel).
+template <class T, int MR, int NV, int K, int A_RS, int A_CS, int B_RS, int C_RS, int C_CS, int NCOLS, bool CLEAR,
           class CS>
 inline void direct_block(const T* __restrict__ a, const T* __restrict__ b, CS* __restrict__ c) {
   using S = GemmShape<T>;
@@ -170,7 +174,7 @@ inline void direct_block(const T* __restrict__ a, const T* __restrict__ b, CS* _
       for (int v = 0; v < NV; ++v) acc[r][v] = fma(av, bv[v], acc[r][v]);
     }
   }
-  constexpr bool vector_store = std::is_same_v<CS, T> && C_CS == 1;
+  constexpr bool vector_store = std::is_same_v<CS, T> && C_CS == 1 && NCOLS == NV * S::L;
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) {
     CS* row = c + int64_t(r) * C_RS;
@@ -188,7 +192,7 @@ inline void direct_block(const T* __restrict__ a, const T* __restrict__ b, CS* _
     } else {
       T out[NV * S::L];
       std::memcpy(out, acc[r], sizeof(out));
-      for (int j = 0; j < NV * S::L && j < N_LEFT; ++j) {
+      for (int j = 0; j < NCOLS; ++j) {
         const T old = CLEAR ? T(0) : load_as<T>(row[j * C_CS]);
         row[j * C_CS] = store_as<CS>(CLEAR ? out[j] : T(old + out[j]));
       }
@@ -196,22 +200,22 @@ inline void direct_block(const T* __restrict__ a, const T* __restrict__ b, CS* _
   }
 }
 
-// The rows of one column panel [j0, j0 + NV*L): full MR-row blocks, then the rest.
-template <class T, int M, int N, int K, int NV, int A_RS, int A_CS, int B_RS, int C_RS, int C_CS, bool CLEAR,
+// The rows of one column panel [j0, j0 + NV*L) (NCOLS of them in C): full MR-row blocks, then the
+// rest.  ``B`` points at the panel's first column.
+template <class T, int M, int K, int NV, int NCOLS, int A_RS, int A_CS, int B_RS, int C_RS, int C_CS, bool CLEAR,
           class CS>
-inline void direct_panel(const T* __restrict__ A, const T* __restrict__ B, CS* __restrict__ C, int j0) {
+inline void direct_panel(const T* __restrict__ A, const T* __restrict__ b, CS* __restrict__ C, int j0) {
   constexpr int MR = kDirectRows < M ? kDirectRows : M;
   constexpr int NVR = NV < kDirectVectors<MR> ? NV : kDirectVectors<MR>;
   static_assert(NVR == NV, "a panel is as wide as its row block can hold");
-  const T* b = B + j0;
   CS* c = C + int64_t(j0) * C_CS;
   int i0 = 0;
   for (; i0 + MR <= M; i0 += MR)
-    direct_block<T, MR, NV, K, A_RS, A_CS, B_RS, C_RS, C_CS, N, CLEAR>(A + int64_t(i0) * A_RS, b,
-                                                                        c + int64_t(i0) * C_RS);
-  if constexpr (M % MR != 0)
-    direct_block<T, M % MR, NV, K, A_RS, A_CS, B_RS, C_RS, C_CS, N, CLEAR>(A + int64_t(i0) * A_RS, b,
+    direct_block<T, MR, NV, K, A_RS, A_CS, B_RS, C_RS, C_CS, NCOLS, CLEAR>(A + int64_t(i0) * A_RS, b,
                                                                             c + int64_t(i0) * C_RS);
+  if constexpr (M % MR != 0)
+    direct_block<T, M % MR, NV, K, A_RS, A_CS, B_RS, C_RS, C_CS, NCOLS, CLEAR>(A + int64_t(i0) * A_RS, b,
+                                                                                c + int64_t(i0) * C_RS);
 }
 
 // Whether the direct way applies: operands in the compute type and B contiguous along N
@@ -229,8 +233,9 @@ inline void gemm_direct(const T* __restrict__ A, const T* __restrict__ B, CS* __
   constexpr int W = NV * L, FULL = N / W * W, TAIL = (N - FULL) / L;
   // Column panels outermost: a K x W panel of B stays in L1 while the row blocks pass.
   for (int j0 = 0; j0 < FULL; j0 += W)
-    direct_panel<T, M, N, K, NV, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B, C, j0);
-  if constexpr (TAIL > 0) direct_panel<T, M, N, K, TAIL, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B, C, FULL);
+    direct_panel<T, M, K, NV, W, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B + j0, C, j0);
+  if constexpr (TAIL > 0)
+    direct_panel<T, M, K, TAIL, TAIL * L, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B + FULL, C, FULL);
 }
 
 // One MR x NR block of C from K-major panels ap[K][MR] and bp[K][NR].
@@ -380,12 +385,41 @@ inline void gemm_bf16(const AS* __restrict__ A, const BS* __restrict__ B, CS* __
 }
 #endif
 
+// A already in the compute type, B not readable in place (transposed, or narrow): B alone is
+// packed, into zero-padded K x W panels (W = the direct block's width), and the direct blocks
+// read them with B_RS = W; A is still read where it is.  MLA's Q K^T: Q is never packed.
+template <class T, int M, int N, int K, int A_RS, int A_CS, int B_RS, int B_CS, int C_RS, int C_CS, bool CLEAR,
+          class BS, class CS>
+inline void direct_b_packed(const T* __restrict__ A, const BS* __restrict__ B, CS* __restrict__ C, char* scratch) {
+  constexpr int L = GemmShape<T>::L;
+  constexpr int MR = kDirectRows < M ? kDirectRows : M;
+  constexpr int NV = kDirectVectors<MR>, W = NV * L;
+  constexpr int PANELS = (N + W - 1) / W, LAST = N - (PANELS - 1) * W;
+  T* bp = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
+  pack_panels<T, N, K, W, B_CS, B_RS>(B, bp);
+  for (int p = 0; p + 1 < PANELS; ++p)
+    direct_panel<T, M, K, NV, W, A_RS, A_CS, W, C_RS, C_CS, CLEAR>(A, bp + size_t(p) * K * W, C, p * W);
+  direct_panel<T, M, K, NV, LAST, A_RS, A_CS, W, C_RS, C_CS, CLEAR>(A, bp + size_t(PANELS - 1) * K * W, C,
+                                                                       (PANELS - 1) * W);
+}
+
 // C (+)= A @ B with A: M x K, B: K x N, C: M x N, accumulating in T.
 template <class T, int M, int N, int K, int A_RS, int A_CS, int B_RS, int B_CS, int C_RS, int C_CS,
           bool CLEAR, class AS, class BS, class CS>
 inline void gemm(const AS* __restrict__ A, const BS* __restrict__ B, CS* __restrict__ C, char* scratch) {
+  constexpr bool float_compute = std::is_same_v<T, float> || std::is_same_v<T, double>;
   if constexpr (direct_gemm_applies<T, N, B_CS, AS, BS>) {
     gemm_direct<T, M, N, K, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B, C);
+    return;
+  } else if constexpr (float_compute && std::is_same_v<BS, T> && B_CS == 1 && N % GemmShape<T>::L == 0) {
+    // B readable in place, A narrow (MLA's bf16 probabilities): widen A once, row-major
+    T* a = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
+    for (int i = 0; i < M; ++i)
+      for (int k = 0; k < K; ++k) a[i * K + k] = load_as<T>(A[int64_t(i) * A_RS + int64_t(k) * A_CS]);
+    gemm_direct<T, M, N, K, K, 1, B_RS, C_RS, C_CS, CLEAR>(a, B, C);
+    return;
+  } else if constexpr (float_compute && std::is_same_v<AS, T>) {
+    direct_b_packed<T, M, N, K, A_RS, A_CS, B_RS, B_CS, C_RS, C_CS, CLEAR>(A, B, C, scratch);
     return;
   }
 #if KF_ISA >= KF_ISA_AVX512BF16

@@ -10,8 +10,9 @@ all of them, and attention reads each token's candidates through flat slot ids.
 
 Kernel steps: `sparse_mla` (attention over window + compressed candidates with
 the sink, `kernforge.ops.flash_mla_with_kvcache` sparse path, bf16) and
-`indexer_topk` (`kernforge.ops.topk`). Everything else is listed in
-`torch_steps.py`; `steps()` returns the table.
+`indexer_topk` (`kernforge.ops.topk`) here; the layer and MoE ops in
+`kernel_steps.py`. The rest is listed in `torch_steps.py`; `steps()` returns
+the table. The hyper-connection streams are one tensor [1, N, M, D].
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ import itertools
 
 import torch
 
-from kernforge.engine import torch_steps as ts
+from kernforge import ops
+from kernforge.engine import kernel_steps as ks, torch_steps as ts
 from kernforge.engine.cache import BLOCK_SIZE, CacheKind, PagedKVCache
 from kernforge.engine.steps import STEPS, step
 from kernforge.model import numerics as nx
 from kernforge.model.transformer import Transformer
 
 BACKENDS = ("cpu", "interp", "cuda-emu", "cuda")
+_EARLIER = torch.ones(64, 64, dtype=torch.bool).tril(-1)  # [i, j]: slot j comes before slot i
 
 
 @step("sparse_mla", "kernel", "sparse MLA with sink (flash_mla_with_kvcache, indices path)")
@@ -68,6 +71,11 @@ class Engine:
         self.block_size, self.is_fp8_kvcache = block_size, bool(is_fp8_kvcache)
         c = self.config
         n = c.num_hidden_layers
+        if n + len(model.mtp) > c.num_hash_layers and (c.scoring_func == "softmax" or not c.norm_topk_prob):
+            # top2_sum_gate renormalises the chosen scores; Gate does not for these settings
+            raise NotImplementedError(f"scored routing with scoring_func={c.scoring_func!r}, norm_topk_prob="
+                                      f"{c.norm_topk_prob}: the routing kernel step supports renormalised "
+                                      "sigmoid/sqrtsoftplus scores only")
         ratios = c.compress_ratios[:n]
         kinds = [CacheKind("window", 1, c.head_dim, tuple(range(n)), window=c.sliding_window,
                            rope_dim=c.qk_rope_head_dim, pool="kv")]
@@ -89,6 +97,7 @@ class Engine:
             num_blocks = {p: c.max_batch_size * v for p, v in per_seq.items() if v}
         self._num_blocks = num_blocks
         self._ids = itertools.count()
+        self._cos_sin: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.reset_cache()
 
     # Introspection ---------------------------------------------------------------
@@ -149,7 +158,7 @@ class Engine:
         """
         segs, xs = self._forward_rows(input_ids, start_pos)
         with self._numerics():
-            logits = ts.head(self.model, xs)[0]
+            logits = self._head(xs)[0]
         return logits.view(input_ids.shape[0], input_ids.shape[1], -1)
 
     __call__ = forward
@@ -158,7 +167,7 @@ class Engine:
     def forward_hidden(self, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
         """The final hyper-connection streams [b, s, M, D] (input of `mtp_logits`), as the reference's."""
         _, xs = self._forward_rows(input_ids, start_pos)
-        return torch.stack(xs, dim=2).view(input_ids.shape[0], input_ids.shape[1], len(xs), -1)
+        return xs.view(input_ids.shape[0], input_ids.shape[1], *xs.shape[2:])
 
     def _forward_rows(self, input_ids: torch.Tensor, start_pos: int):
         b, s = self._check_rows(input_ids, start_pos, self.next_pos, len(self._rows))
@@ -192,7 +201,7 @@ class Engine:
         """
         segs, xs = self._advance(tokens)
         with self._numerics():
-            logits = ts.head(self.model, xs)[0]
+            logits = self._head(xs)[0]
         return {seq_id: logits[lo:hi] for seq_id, _, lo, hi in segs}
 
     @torch.no_grad()
@@ -215,16 +224,34 @@ class Engine:
         segs = [(row, start_pos, row * s, (row + 1) * s) for row in range(b)]
         mtp, n = self.model.mtp[0], self.config.num_hidden_layers
         with self._numerics():
-            flat = [streams[:, :, j].reshape(1, b * s, -1) for j in range(streams.shape[2])]
-            xs = ts.mtp_input(mtp, ts.embedding(self.model.embed.weight, ids[None]), flat)
+            flat = streams.reshape(1, b * s, *streams.shape[2:]).contiguous()
+            e = ts.linear(mtp.e_proj, self._norm(mtp.enorm, ks.embedding(self.model.embed.weight, ids[None],
+                                                                           self.backend)))
+            xs = ts.mtp_input(e, ts.linear(mtp.h_proj, self._norm(mtp.hnorm, flat)))
             xs = self._block(n, mtp, xs, ids, pos, segs, {}, self.mtp_cache)
-            logits = ts.head(self.model, xs, mtp)[0]
+            logits = self._head(xs, mtp)[0]
         self.mtp_cache.commit(counts)
         self.mtp_next_pos = start_pos + s
         return logits.view(b, s, -1)
 
+    def _head(self, xs: torch.Tensor, mtp=None) -> torch.Tensor:
+        """`Transformer._head`: streams [1, N, M, D] -> logits [1, N, vocab] (the main head, or the MTP
+        block's collapse and norm before the shared vocabulary projection)."""
+        owner = self.model if mtp is None else mtp
+        u = ks.hc_head(xs, owner.hc_head_fn, owner.hc_head_scale, owner.hc_head_base, self.config.rms_norm_eps,
+                       self.config.hc_eps, self.backend)
+        return ts.linear(self.model.head, self._norm(self.model.norm if mtp is None else mtp.norm, u))
+
+    def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
+        return ks.rms_norm(module, x, None, self.backend)
+
+    def _rope(self, table, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        if id(table) not in self._cos_sin:  # float32 cos/sin, built once per table
+            self._cos_sin[id(table)] = ops.rope_cos_sin(table)
+        return ks.rope(self._cos_sin[id(table)], x, positions, self.backend, inverse=inverse)
+
     def _advance(self, tokens: dict):
-        """Run the main blocks on {seq_id: ids}; returns the segments and the final streams [1, N, D] x M."""
+        """Run the main blocks on {seq_id: ids}; returns the segments and the final streams [1, N, M, D]."""
         c = self.config
         if not tokens:
             raise ValueError("step needs at least one sequence")
@@ -251,7 +278,8 @@ class Engine:
         ids_flat, pos_flat = torch.cat(ids), torch.cat(pos)
         pending: dict = {}
         with self._numerics():
-            xs = [ts.embedding(self.model.embed.weight, ids_flat[None])] * c.hc_mult
+            e = ks.embedding(self.model.embed.weight, ids_flat[None], self.backend)
+            xs = e[:, :, None].expand(-1, -1, c.hc_mult, -1).contiguous()  # M equal copies
             for layer_id, block in enumerate(self.model.layers):
                 xs = self._block(layer_id, block, xs, ids_flat, pos_flat, segs, pending, self.cache)
         for seq_id, state in pending.items():
@@ -260,21 +288,42 @@ class Engine:
         return segs, xs
 
     def _block(self, layer_id, block, xs, ids, pos, segs, pending, cache):
-        u, post, comb = ts.hc_pre(block, xs, "attn")
-        y = self._attention(layer_id, block.attn, ts.rms_norm(block.attn_norm, u), pos, segs, pending, cache)
-        xs = ts.hc_post(y, xs, post, comb)
-        u, post, comb = ts.hc_pre(block, xs, "ffn")
-        y = ts.moe(block.ffn, ts.rms_norm(block.ffn_norm, u), ids[None])
-        return ts.hc_post(y, xs, post, comb)
+        u, post, comb = ks.hc_pre(block, xs, "attn", self.backend)
+        y = self._attention(layer_id, block.attn, self._norm(block.attn_norm, u), pos, segs, pending, cache)
+        xs = ks.hc_post(y, xs, post, comb, self.backend)
+        u, post, comb = ks.hc_pre(block, xs, "ffn", self.backend)
+        y = self._moe(block.ffn, self._norm(block.ffn_norm, u)[0], ids)
+        return ks.hc_post(y[None], xs, post, comb, self.backend)
+
+    def _moe(self, ffn, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """`MoE.forward` on x [N, D]: routing, expert-major expansion, the expert GEMMs, SwiGLU with
+        the routing weight, and the sum with the shared expert."""
+        idx, weights = ks.routing(ffn.gate, ts.router_logits(ffn.gate, x), token_ids, self.backend)
+        # A hash table row may name one expert twice; the reference adds that expert once, with the
+        # first slot's weight (MoE.forward's docstring), so later repeats get no row.
+        repeat = ((idx[:, :, None] == idx[:, None, :]) & _EARLIER[:idx.shape[1], :idx.shape[1]]).any(-1)
+        idx = idx.masked_fill(repeat, -1)
+        p2e, _, p2tk, t2p, start, end, _, _ = ks.moe_mapping(idx, ffn.n_routed_experts, self.backend)
+        rows = ks.moe_expand(x, t2p, p2e, self.backend)
+        starts, ends = start.tolist(), end.tolist()
+        gate_up = ts.expert_gemm(ffn.experts, "w13", rows, starts, ends)
+        # the weight of each expanded row (padding rows, p2tk -1, read the appended 0)
+        row_w = torch.cat([weights.flatten(), weights.new_zeros(1)])[p2tk.long()]
+        limit = ffn.shared_experts.swiglu_limit
+        down = ts.expert_gemm(ffn.experts, "w2", ks.swiglu(gate_up, row_w, limit, self.backend), starts, ends)
+        sh = ffn.shared_experts
+        shared_gate_up = torch.cat([ts.linear(sh.w1, x), ts.linear(sh.w3, x)], dim=1)
+        shared = ts.linear(sh.w2, ks.swiglu(shared_gate_up, None, limit, self.backend))
+        return ts.moe_reduce(shared, down, t2p)
 
     def _attention(self, layer_id, attn, x, pos, segs, pending, cache):
         """x [1, N, D] -> [1, N, D]; writes this layer's window KV and compressed entries into `cache`."""
         c = self.config
         h, d, rd = attn.n_heads, attn.head_dim, attn.rope_dim
-        qr = ts.rms_norm(attn.q_norm, ts.linear(attn.wq_a, x))
-        q = ts.rms_norm(None, ts.linear(attn.wq_b, qr).unflatten(-1, (h, d)), attn.eps)
-        q = ts.rope(attn.rope, q, pos)
-        kv = ts.rope(attn.rope, ts.rms_norm(attn.kv_norm, ts.linear(attn.wkv, x)), pos)
+        qr = self._norm(attn.q_norm, ts.linear(attn.wq_a, x))
+        q = ks.rms_norm(None, ts.linear(attn.wq_b, qr).unflatten(-1, (h, d)), attn.eps, self.backend)
+        q = self._rope(attn.rope, q, pos)
+        kv = self._rope(attn.rope, self._norm(attn.kv_norm, ts.linear(attn.wkv, x)), pos)
         if attn.fake_quant:
             kv = ts.kv_fake_quant(kv, rd)
         window_slots = torch.cat([cache.slots(seq, "window", pos[lo:hi]) for seq, _, lo, hi in segs])
@@ -286,7 +335,7 @@ class Engine:
             main = ts.compressor_project(attn.compressor, x, pos)
             if attn.indexer is not None:
                 index = ts.compressor_project(attn.indexer.compressor, x, pos)
-                q_index = ts.indexer_query(attn.indexer, qr, pos)[0]
+                q_index = self._indexer_query(attn.indexer, qr, pos)[0]
         for seq, start, lo, hi in segs:
             p = pos[lo:hi]
             cand = p[:, None] - (w - 1) + torch.arange(w)  # oldest first, as the reference
@@ -308,8 +357,14 @@ class Engine:
         pages = cache.kv_pages("window", layer_id)
         o = _sparse_mla(q[0, :, None].to(pages.dtype).contiguous(), pages, indices,
                         attn.attn_sink.float().contiguous(), d ** -0.5, self.backend)
-        o = ts.rope(attn.rope, o[:, 0].to(x.dtype)[None], pos, inverse=True)
+        o = self._rope(attn.rope, o[:, 0].to(x.dtype)[None], pos, inverse=True)
         return ts.linear(attn.wo_b, ts.grouped_output(attn, o))
+
+    def _indexer_query(self, indexer, qr: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The indexer's q [1, N, h, d]: projection, RoPE, Hadamard, then the QAT FP4 rounding."""
+        q = ts.linear(indexer.wq_b, qr).unflatten(-1, (indexer.n_heads, indexer.head_dim))
+        q = ks.hadamard(self._rope(indexer.rope, q, pos), self.backend)
+        return ts.indexer_fp4_round(q) if indexer.fake_quant else q
 
     def _state(self, seq, key, comp, pending):
         if key in pending.get(seq, {}):

@@ -26,14 +26,26 @@ def test_prefill_300_then_20_decode_steps(exact, model_noqat):
 
 
 def test_batched_forward_with_qat(exact, model_qat):
-    """Batch 2, the reference's QAT rounding on: an ulp can move one FP8 code (docs/model.md)."""
+    """Batch 2, the reference's QAT rounding on: an ulp can move one FP8 code (docs/model.md).
+
+    The rms_norm and hc_post kernels sum in their own order, so about half their outputs
+    differ from the reference's by an ulp (measured: max 2e-6). Under QAT such an ulp can
+    move one window KV e4m3 code, and that code then shifts its position and every later
+    position of the same row (here: row 0 from position 60, by up to 7e-3; row 1 stays
+    exact). So the bound is per row, not per element: the worst error stays < 1e-2 as
+    before, one row at most leaves 1e-4, and it does so only after an exact prefix.
+    """
     ids = tokens(140, seed=2, batch=2)
     eng = Engine(model_qat)
     out = torch.cat([eng.forward(ids[:, :137], 0), eng.forward(ids[:, 137:138], 137),
                      eng.forward(ids[:, 138:], 138)], 1)
     ref = model_qat(ids, 0)
-    err = (out - ref).abs()
-    assert err.max() < 1e-2 and (err > 1e-4).float().mean() < 0.02
+    per_pos = (out - ref).abs().amax(-1)  # [2, 140]
+    assert per_pos.max() < 1e-2
+    off = per_pos > 1e-4
+    assert int(off.any(1).sum()) <= 1, off.any(1)
+    for row in off.any(1).nonzero()[:, 0]:
+        assert int(off[row].nonzero()[0]) >= 16  # exact across the first window at least
 
 
 def test_indexer_picks_match_the_reference(exact):
@@ -241,7 +253,10 @@ def test_steps_introspection_lists_kernels_and_torch_steps():
     table = Engine.steps()
     assert table["sparse_mla"] == "kernel" and table["indexer_topk"] == "kernel"
     assert set(steps.torch_steps()) == {n for n, k in table.items() if k == "torch"}
-    assert "moe" in steps.torch_steps()
+    moved = {"embedding", "rms_norm", "rope", "hadamard", "hc_pre", "hc_post", "hc_head", "routing",
+             "moe_mapping", "moe_expand", "swiglu"}
+    assert {table[n] for n in moved} == {"kernel"}
+    assert table["expert_gemm"] == table["linear"] == "torch"  # float32 weights: no fp32 GEMM op
 
 
 def test_bad_calls_raise_named_errors(model_noqat):
@@ -262,3 +277,23 @@ def test_bad_calls_raise_named_errors(model_noqat):
     with pytest.raises(TypeError, match="Transformer"):
         Engine(object())
     assert eng.length(sid) == 0
+
+
+def test_hash_row_naming_one_expert_twice(exact):
+    """A random hash table may list one expert twice for a token; the reference adds that expert
+    once, with the first slot's weight (MoE.forward). The engine drops the repeat before the
+    mapping, so get_fused_mapping gives it one row, not two."""
+    model = random_model(tiny(num_hidden_layers=1, compress_ratios=(0, 0), num_hash_layers=1, fake_quant=False), seed=4)
+    ids = tokens(40, seed=5)
+    gate = model.layers[0].ffn.gate
+    gate.tid2eid[ids[0, ::3]] = torch.tensor([3, 3])  # every third token: expert 3 in both slots
+    torch.testing.assert_close(Engine(model).forward(ids, 0), model(ids, 0), atol=ATOL, rtol=0)
+
+
+def test_routing_settings_the_kernel_does_not_compute_are_refused():
+    """top2_sum_gate renormalises the chosen scores; a softmax or un-normalised scored gate
+    would be silently wrong, so the engine refuses it up front."""
+    for bad in (dict(scoring_func="softmax"), dict(norm_topk_prob=False)):
+        model = random_model(tiny(num_hidden_layers=1, compress_ratios=(0, 0), num_hash_layers=0, **bad), seed=0)
+        with pytest.raises(NotImplementedError, match="scoring_func"):
+            Engine(model)

@@ -58,12 +58,16 @@ def supported_paths(machine_flags) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=1)
 def compiler_paths() -> tuple[str, ...]:
-    """What this machine's C++ compiler targets under ``-march=native``."""
-    from kernforge.runtime import get_runtime
+    """What this machine's C++ compiler targets under ``-march=native``; without a compiler only
+    ``generic`` (sources still render; building them reports the missing toolchain)."""
+    from kernforge.runtime import ToolchainNotFoundError, get_runtime
 
     from kernforge.backends.cpu.backend import CpuBackend
 
-    identity = get_runtime().compiler("cpu").identity(CpuBackend.options)
+    try:
+        identity = get_runtime().compiler("cpu").identity(CpuBackend.options)
+    except ToolchainNotFoundError:
+        return ("generic",)
     return supported_paths(identity.get("machine", ()))
 
 

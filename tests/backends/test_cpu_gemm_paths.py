@@ -208,3 +208,22 @@ def test_gemms_sharing_a_tile_in_two_orientations(path, M, N, D):
     assert ((o.double() - want).abs() <= bound + 1e-30).all()
     src = CpuRenderer().render(attention_kernel(M, N, D).ir, Target("cpu", path)).source
     assert ("float* __restrict__ K_s" in src) == (path not in isa.NATIVE_BF16)
+
+
+def test_without_a_compiler_sources_still_render_for_the_generic_path(monkeypatch):
+    from kernforge import runtime
+
+    class Missing:
+        def compiler(self, backend):
+            raise runtime.ToolchainNotFoundError("no C++ compiler (test)")
+
+    monkeypatch.setattr(runtime, "get_runtime", lambda: Missing())
+    monkeypatch.delenv(isa.ENV, raising=False)
+    isa.compiler_paths.cache_clear()
+    try:
+        assert isa.compiler_paths() == ("generic",)
+        src = CpuRenderer().render(gemm_kernel(8, 8, 8, 8, 8, 8, "float32", "float32", False, False).ir,
+                                   Target("cpu")).source
+        assert "#define KF_ISA 0" in src
+    finally:
+        isa.compiler_paths.cache_clear()

@@ -5,7 +5,7 @@
 
 Rows (each checked against the peer before it is timed, so a fast wrong kernel cannot report):
 
-* ``gemm``: a DSL tile GEMM (``C = A @ B``, row-major, float32 accumulation) in float32 and
+* ``gemm``: the DSL tile GEMM of ``bench_codegen.py`` (``C = A @ B``, row-major, float32 accumulation) in float32 and
   bfloat16 against ``torch.matmul``: cubes 256-2048 and the decode shapes M in {1, 8, 64} x
   N = K = 4096; plus, when ``kernforge.ops.fp8_gemm_nt`` exists, the e4m3 GEMM with 1x128 /
   128x128 block scales against torch's dequantise + matmul.
@@ -33,7 +33,7 @@ import time
 import torch
 
 import kernforge
-import kernforge.dsl as T
+from bench_codegen import kf_gemm  # the DSL tile GEMM (row-major C = A @ B, float32 accumulation)
 from kernforge.backends.cpu import isa, threads
 
 GEMM_CUBES = (256, 512, 1024, 2048)
@@ -85,22 +85,6 @@ def cpu_tiles(M: int, N: int, K: int) -> tuple[int, int, int]:
     return 128, 128, 128
 
 
-def tile_gemm(M, N, K, block_M, block_N, block_K, dtype):
-    @T.prim_func
-    def gemm(A: T.Tensor((M, K), dtype), B: T.Tensor((K, N), dtype), C: T.Tensor((M, N), dtype)):
-        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=128) as (bx, by):
-            A_s = T.alloc_shared((block_M, block_K), dtype)
-            B_s = T.alloc_shared((block_K, block_N), dtype)
-            C_l = T.alloc_fragment((block_M, block_N), "float32")
-            T.clear(C_l)
-            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=2):
-                T.copy(A[by * block_M, k * block_K], A_s)
-                T.copy(B[k * block_K, bx * block_N], B_s)
-                T.gemm(A_s, B_s, C_l)
-            T.copy(C_l, C[by * block_M, bx * block_N])
-    return gemm
-
-
 def gemm_shapes(quick: bool):
     cubes = GEMM_CUBES[:3] if quick else GEMM_CUBES
     return [(s, s, s) for s in cubes] + [(m, 4096, 4096) for m in GEMM_DECODE]
@@ -115,7 +99,7 @@ def bench_gemm(repeat: int, n_threads: int, quick: bool) -> list[list[str]]:
             a, b = torch.randn(M, K, generator=g).to(tdt), torch.randn(K, N, generator=g).to(tdt)
             c = torch.full((M, N), float("nan"), dtype=tdt)
             tiles = cpu_tiles(M, N, K)
-            kern = kernforge.compile(tile_gemm(M, N, K, *tiles, dt), backend="cpu")
+            kern = kernforge.compile(kf_gemm(M, N, K, *tiles, dt), backend="cpu")
             kern(a, b, c)
             ref = a.double() @ b.double()
             err = float((c.double() - ref).abs().max() / ref.abs().max())

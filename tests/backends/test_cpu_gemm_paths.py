@@ -127,9 +127,16 @@ def test_a_path_the_compiler_does_not_target_is_a_typed_error(monkeypatch):
         kernforge.compile(gemm_kernel(8, 8, 8, 8, 8, 8, "float32", "float32", False, False), backend="cpu")
     if not missing:
         pytest.skip("this machine's compiler targets every path")
+    kern = gemm_kernel(8, 8, 8, 8, 8, 8, "float32", "float32", False, False)
+    # rendering any path is fine (kernforge emit --arch); building one the compiler lacks is not
+    from kernforge import backends
+    assert f"#define KF_ISA {isa.level(missing[0])}" in backends.get("cpu").source(kern.ir, missing[0])
+    monkeypatch.delenv(isa.ENV)
+    with pytest.raises(isa.IsaError, match=f"arch='{missing[0]}'.*does not target it"):
+        kernforge.compile(kern, backend="cpu", arch=missing[0])
     monkeypatch.setenv(isa.ENV, missing[0])
     with pytest.raises(isa.IsaError, match=f"KERNFORGE_CPU_ISA='{missing[0]}'.*does not target it"):
-        kernforge.compile(gemm_kernel(8, 8, 8, 8, 8, 8, "float32", "float32", False, False), backend="cpu")
+        kernforge.compile(kern, backend="cpu")
 
 
 def test_the_environment_switch_forces_a_lower_path(monkeypatch):

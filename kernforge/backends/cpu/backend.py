@@ -125,12 +125,17 @@ class CpuBackend(Backend):
 
     def target(self, arch: Optional[str] = None, launch: bool = False) -> Target:
         """``arch`` is the instruction-set path (``isa.PATHS``); None: ``$KERNFORGE_CPU_ISA``, else the
-        best one the compiler targets.  A path the compiler does not target is an ``IsaError`` here,
-        before anything is compiled."""
+        best one the compiler targets.  Any path renders (``kernforge emit --arch avx512bf16`` on an
+        AVX2 machine); for a launch (``launch=True``, and every build) a path the compiler does not
+        target is an ``IsaError`` here, before anything is compiled."""
+        if arch is not None and not launch:
+            return Target(self.name, isa.check(arch))
         return Target(self.name, isa.default_path(arch))
 
     def build(self, kernel: ir.Kernel, target: Optional[Target] = None) -> CpuLauncher:
-        target = target or self.target()
+        target = target or self.target(launch=True)
+        if target.arch is not None:
+            isa.default_path(target.arch)  # building a path the compiler does not target: IsaError
         program = self.render(kernel, target)
         tag = f"{self.name}_{kernel.artifact_name}" + ("_checked" if target.checks else "")
         module = runtime.compile(tag, program.source, backend="cpu",

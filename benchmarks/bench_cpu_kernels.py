@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import torch
 
 import kernforge
 from bench_codegen import kf_gemm  # the DSL tile GEMM (row-major C = A @ B, float32 accumulation)
+from bench_mla_gemm_cpu import medians_ms  # round-robin medians, same background load for every contender
 from kernforge.backends.cpu import isa, threads
 
 GEMM_CUBES = (256, 512, 1024, 2048)
@@ -47,18 +47,6 @@ def cpu_model() -> str:
     except Exception:  # noqa: BLE001 - lscpu missing: say what platform knows
         name = platform.processor() or platform.machine()
     return f"{name}, {os.cpu_count()} logical CPUs"
-
-
-def medians_ms(fns, repeat: int) -> list[float]:
-    for fn in fns:
-        fn()
-    times = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, ts in zip(fns, times):
-            t = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t) * 1e3)
-    return [statistics.median(ts) for ts in times]
 
 
 def set_threads(n: int) -> None:

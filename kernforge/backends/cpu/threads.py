@@ -21,6 +21,3 @@ def set_num_threads(n: int) -> None:
         raise ValueError(f"set_num_threads: n must be a positive int, got {n!r}")
     _gomp().omp_set_num_threads(ctypes.c_int(n))
 
-
-def get_max_threads() -> int:
-    return int(_gomp().omp_get_max_threads())

@@ -7,7 +7,7 @@ tuning database.  Registered by the main CLI through :func:`register`.
     kernforge tune --export FILE | --import FILE
 
 Every mistake (unknown kernel, unknown tunable, empty space, a bad ``--shape``) is one line
-on stderr and exit code 1.  Progress is one status line on stderr, only on a terminal.
+on stderr and exit code 1.  Progress is a rich bar on stderr, only on a terminal.
 """
 from __future__ import annotations
 
@@ -35,15 +35,17 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="grid: every point; random: --samples points; halving: successive halving (default grid)")
     p.add_argument("--samples", type=int, default=None, help="configurations drawn by --strategy random")
     p.add_argument("--repeats", type=int, default=10, help="timing samples per configuration (default 10)")
+    p.add_argument("--settle", type=int, default=3, metavar="N",
+                   help="re-time the top two with twice the samples, up to N times, while they overlap (default 3)")
     p.add_argument("--budget", type=float, default=None, metavar="S", help="stop after S seconds, best so far")
     p.add_argument("--jobs", type=int, default=1, help="build configurations in N processes first")
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and of --strategy random (default 0)")
     p.add_argument("--force", action="store_true", help="re-run a sweep already in the database")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--png", default=None, metavar="FILE", help="heatmap of time against two tunables "
-                                                               "(--axes; needs matplotlib)")
-    p.add_argument("--axes", default=None, metavar="X,Y", help="the two tunables of --png (default: the first "
-                                                               "two swept with several values)")
+    p.add_argument("--png", default=None, metavar="FILE", help="heatmap PNG of time against one or two "
+                                                               "tunables (--axes), rejected ones marked")
+    p.add_argument("--axes", default=None, metavar="X[,Y]", help="the tunables of --png (default: the first "
+                                                                 "two swept with several values)")
     p.add_argument("--show", action="store_true", help="list the database (KERNEL filters)")
     p.add_argument("--export", default=None, metavar="FILE", help="write the database to FILE (JSON)")
     p.add_argument("--import", dest="import_", default=None, metavar="FILE", help="merge FILE into the database")
@@ -143,24 +145,10 @@ def _show(args) -> int:
     return 0
 
 
-class _Counts:
-    """The progress line: compiled / verified / timed / rejected counts and the best so far."""
-
-    def __init__(self, status):
-        self.status = status
-        self.n = dict(compiled=0, verified=0, timed=0, rejected=0, pruned=0, reused=0)
-        self.best = None
-
-    def __call__(self, event: str, config: dict, result) -> None:
-        self.n[event] += 1
-        self.status(" ".join(f"{k} {v}" for k, v in self.n.items() if v) + (f" | best {self.best}" if self.best
-                                                                             else ""))
-
-
 def _sweep(args) -> int:
-    from kernforge.cli import _Status
     from kernforge.kernels.check import format_table
     from kernforge.tune import tune
+    from kernforge.tune.progress import SweepProgress
 
     problem = args.problem
     if args.shape:
@@ -171,10 +159,18 @@ def _sweep(args) -> int:
         base = dict(get_problem(spec, args.problem).params) if args.problem else {}
         problem = dict(base, **parse_shape(args.shape))
     space = parse_space(args.space) if args.space else None
-    with _Status() as status:
+    if args.png and args.axes:  # a typo in --axes should not cost a whole sweep first
+        from kernforge.tune.heatmap import HeatmapError
+        from kernforge.tune.sweep import resolve_spec
+
+        declared = getattr(resolve_spec(args.kernel).factory, "space", {}) or {}
+        for name in (n.strip() for n in args.axes.split(",")):
+            if name not in declared:
+                raise HeatmapError(f"--axes {name!r} is not a tunable of {args.kernel} ({', '.join(declared)})")
+    with SweepProgress(args.kernel) as bar:
         result = tune(args.kernel, backend=args.backend, problem=problem, space=space, budget_s=args.budget,
                       strategy=args.strategy, jobs=args.jobs, force=args.force, samples=args.samples,
-                      repeats=args.repeats, seed=args.seed, progress=_Counts(status))
+                      repeats=args.repeats, seed=args.seed, settle=args.settle, progress=bar)
     png_note = _png(result, args.png, args.axes) if args.png else None
     if args.json:
         out = result.to_json()
@@ -193,47 +189,21 @@ def _sweep(args) -> int:
           + (f" (stopped: {result.stopped})" if result.stopped else ""))
     print(format_table(["rank", "config", "status", "median ms", "spread", "samples"], rows))
     best = result.best
-    print("best: " + (" ".join(f"{k}={v}" for k, v in best.items()) if best else "none (every configuration failed)")
-          + ("" if result.stable is not False else "  (ranking not stable: the top two overlap)"))
+    print("best: " + (" ".join(f"{k}={v}" for k, v in best.items()) if best else "none (every configuration failed)"))
+    if result.stable is not None:
+        rounds = f" after {result.settle_rounds} extra timing round(s)" if result.settle_rounds else ""
+        print(f"ranking: stable{rounds}" if result.stable else
+              f"ranking: not stable{rounds}: the top two's timings overlap (--settle N times them longer)")
     if png_note:
         print(png_note)
     return 0 if best else 1
 
 
 def _png(result, path: str, axes) -> str:
-    """Draw the heatmap, or say why not (matplotlib is optional and not a dependency)."""
-    try:
-        import matplotlib
+    from kernforge.tune.heatmap import HeatmapError, draw
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return f"--png skipped: matplotlib is not installed (pip install matplotlib), {path} not written"
-    names = axes.split(",") if axes else [k for k, v in result.space.items() if len(v) > 1][:2]
-    if len(names) != 2 or names[0] == names[1] or not all(n in result.space for n in names):
-        return (f"--png skipped: it needs two different tunables (--axes X,Y) of {', '.join(result.space)}, "
-                f"got {','.join(names) or 'fewer than two swept'}")
-    x, y = names
-    xs, ys = result.space[x], result.space[y]
-    grid = [[float("nan")] * len(xs) for _ in ys]
-    marks = []
-    for r in result.ranked:
-        if r.status == "timed":
-            i, j = ys.index(r.config[y]), xs.index(r.config[x])
-            cur = grid[i][j]
-            grid[i][j] = r.median_ms if cur != cur else min(cur, r.median_ms)  # best over the other tunables
-    for r in result.rejected:
-        marks.append((xs.index(r.config[x]), ys.index(r.config[y])))
-    fig, ax = plt.subplots()
-    im = ax.imshow(grid, origin="lower", cmap="viridis_r")
-    ax.set_xticks(range(len(xs)), [str(v) for v in xs])
-    ax.set_yticks(range(len(ys)), [str(v) for v in ys])
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
-    for j, i in marks:
-        ax.text(j, i, "x", ha="center", va="center", color="red")
-    fig.colorbar(im, label="median ms (best over the other tunables)")
-    ax.set_title(f"{result.kernel} on {result.backend} (x: rejected)")
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        draw(result, path, axes)
+    except HeatmapError as e:
+        return f"--png skipped: {e}; {path} not written"
     return f"heatmap written to {path}"

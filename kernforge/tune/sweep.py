@@ -26,9 +26,11 @@ from kernforge.kernels import registry
 from kernforge.kernels.check import ProblemError, default_problem, get_problem
 from kernforge.tune import consult, identity
 from kernforge.tune.db import Database, Key, Row, canonical
+from kernforge.tune.fit import misfit
 
 STRATEGIES = ("grid", "random", "halving")
-# Progress events: ("compiled" | "verified" | "timed" | "rejected" | "pruned" | "reused", config, result)
+# Progress events: ("compiled" | "verified" | "timed" | "rejected" | "pruned" | "reused", config, result);
+# "timed" comes again for a configuration re-timed to settle the ranking
 Progress = Optional[Callable[[str, dict, "TuneResult"], None]]
 
 
@@ -73,6 +75,9 @@ class TuneResult:
     elapsed_s: float = 0.0
     time_to_best_s: Optional[float] = None  # when the final best was first timed (this run)
     db_path: str = ""
+    planned: int = 0  # configurations in the plan (progress bars size themselves on it)
+    settle_rounds: int = 0  # extra timing rounds run to separate the top two (see ``stable``)
+    leader: Optional[Row] = None  # the fastest timing so far, while the sweep runs (for progress)
 
     @property
     def best(self) -> Optional[dict]:
@@ -84,15 +89,19 @@ class TuneResult:
         timed = [r for r in self.ranked if r.status == "timed"]
         if len(timed) < 2:
             return None
-        a, b = timed[0], timed[1]
-        return a.median_ms * (1 + (a.spread or 0) / 2) < b.median_ms * (1 - (b.spread or 0) / 2)
+        return separated(timed[0], timed[1])
 
     def to_json(self) -> dict:
         return dict(kernel=self.kernel, backend=self.backend, key=json.loads(self.key.text),
                     strategy=self.strategy, space=self.space, best=self.best, stable=self.stable,
                     cached=self.cached, stopped=self.stopped, elapsed_s=self.elapsed_s,
-                    time_to_best_s=self.time_to_best_s, db=self.db_path,
+                    time_to_best_s=self.time_to_best_s, db=self.db_path, settle_rounds=self.settle_rounds,
                     ranked=[r.to_json() for r in self.ranked], rejected=[r.to_json() for r in self.rejected])
+
+
+def separated(a: Row, b: Row) -> bool:
+    """Whether ``a``'s interquartile range lies below ``b``'s (medians +- half the spread)."""
+    return a.median_ms * (1 + (a.spread or 0) / 2) < b.median_ms * (1 - (b.spread or 0) / 2)
 
 
 # ---------------------------------------------------------------- requests
@@ -236,7 +245,8 @@ def _reason(stage: str, e: BaseException) -> str:
 def tune(kernel, backend: Optional[str] = None, problem: Union[str, dict, None] = None,
          space: Optional[dict] = None, budget_s: Optional[float] = None, strategy: str = "grid",
          jobs: int = 1, force: bool = False, samples: Optional[int] = None, repeats: int = 10,
-         seed: int = 0, db: Union[str, Database, None] = None, progress: Progress = None) -> TuneResult:
+         seed: int = 0, settle: int = 3, db: Union[str, Database, None] = None,
+         progress: Progress = None) -> TuneResult:
     """Sweep ``kernel`` (a registry name, spec or factory) on ``backend`` (default: the
     default CPU backend) at ``problem`` (a registry label, or a dict of parameters
     overriding the default problem's).
@@ -245,7 +255,9 @@ def tune(kernel, backend: Optional[str] = None, problem: Union[str, dict, None] 
     (every point), ``random`` (``samples`` points drawn with ``seed``) or ``halving``
     (successive halving: all verified points get three short samples, the faster half
     twice as many, and so on; the last two get ``repeats`` samples).  ``budget_s`` stops
-    the sweep with the best so far.  ``jobs > 1`` builds the configurations in that many
+    the sweep with the best so far.  While the top two's timings overlap, both are timed
+    again with twice the samples, at most ``settle`` times (``TuneResult.stable`` then says
+    whether that separated them).  ``jobs > 1`` builds the configurations in that many
     worker processes first (the JIT cache makes the builds here hits).  ``force`` re-runs
     a key already in the database; otherwise a finished sweep of the same space returns
     at once, and an unfinished one resumes, skipping the configurations recorded."""
@@ -258,6 +270,8 @@ def tune(kernel, backend: Optional[str] = None, problem: Union[str, dict, None] 
         raise TuneError(str(e)) from None
     if strategy not in STRATEGIES:
         raise TuneError(f"unknown strategy {strategy!r}; choices: {', '.join(STRATEGIES)}")
+    if not isinstance(settle, int) or settle < 0:
+        raise TuneError(f"settle must be a non-negative int, got {settle!r}")
     if not isinstance(jobs, int) or jobs < 1:
         raise TuneError(f"jobs must be a positive int, got {jobs!r}")
     if budget_s is not None and budget_s <= 0:
@@ -290,8 +304,8 @@ def tune(kernel, backend: Optional[str] = None, problem: Union[str, dict, None] 
             return result
         workload = {k: v for k, v in params.items() if k not in space and k not in json.loads(key.bucket)}
         database.begin_sweep(key, space, strategy, dict(workload, problem=label), force)
-        _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_s, jobs, database, key,
-             result, progress, t_start)
+        _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_s, jobs, settle, database,
+             key, result, progress, t_start)
         if not result.stopped:
             database.finish_sweep(key)
         _fill(result, database.rows(key), only=_plan(space, strategy, samples, seed))
@@ -313,14 +327,18 @@ def _fill(result: TuneResult, rows: list[Row], only: Optional[list[dict]] = None
     result.rejected = [r for r in rows if r.status == "rejected"]
 
 
-def _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_s, jobs, database, key,
+def _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_s, jobs, settle, database, key,
          result, progress, t_start) -> None:
     say = progress or (lambda *_: None)
     done = {canonical(r.config): r for r in database.rows(key) if r.status in ("timed", "rejected")}
     plan = _plan(space, strategy, samples, seed)
+    result.planned = len(plan)
     todo = [c for c in plan if canonical(c) not in done]
     for c in plan:
-        if canonical(c) in done:
+        row = done.get(canonical(c))
+        if row is not None:
+            if row.status == "timed" and (result.leader is None or row.median_ms < result.leader.median_ms):
+                result.leader = row
             say("reused", c, result)
     over = (lambda: budget_s is not None and time.perf_counter() - t_start > budget_s)
     if jobs > 1 and len(todo) > 1:
@@ -330,7 +348,15 @@ def _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_
     device = backends.device(backend)
     inputs = spec.make_inputs(params, seed, device)
     expected = spec.reference(_clone(inputs), params)
-    best_ms = min((r.median_ms for r in done.values() if r.status == "timed"), default=None)
+
+    first_timed = {}  # canonical config -> seconds into the sweep when this run first timed it
+
+    def record_time(config, med, spread, n):
+        database.record(key, Row(config, "timed", med, spread, n))
+        first_timed.setdefault(canonical(config), time.perf_counter() - t_start)
+        if result.leader is None or med < result.leader.median_ms:
+            result.leader = Row(config, "timed", med, spread, n)
+        say("timed", config, result)
 
     def reject(config, reason):
         row = Row(config, "rejected", reason=reason)
@@ -338,6 +364,7 @@ def _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_
         say("rejected", config, result)
 
     verified = []  # (config, kernel, inputs) ready to time
+    built = {}  # canonical config -> (kernel, inputs) of everything verified in this run
     for config in todo:
         if over():
             result.stopped = "budget"
@@ -347,6 +374,10 @@ def _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_
             kern = _compile(spec, backend, full)
         except Exception as e:  # noqa: BLE001 - a configuration that cannot build is a result, not a crash
             reject(config, _reason("compile", e))
+            continue
+        why = misfit(kern, backend)
+        if why:
+            reject(config, why)
             continue
         say("compiled", config, result)
         args = _clone(inputs)
@@ -360,16 +391,23 @@ def _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_
             reject(config, _reason("run", e))
             continue
         say("verified", config, result)
+        built[canonical(config)] = (kern, args)
         if strategy == "halving":
             verified.append((config, kern, args))
             continue
-        med, spread = _time(kern, args, repeats, device)
-        database.record(key, Row(config, "timed", med, spread, repeats))
-        if best_ms is None or med < best_ms:
-            best_ms, result.time_to_best_s = med, time.perf_counter() - t_start
-        say("timed", config, result)
-    if strategy != "halving" or not verified:
-        return
+        record_time(config, *_time(kern, args, repeats, device), repeats)
+    if strategy == "halving" and verified:
+        _halve(verified, repeats, device, over, database, key, result, say, record_time)
+    if not result.stopped and settle:
+        _settle(spec, backend, params, inputs, plan, built, settle, device, over, database, key, result, say,
+                record_time)
+    best = database.best(key.text)
+    result.time_to_best_s = first_timed.get(canonical(best)) if best is not None else None
+
+
+def _halve(verified, repeats, device, over, database, key, result, say, record_time) -> None:
+    """Successive halving: every verified configuration gets three short samples, the faster
+    half twice as many, and so on; the last two get the full ``repeats``."""
     alive, short = verified, 3
     while len(alive) > 2 and not over():
         timed = sorted(((_time(k, a, short, device), (c, k, a)) for c, k, a in alive), key=lambda x: x[0][0])
@@ -381,8 +419,25 @@ def _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_
     if len(alive) > 2:  # the budget ran out before the races: the rest stay unrecorded, to resume
         result.stopped, alive = "budget", alive[:2]
     for c, k, a in alive:
-        med, spread = _time(k, a, repeats, device)
-        database.record(key, Row(c, "timed", med, spread, repeats))
-        if best_ms is None or med < best_ms:
-            best_ms, result.time_to_best_s = med, time.perf_counter() - t_start
-        say("timed", c, result)
+        record_time(c, *_time(k, a, repeats, device), repeats)
+
+
+def _settle(spec, backend, params, inputs, plan, built, rounds, device, over, database, key, result, say,
+            record_time) -> None:
+    """Time the top two again, with twice the samples each round, while their interquartile
+    ranges overlap: a ranking decided by noise is not worth remembering.  Gives up after
+    ``rounds`` (two configurations of equal speed never separate); ``result.stable`` says
+    which way it ended.  A configuration recorded by an earlier run is rebuilt (a JIT cache
+    hit) on the same inputs it was verified on."""
+    wanted = {canonical(c) for c in plan}
+    for _ in range(rounds):
+        timed = sorted((r for r in database.rows(key) if r.status == "timed" and canonical(r.config) in wanted),
+                       key=lambda r: r.median_ms)
+        if len(timed) < 2 or separated(timed[0], timed[1]) or over():
+            return
+        result.settle_rounds += 1
+        for row in timed[:2]:
+            kern, args = built.get(canonical(row.config)) or (
+                _compile(spec, backend, dict(params, **row.config)), _clone(inputs))
+            n = 2 * (row.samples or 1)
+            record_time(row.config, *_time(kern, args, n, device), n)

@@ -67,7 +67,7 @@ def draw(result, path: str, axes: str | None = None) -> Grid:
     import matplotlib.pyplot as plt
 
     g = grid(result, *axes_of(result, axes))
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(g.xs), 1.6 + 0.7 * len(g.ys)))
+    fig, ax = plt.subplots(figsize=(max(5.0, 2.5 + 0.9 * len(g.xs)), max(3.0, 1.6 + 0.7 * len(g.ys))))
     im = ax.imshow(g.ms, origin="lower", cmap="viridis_r", aspect="auto")
     ax.set_xticks(range(len(g.xs)), [str(v) for v in g.xs])
     ax.set_xlabel(g.x)
@@ -83,8 +83,8 @@ def draw(result, path: str, axes: str | None = None) -> Grid:
     if g.rejected:
         ax.scatter([j for j, _ in g.rejected], [i for _, i in g.rejected], marker="x", s=160, c="red",
                    linewidths=2, label="rejected")
-    fig.colorbar(im, label="median ms (best over the other tunables)")
-    ax.set_title(f"{result.kernel} on {result.backend}  (x: a configuration rejected)", fontsize=9)
+    fig.colorbar(im, label="median ms")
+    ax.set_title(f"{result.kernel} on {result.backend}\nbest over the other tunables; x: rejected", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -168,7 +168,7 @@ def test_interrupted_sweep_keeps_its_results_and_resumes(monkeypatch):
     builds = []
     real_compile = sweep._compile
     monkeypatch.setattr(sweep, "_compile", lambda *a: builds.append(a[2]["block_K"]) or real_compile(*a))
-    res = kt.tune(GG, backend="interp", problem="small", space=space, repeats=2)
+    res = kt.tune(GG, backend="interp", problem="small", space=space, repeats=2, settle=0)
     assert not res.cached and sorted(builds) == [64, 128]  # the recorded one is not redone
     assert sorted(r.config["block_K"] for r in res.ranked) == [32, 64, 128]
     assert kt.tune(GG, backend="interp", problem="small", space=space).cached

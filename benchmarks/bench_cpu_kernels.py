@@ -92,10 +92,11 @@ def bench_gemm(repeat: int, n_threads: int, quick: bool) -> list[list[str]]:
             ref = a.double() @ b.double()
             err = float((c.double() - ref).abs().max() / ref.abs().max())
             assert err < (1e-5 if dt == "float32" else 1e-2), f"gemm {dt} {M}x{N}x{K} is wrong: {err}"
-            r = 1 if dt == "bfloat16" and M * N * K >= 1024 ** 3 else repeat  # torch bf16 is slow without AVX512-BF16
-            ours, theirs = medians_ms([lambda: kern(a, b, c), lambda: torch.matmul(a, b)], max(1, r))
+            # torch's bf16 matmul takes minutes at 2048^3 without AVX512-BF16 / AMX: one run there
+            slow_peer = dt == "bfloat16" and M * N * K >= 1024 ** 3 and "avx512bf16" not in isa.compiler_paths()
+            ours, theirs = medians_ms([lambda: kern(a, b, c), lambda: torch.matmul(a, b)], 1 if slow_peer else repeat)
             flop = 2.0 * M * N * K
-            rows.append([f"gemm {dt} {M}x{N}x{K} (tiles {tiles[0]}x{tiles[1]}x{tiles[2]})", n_threads,
+            rows.append([f"gemm {dt} {M}x{N}x{K} (tiles {tiles[0]}x{tiles[1]}x{tiles[2]}, {isa.default_path()})", n_threads,
                          f"{ours:.2f}", f"{theirs:.2f}", f"{theirs / ours:.2f}",
                          f"{flop / ours / 1e6:.1f} GFLOP/s"])
     rows += bench_fp8_gemm(repeat, n_threads, quick)

@@ -234,3 +234,21 @@ def test_without_a_compiler_sources_still_render_for_the_generic_path(monkeypatc
         assert "#define KF_ISA 0" in src
     finally:
         isa.compiler_paths.cache_clear()
+
+
+@pytest.mark.skipif("avx512bf16" not in isa.compiler_paths(),
+                    reason="the C++ compiler does not target avx512bf16 on this machine")
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(M=st.integers(1, 40), tiles=st.sampled_from([(1, 128, 8), (8, 16, 7), (9, 48, 16), (16, 32, 5),
+                                                     (24, 80, 12), (3, 64, 33), (13, 112, 2)]),
+       K=st.integers(1, 70), n_tiles=st.integers(1, 2), trans=st.sampled_from([(False, False), (False, True),
+                                                                                (True, False), (True, True)]),
+       seed=st.integers(0, 2**16))
+def test_bf16_tiles_read_in_place_as_k_pairs(M, tiles, K, n_tiles, trans, seed):
+    """avx512bf16's bf16 x bf16 GEMM on tiles that are N-contiguous in whole 16-column vectors
+    (the layout pass orients a transposed B so) reads them in place: B's rows k and k+1 are
+    interleaved into (k, k+1) pairs in registers and A's pair is one 32-bit word (two loads when
+    A is transposed). Odd K tiles (a last k without a partner), a lone 16-column vector, odd
+    panel widths and partial row blocks are each their own code."""
+    bm, bn, bk = tiles
+    check("avx512bf16", M, bn * n_tiles, K, bm, bn, bk, "bfloat16", *trans, seed)

@@ -25,7 +25,8 @@ once, not by hand in each kernel.  The pass runs before copies are lowered.
 
 A third rewrite, **direct operands** (``direct=True``; the CPU, whose GEMM reads any
 address), removes a copy altogether: a tile filled by one in-bounds ``Copy`` from a
-global tensor the kernel never writes, already in the compute type, and read only by
+global tensor the kernel never writes, in a type the micro-kernel reads as it is (the compute
+type, or bf16 / fp8 where the target multiplies them natively and so does not widen them), and read only by
 GEMMs right after the copy in the same sequence, is replaced in those GEMMs by the
 global region itself.  Always for A (the micro-kernel broadcasts its elements from
 any stride); for B only when few rows use it (``direct_b_rows``): a decode GEMM
@@ -213,7 +214,7 @@ class _Rebuffer(ir.Mutator):
         return replace(node, **changes) if changes else node
 
 
-_DIRECT_DTYPES = (dtypes.float32, dtypes.float64)  # the compute types: read as they are
+_DIRECT_DTYPES = (dtypes.float32, dtypes.float64)  # the compute types: read as they are on every target
 
 
 def _written_globals(kernel: ir.Kernel) -> set:
@@ -237,8 +238,9 @@ class _Direct(ir.Mutator):
     """Within each ``Seq``: a copy into an eligible tile, then GEMMs reading it, become the
     GEMMs reading the copy's source."""
 
-    def __init__(self, kernel: ir.Kernel, direct_b_rows: int):
+    def __init__(self, kernel: ir.Kernel, direct_b_rows: int, in_place: tuple):
         self.uses = _collect(kernel)
+        self.in_place = in_place  # the dtypes a GEMM reads from global memory as they are
         self.counts: dict[ir.Buffer, int] = {}
         for n in ir.nodes(kernel.body):
             if isinstance(n, ir.Region) and n.buffer.scope in _ON_CHIP:
@@ -256,7 +258,7 @@ class _Direct(ir.Mutator):
         g, t = src.buffer, dst.buffer
         u = self.uses.get(t)
         if (g.scope != ir.Scope.GLOBAL or t.scope not in _ON_CHIP or u is None or g in self.written
-                or g.dtype != t.dtype or t.dtype not in _DIRECT_DTYPES or not _whole(dst)
+                or g.dtype != t.dtype or t.dtype not in self.in_place or not _whole(dst)
                 or u.other_reads or not u.strided_only or not u.copy_writes_same_dtype
                 or not all(isinstance(x, ir.Const) for x in g.strides)
                 or tile_mask(src, self.table) is not None or src.squeezed() != dst.squeezed()):
@@ -311,9 +313,11 @@ def gemm_operand_layout(kernel: ir.Kernel, widen=NARROW, direct: bool = False, d
                         ) -> ir.Kernel:
     """``kernel`` with its GEMM operand tiles re-laid-out (see the module docstring);
     ``widen``: the narrow dtypes to store as float32 (none on a target whose GEMM
-    multiplies them natively); ``direct``: let GEMMs read eligible global tiles in place."""
+    multiplies them natively); ``direct``: let GEMMs read eligible global tiles in place (a
+    narrow dtype that is not widened is read in place too: avx512bf16 reads bf16 A and B rows
+    from global memory as (k, k+1) pairs, so copying them into a tile only moves bytes)."""
     if direct:
-        d = _Direct(kernel, direct_b_rows)
+        d = _Direct(kernel, direct_b_rows, _DIRECT_DTYPES + tuple(x for x in NARROW if x not in widen))
         body = d.visit(kernel.body)
         if d.removed:
             kernel = kernel.with_body(_DropAllocations(d.removed).visit(body))

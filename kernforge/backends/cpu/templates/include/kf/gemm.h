@@ -9,7 +9,9 @@
 //   micro-kernel reads the tiles where they are: A by broadcasts at any
 //   stride, B by vector loads.  The CPU pipeline's layout pass
 //   (codegen/passes/gemm_layout.py) gives operand tiles that layout (and the
-//   compute type) at the T.copy that fills them, so no call packs.
+//   compute type) at the T.copy that fills them, so no call packs.  Under
+//   AVX512-BF16 bf16 x bf16 tiles are read in place too (gemm_bf16_direct): B's
+//   (k, k+1) pairs for VDPBF16PS are interleaved in registers as B is loaded.
 // * packed: otherwise both operands are packed per call into zero-padded
 //   compute-type panels (float for fp32/fp16/bf16/fp8, int32 for int8, double
 //   for fp64); under AVX512-BF16 bf16/fp8 operands become (k, k+1) pairs for
@@ -385,6 +387,124 @@ inline void gemm_bf16(const AS* __restrict__ A, const BS* __restrict__ B, CS* __
 }
 #endif
 
+#if KF_ISA >= KF_ISA_AVX512BF16
+// bf16 x bf16 -> fp32 read in place (no packing): B's rows k and k+1 are interleaved into
+// (k, k+1) pairs in registers as they are loaded, A's (k, k+1) pair is one 32-bit broadcast.
+// VPUNPCK{L,H}WD of 32 columns of rows k and k+1 gives two pair vectors whose columns are
+// permuted within 128-bit lanes (lo: 0-3, 8-11, 16-19, 24-27; hi: 4-7, 12-15, 20-23, 28-31);
+// the accumulators keep that order and are put back once, at the store.  A last vector of
+// 16 columns (an odd NV) is built from two 256-bit unpacks (order 0-3, 8-11, 4-7, 12-15).
+// Rows and vectors per register block: 8 x 3 zmm as on the float path (24 accumulators, 3 pair
+// vectors and a broadcast in the 32 registers), or a decode block's few rows x 6-8 vectors.
+// 8 x 2, 8 x 3, 6 x 4 and 12 x 2 all reached 460-490 GFLOP/s on a Zen 5 core in cache
+// (benchmarks/bench_cpu_microkernel.py); 8 rows divide the power-of-two tiles and an 8-row
+// decode block, where 6 rows left a 2-row remainder (-20%).  (The caller's B tile is bf16 and N-contiguous: the layout pass's orientation.)
+inline constexpr int kBf16Rows = 8;
+template <int MR>
+inline constexpr int kBf16Vectors = MR <= 2 ? 8 : MR <= 4 ? 6 : 3;
+
+// B's (k, k+1) pairs for NV vectors of columns from rows r0 and r1 (LAST: k + 1 is past K, its row reads as zero).
+template <int NV, bool LAST>
+inline void bf16_pairs(const kf_bf16* __restrict__ r0, const kf_bf16* __restrict__ r1, __m512bh* bv) {
+#pragma GCC unroll 8
+  for (int v = 0; v + 1 < NV; v += 2) {
+    const __m512i x = _mm512_loadu_si512(r0 + v * 16);
+    const __m512i y = LAST ? _mm512_setzero_si512() : _mm512_loadu_si512(r1 + v * 16);
+    bv[v] = (__m512bh)_mm512_unpacklo_epi16(x, y);
+    bv[v + 1] = (__m512bh)_mm512_unpackhi_epi16(x, y);
+  }
+  if constexpr (NV % 2) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + (NV - 1) * 16));
+    const __m256i y = LAST ? _mm256_setzero_si256() : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + (NV - 1) * 16));
+    bv[NV - 1] = (__m512bh)_mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_unpacklo_epi16(x, y)),
+                                              _mm256_unpackhi_epi16(x, y), 1);
+  }
+}
+
+// A's (k, k+1) pair of row ``a`` (k + 1 past K when LAST: zero), k even, as a 32-bit word.
+template <int A_CS, bool LAST>
+inline uint32_t bf16_a_pair(const kf_bf16* __restrict__ a, int k) {
+  if constexpr (LAST) return bf16_bits(a[int64_t(k) * A_CS]);
+  if constexpr (A_CS == 1) {
+    uint32_t w;
+    std::memcpy(&w, a + k, sizeof(w));
+    return w;
+  }
+  return bf16_bits(a[int64_t(k) * A_CS]) | (bf16_bits(a[int64_t(k + 1) * A_CS]) << 16);
+}
+
+template <int MR, int NV, int A_RS, int A_CS, int B_RS, bool LAST>
+inline void bf16_step(const kf_bf16* __restrict__ a, const kf_bf16* __restrict__ b, int k, __m512 (&acc)[MR][NV]) {
+  __m512bh bv[NV];
+  bf16_pairs<NV, LAST>(b + int64_t(k) * B_RS, b + int64_t(LAST ? k : k + 1) * B_RS, bv);
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(int(bf16_a_pair<A_CS, LAST>(a + int64_t(r) * A_RS, k)));
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+  }
+}
+
+template <int MR, int NV, int K, int A_RS, int A_CS, int B_RS, int C_RS, int C_CS, int NCOLS, bool CLEAR, class CS>
+inline void bf16_direct_block(const kf_bf16* __restrict__ a, const kf_bf16* __restrict__ b, CS* __restrict__ c) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int k = 0; k + 1 < K; k += 2) bf16_step<MR, NV, A_RS, A_CS, B_RS, false>(a, b, k, acc);
+  if constexpr (K % 2) bf16_step<MR, NV, A_RS, A_CS, B_RS, true>(a, b, K - 1, acc);
+  // the lane each column's sum sits in, for a pair of vectors (0..31 over lo, hi) and a lone one
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512i half = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+  constexpr bool vector_store = std::is_same_v<CS, float> && C_CS == 1 && NCOLS == NV * 16;
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    __m512 out[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v + 1 < NV; v += 2) {
+      out[v] = _mm512_permutex2var_ps(acc[r][v], lo, acc[r][v + 1]);
+      out[v + 1] = _mm512_permutex2var_ps(acc[r][v], hi, acc[r][v + 1]);
+    }
+    if constexpr (NV % 2) out[NV - 1] = _mm512_permutexvar_ps(half, acc[r][NV - 1]);
+    CS* row = c + int64_t(r) * C_RS;
+    if constexpr (vector_store) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        _mm512_storeu_ps(row + v * 16, CLEAR ? out[v] : _mm512_add_ps(_mm512_loadu_ps(row + v * 16), out[v]));
+    } else {
+      float o[NV * 16];
+      std::memcpy(o, out, sizeof(o));
+      for (int j = 0; j < NCOLS; ++j) {
+        const float old = CLEAR ? 0.0f : load_as<float>(row[j * C_CS]);
+        row[j * C_CS] = store_as<CS>(CLEAR ? o[j] : old + o[j]);
+      }
+    }
+  }
+}
+
+// Column panels of NV vectors outermost (a K x 16*NV panel of B stays in L1 while the row blocks
+// pass), MR-row blocks inside, the last panel and the last row block narrower.
+template <int M, int N, int K, int A_RS, int A_CS, int B_RS, int C_RS, int C_CS, bool CLEAR, class CS>
+inline void gemm_bf16_direct(const kf_bf16* __restrict__ A, const kf_bf16* __restrict__ B, CS* __restrict__ C) {
+  constexpr int MR = kBf16Rows < M ? kBf16Rows : M, NVMAX = kBf16Vectors<MR>;
+  constexpr int NV = NVMAX < N / 16 ? NVMAX : N / 16, W = NV * 16, FULL = N / W * W, TAIL = (N - FULL) / 16;
+  auto panel = [&](auto nv, int j0) {
+    constexpr int V = decltype(nv)::value;
+    int i0 = 0;
+    for (; i0 + MR <= M; i0 += MR)
+      bf16_direct_block<MR, V, K, A_RS, A_CS, B_RS, C_RS, C_CS, V * 16, CLEAR>(
+          A + int64_t(i0) * A_RS, B + j0, C + int64_t(i0) * C_RS + int64_t(j0) * C_CS);
+    if constexpr (M % MR != 0)
+      bf16_direct_block<M % MR, V, K, A_RS, A_CS, B_RS, C_RS, C_CS, V * 16, CLEAR>(
+          A + int64_t(i0) * A_RS, B + j0, C + int64_t(i0) * C_RS + int64_t(j0) * C_CS);
+  };
+  for (int j0 = 0; j0 < FULL; j0 += W) panel(std::integral_constant<int, NV>{}, j0);
+  if constexpr (TAIL > 0) panel(std::integral_constant<int, TAIL>{}, FULL);
+}
+#endif
+
 // A already in the compute type, B not readable in place (transposed, or narrow): B alone is
 // packed, into zero-padded K x W panels (W = the direct block's width), and the direct blocks
 // read them with B_RS = W; A is still read where it is.  MLA's Q K^T: Q is never packed.
@@ -425,7 +545,11 @@ inline void gemm(const AS* __restrict__ A, const BS* __restrict__ B, CS* __restr
 #if KF_ISA >= KF_ISA_AVX512BF16
   constexpr bool a_bf16 = std::is_same_v<AS, kf_bf16> || std::is_same_v<AS, kf_fp8e4m3>;
   constexpr bool b_bf16 = std::is_same_v<BS, kf_bf16> || std::is_same_v<BS, kf_fp8e4m3>;
-  if constexpr (a_bf16 && b_bf16 && std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<AS, kf_bf16> && std::is_same_v<BS, kf_bf16> && std::is_same_v<T, float> &&
+                B_CS == 1 && N % 16 == 0) {
+    gemm_bf16_direct<M, N, K, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B, C);
+    return;
+  } else if constexpr (a_bf16 && b_bf16 && std::is_same_v<T, float>) {
     gemm_bf16<M, N, K, A_RS, A_CS, B_RS, B_CS, C_RS, C_CS, CLEAR>(A, B, C, scratch);
     return;
   }

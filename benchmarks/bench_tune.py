@@ -183,9 +183,9 @@ def _heuristic(kernel: str, backend: str, params: dict, space: dict) -> dict:
     if kernel == MLA:
         from kernforge.kernels.mla_decode import config
 
-        chosen = config.choose(backend, params["heads"], params.get("heads_kv", 1), params.get("seq_q", 1),
-                               params.get("dim", 576), params.get("dim_v", 512), params.get("page_size", 64),
-                               params.get("causal", False))
+        chosen = config.choose.heuristic(backend, params["heads"], params.get("heads_kv", 1), params.get("seq_q", 1),
+                                         params.get("dim", 576), params.get("dim_v", 512), params.get("page_size", 64),
+                                         params.get("causal", False))
     else:
         from kernforge.kernels.grouped_gemm import config
 

@@ -10,7 +10,7 @@ all of them, and attention reads each token's candidates through flat slot ids.
 
 Kernel steps: `sparse_mla` (attention over window + compressed candidates with
 the sink, `kernforge.ops.flash_mla_with_kvcache` sparse path, bf16) and
-`indexer_topk` (`kernforge.ops.topk`) here; the layer and MoE ops in
+`indexer_topk` (`kernforge.ops.topk`) here; the layer, GEMM and MoE ops in
 `kernel_steps.py`. The rest is listed in `torch_steps.py`; `steps()` returns
 the table. The hyper-connection streams are one tensor [1, N, M, D].
 """
@@ -68,6 +68,7 @@ class Engine:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.model, self.backend, self.config = model.eval(), backend, model.config
+        self.weights = ks.Weights(model, model.embed.weight.dtype)  # every GEMM operand, made once
         self.block_size, self.is_fp8_kvcache = block_size, bool(is_fp8_kvcache)
         c = self.config
         n = c.num_hidden_layers
@@ -225,9 +226,10 @@ class Engine:
         mtp, n = self.model.mtp[0], self.config.num_hidden_layers
         with self._numerics():
             flat = streams.reshape(1, b * s, *streams.shape[2:]).contiguous()
-            e = ts.linear(mtp.e_proj, self._norm(mtp.enorm, ks.embedding(self.model.embed.weight, ids[None],
-                                                                           self.backend)))
-            xs = ts.mtp_input(e, ts.linear(mtp.h_proj, self._norm(mtp.hnorm, flat)))
+            e = self._linear(mtp.e_proj, self._norm(mtp.enorm, ks.embedding(self.model.embed.weight, ids[None],
+                                                                              self.backend)))
+            # e + h_proj(hnorm(x)) per stream: e, copied to every stream, is the GEMM's c
+            xs = self._linear(mtp.h_proj, self._norm(mtp.hnorm, flat), add=e[:, :, None].expand_as(flat))
             xs = self._block(n, mtp, xs, ids, pos, segs, {}, self.mtp_cache)
             logits = self._head(xs, mtp)[0]
         self.mtp_cache.commit(counts)
@@ -240,7 +242,10 @@ class Engine:
         owner = self.model if mtp is None else mtp
         u = ks.hc_head(xs, owner.hc_head_fn, owner.hc_head_scale, owner.hc_head_base, self.config.rms_norm_eps,
                        self.config.hc_eps, self.backend)
-        return ts.linear(self.model.head, self._norm(self.model.norm if mtp is None else mtp.norm, u))
+        return self._linear(self.model.head, self._norm(self.model.norm if mtp is None else mtp.norm, u))
+
+    def _linear(self, module, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        return ks.linear(self.weights[module], x, self.backend, add)
 
     def _norm(self, module, x: torch.Tensor) -> torch.Tensor:
         return ks.rms_norm(module, x, None, self.backend)
@@ -298,7 +303,8 @@ class Engine:
     def _moe(self, ffn, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """`MoE.forward` on x [N, D]: routing, expert-major expansion, the expert GEMMs, SwiGLU with
         the routing weight, and the sum with the shared expert."""
-        idx, weights = ks.routing(ffn.gate, ts.router_logits(ffn.gate, x), token_ids, self.backend)
+        idx, weights = ks.routing(ffn.gate, ks.router_logits(self.weights, ffn.gate, x, self.backend), token_ids,
+                                  self.backend)
         # A hash table row may name one expert twice; the reference adds that expert once, with the
         # first slot's weight (MoE.forward's docstring), so later repeats get no row.
         repeat = ((idx[:, :, None] == idx[:, None, :]) & _EARLIER[:idx.shape[1], :idx.shape[1]]).any(-1)
@@ -306,24 +312,29 @@ class Engine:
         p2e, _, p2tk, t2p, start, end, _, _ = ks.moe_mapping(idx, ffn.n_routed_experts, self.backend)
         rows = ks.moe_expand(x, t2p, p2e, self.backend)
         starts, ends = start.tolist(), end.tolist()
-        gate_up = ts.expert_gemm(ffn.experts, "w13", rows, starts, ends)
+        gate_up = ks.expert_gemm(self.weights, ffn.experts, "w13", rows, starts, ends, self.backend)
         # the weight of each expanded row (padding rows, p2tk -1, read the appended 0)
         row_w = torch.cat([weights.flatten(), weights.new_zeros(1)])[p2tk.long()]
         limit = ffn.shared_experts.swiglu_limit
-        down = ts.expert_gemm(ffn.experts, "w2", ks.swiglu(gate_up, row_w, limit, self.backend), starts, ends)
+        # the routed rows, then the shared expert's row per token: one reduce sums both
+        n_rows = rows.shape[0]
+        out_rows = torch.empty(n_rows + x.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
+        ks.expert_gemm(self.weights, ffn.experts, "w2", ks.swiglu(gate_up, row_w, limit, self.backend), starts,
+                       ends, self.backend, out=out_rows[:n_rows])
         sh = ffn.shared_experts
-        shared_gate_up = torch.cat([ts.linear(sh.w1, x), ts.linear(sh.w3, x)], dim=1)
-        shared = ts.linear(sh.w2, ks.swiglu(shared_gate_up, None, limit, self.backend))
-        return ts.moe_reduce(shared, down, t2p)
+        shared_gate_up = ks.linear(self.weights.gate_up(sh), x, self.backend)
+        ks.linear(self.weights[sh.w2], ks.swiglu(shared_gate_up, None, limit, self.backend), self.backend,
+                  out=out_rows[n_rows:])
+        return ks.moe_reduce(out_rows, t2p, self.backend)
 
     def _attention(self, layer_id, attn, x, pos, segs, pending, cache):
         """x [1, N, D] -> [1, N, D]; writes this layer's window KV and compressed entries into `cache`."""
         c = self.config
         h, d, rd = attn.n_heads, attn.head_dim, attn.rope_dim
-        qr = self._norm(attn.q_norm, ts.linear(attn.wq_a, x))
-        q = ks.rms_norm(None, ts.linear(attn.wq_b, qr).unflatten(-1, (h, d)), attn.eps, self.backend)
+        qr = self._norm(attn.q_norm, self._linear(attn.wq_a, x))
+        q = ks.rms_norm(None, self._linear(attn.wq_b, qr).unflatten(-1, (h, d)), attn.eps, self.backend)
         q = self._rope(attn.rope, q, pos)
-        kv = self._rope(attn.rope, self._norm(attn.kv_norm, ts.linear(attn.wkv, x)), pos)
+        kv = self._rope(attn.rope, self._norm(attn.kv_norm, self._linear(attn.wkv, x)), pos)
         if attn.fake_quant:
             kv = ts.kv_fake_quant(kv, rd)
         window_slots = torch.cat([cache.slots(seq, "window", pos[lo:hi]) for seq, _, lo, hi in segs])
@@ -332,9 +343,10 @@ class Engine:
         rows = []
         r = attn.compress_ratio
         if r:  # the per-token parts of the compressors and the indexer, once for all sequences
-            main = ts.compressor_project(attn.compressor, x, pos)
+            main = ks.compressor_project(self.weights, attn.compressor, x, pos, self.backend)
             if attn.indexer is not None:
-                index = ts.compressor_project(attn.indexer.compressor, x, pos)
+                index = ks.compressor_project(self.weights, attn.indexer.compressor, x, pos, self.backend)
+                head_w = self._linear(attn.indexer.weights_proj, x)[0]
                 q_index = self._indexer_query(attn.indexer, qr, pos)[0]
         for seq, start, lo, hi in segs:
             p = pos[lo:hi]
@@ -345,7 +357,7 @@ class Engine:
                 if attn.indexer is not None:
                     self._compress(layer_id, attn.indexer.compressor, "index", "index4",
                                    index[0][0, lo:hi], index[1][0, lo:hi], seq, start, pending)
-                    picks = self._indexer(layer_id, attn.indexer, x[0, lo:hi], q_index[lo:hi], seq, start)
+                    picks = self._indexer(layer_id, attn.indexer, head_w[lo:hi], q_index[lo:hi], seq, start)
                 self._compress(layer_id, attn.compressor, "main", f"compressed{r}",
                                main[0][0, lo:hi], main[1][0, lo:hi], seq, start, pending)
                 if picks is None:
@@ -358,11 +370,11 @@ class Engine:
         o = _sparse_mla(q[0, :, None].to(pages.dtype).contiguous(), pages, indices,
                         attn.attn_sink.float().contiguous(), d ** -0.5, self.backend)
         o = self._rope(attn.rope, o[:, 0].to(x.dtype)[None], pos, inverse=True)
-        return ts.linear(attn.wo_b, ts.grouped_output(attn, o))
+        return self._linear(attn.wo_b, ks.grouped_output(self.weights, attn, o, self.backend))
 
     def _indexer_query(self, indexer, qr: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """The indexer's q [1, N, h, d]: projection, RoPE, Hadamard, then the QAT FP4 rounding."""
-        q = ts.linear(indexer.wq_b, qr).unflatten(-1, (indexer.n_heads, indexer.head_dim))
+        q = self._linear(indexer.wq_b, qr).unflatten(-1, (indexer.n_heads, indexer.head_dim))
         q = ks.hadamard(self._rope(indexer.rope, q, pos), self.backend)
         return ts.indexer_fp4_round(q) if indexer.fake_quant else q
 
@@ -402,15 +414,16 @@ class Engine:
         new_score[lo:rest_score.shape[0]] = rest_score[lo:]
         pending.setdefault(seq, {})[key] = (new_kv, new_score)
 
-    def _indexer(self, layer_id, indexer, x, q, seq, start) -> torch.Tensor:
-        """Entry picks [s, index_topk] (-1 = empty) for one sequence's queries (x [s, D], indexer
-        q [s, h, d]), against its keys (already updated with this step's tokens)."""
-        s = x.shape[0]
+    def _indexer(self, layer_id, indexer, head_w, q, seq, start) -> torch.Tensor:
+        """Entry picks [s, index_topk] (-1 = empty) for one sequence's queries (head weights
+        weights_proj(x) [s, h], indexer q [s, h, d]), against its keys (already updated with
+        this step's tokens)."""
+        s = head_w.shape[0]
         positions = torch.arange(start, start + s)
         n_visible = (start + s) // 4
         if n_visible == 0:
             return torch.full((s, indexer.topk), -1, dtype=torch.long)
         keys = self.cache.read("index4", layer_id, self.cache.slots(seq, "index4", torch.arange(n_visible)))
-        scores = ts.indexer_scores(indexer, x, q, keys).float().contiguous()
+        scores = ts.indexer_scores(indexer, head_w, q, keys).float().contiguous()
         end = ((positions + 1) // 4).to(torch.int32)
         return _indexer_topk(scores, indexer.topk, end, self.backend)

@@ -10,23 +10,19 @@ table is updated, and fails too if a torch fallback appears outside it.
 
 | step | what it computes | kernel that replaces it |
 |---|---|---|
-| `linear` | x W^T for every dense projection (dequantizing FP8/FP4 weights), the head and the shared expert | `fp8_gemm_nt` / `fp8_fp4_gemm_nt`: e4m3 activations only, and the model runs float32 (no float32 or bf16 dense GEMM op) |
 | `kv_fake_quant` | QAT rounding of the window KV nope dims to e4m3 (block 64) | an FP8 fake-quant: `ops.per_token_cast_to_fp8` returns codes + scales per 1x128, not block-64 rounded values |
-| `grouped_output` | the grouped low-rank output projection wo_a | grouped GEMM (m_grouped_bf16_gemm_nt_masked) |
-| `compressor_project` | the compressor's kv and gate projections plus the position bias | dense GEMM + elementwise |
-| `compressor_pool` | softmax-gated pooling, RMSNorm, RoPE, Hadamard/FP4 or FP8 rounding of new entries | compressor kernel |
+| `compressor_pool` | softmax-gated pooling, RMSNorm, RoPE, Hadamard/FP4 or FP8 rounding of new entries (its projections are the `compressor_project` kernel step) | compressor kernel |
 | `indexer_fp4_round` | QAT rounding of the indexer q to e2m1 (block 32, power-of-two scales) | FP4 fake-quant (ops.quant's `per_token_cast_to_fp4` returns codes + float scales, not the rounded values) |
-| `indexer_scores` | sum over heads of relu(q.k) * w: the indexer's entry scores | indexer score kernel |
-| `router_logits` | the gate's logits x W_gate^T (float32) | a float32 dense GEMM: `fp8_gemm_nt` takes e4m3 operands only |
-| `expert_gemm` | per-expert segments of the expanded rows times [w1; w3]^T, then times w2^T (dequantized weights) | `m_grouped_bf16_gemm_nt_contiguous` / `m_grouped_fp8_gemm_nt_contiguous`: bf16 or e4m3 operands only; the model runs float32, and bf16 rounding (2^-9 relative) is far above the exact-mode tests' 1e-4 |
-| `moe_reduce` | shared expert output + each token's routed rows | `reduce_fused`: needs hidden % 256 == 0 (tiny's hidden is 128) |
-| `mtp_input` | MTP block input: the add e_proj(enorm(embed)) + h_proj(hnorm(stream)) per stream (norms are kernels) | an elementwise add (no kernforge op) |
+| `indexer_scores` | sum over heads of relu(q.k) * w: the indexer's entry scores (its weights_proj is a `linear` kernel step) | indexer score kernel |
 | `fp8_kv_quantize` | packing KV into FP8 (MODEL1) pages on write (`is_fp8_kvcache`) | FP8 quant kernel |
 | `fp8_kv_dequantize` | FP8 pages -> bf16 pages for the attention kernel (`is_fp8_kvcache`) | an MLA kernel reading MODEL1 pages |
 
 Kernel steps: `sparse_mla` and `indexer_topk` (registered in `engine.py`), and in
 `kernel_steps.py` `embedding`, `rms_norm`, `rope`, `hadamard`, `hc_pre`, `hc_post`,
-`hc_head`, `routing`, `moe_mapping`, `moe_expand` and `swiglu`.
+`hc_head`, `routing`, `moe_mapping`, `moe_expand`, `swiglu`, and on the dense GEMM
+(`ops.fp32_gemm_nt`) `linear`, `router_logits`, `grouped_output`, `compressor_project`
+and `expert_gemm`, and `moe_reduce` (`ops.reduce_fused`). The MTP input's add is the
+`linear` step's `c` (h_proj(hnorm(x)) + e).
 """
 
 from __future__ import annotations
@@ -38,29 +34,9 @@ from kernforge.model import numerics as nx
 from kernforge.model.quant import fake_quant_fp4, fake_quant_fp8
 
 
-
-@step("linear", "torch", "x W^T for a dense projection")
-def linear(module, x: torch.Tensor) -> torch.Tensor:
-    return module(x)
-
-
-
-
 @step("kv_fake_quant", "torch", "QAT e4m3 rounding of the KV nope dims")
 def kv_fake_quant(kv: torch.Tensor, rope_dim: int) -> torch.Tensor:
     return torch.cat([fake_quant_fp8(kv[..., :-rope_dim]), kv[..., -rope_dim:]], dim=-1)
-
-
-@step("grouped_output", "torch", "grouped low-rank output projection wo_a")
-def grouped_output(attn, o: torch.Tensor) -> torch.Tensor:
-    return attn._grouped_wo_a(o)
-
-
-
-
-@step("compressor_project", "torch", "compressor kv/gate projections + position bias")
-def compressor_project(comp, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return comp.wkv(x), comp.wgate(x) + comp.ape[positions % comp.ratio].to(x.dtype)
 
 
 @step("compressor_pool", "torch", "gated pooling + norm + rope + rounding of new entries")
@@ -73,16 +49,16 @@ def compressor_pool(comp, seq_kv: torch.Tensor, seq_score: torch.Tensor, n_new: 
     return comp._finish(comp._pool(blocks_kv, blocks_score, n_new), first)[0]
 
 
-
 @step("indexer_fp4_round", "torch", "QAT e2m1 rounding of the indexer q")
 def indexer_fp4_round(q: torch.Tensor) -> torch.Tensor:
     return fake_quant_fp4(q)
 
 
 @step("indexer_scores", "torch", "indexer entry scores")
-def indexer_scores(indexer, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """x [s, D], q [s, h, d], keys [n, d] -> scores [s, n] = sum_h relu(q_h . k) * w_h."""
-    weights = indexer.weights_proj(x) * indexer.scale
+def indexer_scores(indexer, head_weights: torch.Tensor, q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """head_weights [s, h] (weights_proj(x), a `linear` kernel step), q [s, h, d], keys [n, d]
+    -> scores [s, n] = sum_h relu(q_h . k) * w_h * scale."""
+    weights = head_weights * indexer.scale
     terms = []
     for i in range(indexer.n_heads):
         dots = nx.tree_sum(q[:, None, i, :] * keys[None], -1) if nx.is_deterministic() else q[:, i] @ keys.T
@@ -90,46 +66,6 @@ def indexer_scores(indexer, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor
     # + 0.0 turns -0.0 (relu 0 times a negative weight) into +0.0: kernforge's topk ranks
     # -0.0 below +0.0 by bit order, the reference's sort treats them as a tie (lower index wins).
     return nx.sum_terms(terms) + 0.0
-
-
-@step("router_logits", "torch", "gate logits x W_gate^T")
-def router_logits(gate, x: torch.Tensor) -> torch.Tensor:
-    return nx.linear(x, gate.weight.to(x.dtype)).float().contiguous()
-
-
-@step("expert_gemm", "torch", "per-expert segment GEMMs")
-def expert_gemm(experts, which: str, rows: torch.Tensor, starts: list[int], ends: list[int]) -> torch.Tensor:
-    """rows [N, K] (expert-major, as moe_expand writes them) -> [N, Nout]: segment e
-    (rows starts[e]:ends[e]) times expert e's [w1; w3]^T (which="w13", the fused gate/up
-    layout `ops.swiglu` reads) or w2^T (which="w2"); empty segments are skipped."""
-    def weight(e):
-        if which == "w13":
-            return torch.cat([e.w1.dense_weight(rows.dtype), e.w3.dense_weight(rows.dtype)])
-        return e.w2.dense_weight(rows.dtype)
-
-    n_out = experts[0].w1.out_features * 2 if which == "w13" else experts[0].w2.out_features
-    out = torch.zeros(rows.shape[0], n_out, dtype=rows.dtype)
-    for e, lo, hi in zip(experts, starts, ends):
-        if hi > lo:
-            out[lo:hi] = nx.linear(rows[lo:hi], weight(e))
-    return out
-
-
-@step("moe_reduce", "torch", "shared expert + routed rows per token")
-def moe_reduce(shared: torch.Tensor, down: torch.Tensor, token_topk_to_pos: torch.Tensor) -> torch.Tensor:
-    """shared [T, D] + sum over slots j of down[token_topk_to_pos[t, j]] (-1: no row)."""
-    padded = torch.cat([down, down.new_zeros(1, down.shape[1])])  # row -1 reads the zero row
-    picked = padded[token_topk_to_pos.long()]
-    out = shared.clone()
-    for j in range(picked.shape[1]):
-        out += picked[:, j]
-    return out
-
-
-@step("mtp_input", "torch", "MTP input: the embedding branch added to every stream")
-def mtp_input(e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """e [1, N, D] + h [1, N, M, D] -> [1, N, M, D] (the reference's `e + h_proj(hnorm(x))` per copy)."""
-    return (e[:, :, None] + h).contiguous()
 
 
 _E4M3_MAX = 448.0

@@ -23,6 +23,9 @@ from kernforge.ops.grouped_gemm import (get_k_alignment_for_contiguous_layout,
 # DeepGEMM's dense and FP8/FP4 grouped GEMMs (docs/kernels/gemm.md); not in __all__ until torch_library registers them
 from kernforge.ops.gemm import (fp8_fp4_gemm_nn, fp8_fp4_gemm_nt, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt,  # noqa: F401
                                 fp8_gemm_nn, fp8_gemm_nt, fp8_gemm_tn, fp8_gemm_tt, gemm_fp8_fp8_bf16_nt)
+# unscaled dense GEMMs: DeepGEMM's bf16_gemm_*, and fp32_gemm_* for the float32 engine (docs/kernels/gemm.md)
+from kernforge.ops.gemm import (bf16_gemm_nn, bf16_gemm_nt, bf16_gemm_tn, bf16_gemm_tt,  # noqa: F401
+                                fp32_gemm_nn, fp32_gemm_nt, fp32_gemm_tn, fp32_gemm_tt)
 from kernforge.ops.grouped_gemm import (fp8_m_grouped_gemm_nt_masked, m_grouped_fp8_fp4_gemm_nt_contiguous,  # noqa: F401
                                         m_grouped_fp8_fp4_gemm_nt_masked, m_grouped_fp8_gemm_nt_masked,
                                         m_grouped_gemm_fp8_fp8_bf16_nt_masked)

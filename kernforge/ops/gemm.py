@@ -26,6 +26,10 @@ place; ``backend=`` picks the kernforge backend (default: by the tensors' device
   dtypes work with every recipe (a superset of DeepGEMM's per-kernel restrictions).
 * ``m == 0`` or ``n == 0``: no-op; ``k == 0``: ``d = c`` or 0.  FP4 ``a`` is not supported.
 
+``bf16_gemm_{nt,nn,tn,tt}`` (DeepGEMM's names) take plain bf16 ``a``, ``b`` (no scales) and
+``fp32_gemm_*`` float32 ones (the float32 model's linears; DeepGEMM has none): same majors,
+``d``/``c`` rules and trivial sizes, on the unscaled ``dense_gemm`` kernel.
+
 Every check runs before anything is launched or written, with a typed error naming the
 argument.
 """
@@ -42,8 +46,9 @@ from kernforge.kernels import gemm as kernels
 from kernforge.kernels.gemm import config
 from kernforge.kernels.gemm.reference import get_mn_major_tma_aligned_tensor, unpack_ue8m0_from_int
 
-__all__ = ["fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt", "fp8_gemm_nn",
-           "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt", "gemm_fp8_fp8_bf16_nt"]
+__all__ = ["bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "fp32_gemm_nn", "fp32_gemm_nt",
+           "fp32_gemm_tn", "fp32_gemm_tt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_nt", "fp8_fp4_gemm_tn",
+           "fp8_fp4_gemm_tt", "fp8_gemm_nn", "fp8_gemm_nt", "fp8_gemm_tn", "fp8_gemm_tt", "gemm_fp8_fp8_bf16_nt"]
 
 FP8 = torch.float8_e4m3fn
 FP4 = torch.int8
@@ -127,6 +132,92 @@ def fp8_fp4_gemm_tt(a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tenso
 
 
 fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt = fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt
+
+
+# ---- unscaled dense GEMMs: DeepGEMM's bf16_gemm_*, and float32 ones for a float32 model -----------
+
+def _dense_gemm(operand_dtype: torch.dtype, a, b, d, c, compiled_dims: str, backend: Optional[str]) -> None:
+    """``d = [c +] a @ b^T`` for ``a [M, K]``, ``b [N, K]`` of ``operand_dtype`` (each K-major
+    or an MN-major ``.T`` view), on :func:`~kernforge.kernels.gemm.dense_gemm`."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dtype != operand_dtype:
+            raise TypeError(f"{name} must be a {operand_dtype} tensor, got {_dtype(t)}")
+    check_flags(compiled_dims, False)
+    a_major, b_major = _major("a", a), _major("b", b)
+    m, k = a.shape
+    n, kb = b.shape
+    if kb != k:
+        raise ValueError(f"K mismatch: a has {k}, b has {kb}")
+    _check_out("d", d, (m, n))
+    if c is not None:
+        _check_out("c", c, (m, n))
+        if c.dtype != d.dtype:
+            raise TypeError(f"c must have d's dtype {d.dtype}, got {c.dtype}")
+    if len({t.device for t in (a, b, d) + ((c,) if c is not None else ())}) != 1:
+        raise ValueError("a, b, d and c must be on one device")
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        if c is None:
+            d.zero_()
+        else:
+            d.copy_(c)
+        return
+    accumulate = c is not None
+    if accumulate and not _same_storage(c, d):
+        d.copy_(c)
+    backend = backends.for_tensor(a, backend)
+    kernel = _kernel(kernels.dense_gemm, backend,
+                     **config.choose_dense(backend, n, k, m, a_major=a_major, b_major=b_major, accumulate=accumulate,
+                                           dtype=_DTYPE_NAMES[operand_dtype], out_dtype=_DTYPE_NAMES[d.dtype]))
+    kernel(a if a_major == "k" else a.t(), b if b_major == "k" else b.t(), d)
+
+
+def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: Optional[torch.Tensor] = None,
+                 compiled_dims: str = "nk", *, backend: Optional[str] = None) -> None:
+    """DeepGEMM's ``bf16_gemm_nt``: ``d = [c +] a @ b^T``, ``a [M, K]``, ``b [N, K]`` bf16,
+    ``d`` (and ``c``) bf16 or float32, accumulated in float32."""
+    _dense_gemm(torch.bfloat16, a, b, d, c, compiled_dims, backend)
+
+
+def bf16_gemm_nn(a, b, d, c=None, compiled_dims: str = "nk", *, backend: Optional[str] = None) -> None:
+    """``b [K, N]``: ``nt`` on ``b``'s transpose."""
+    _dense_gemm(torch.bfloat16, a, _t("b", b), d, c, compiled_dims, backend)
+
+
+def bf16_gemm_tn(a, b, d, c=None, compiled_dims: str = "mn", *, backend: Optional[str] = None) -> None:
+    """``a [K, M]``, ``b [K, N]``: ``nt`` on both transposes."""
+    _dense_gemm(torch.bfloat16, _t("a", a), _t("b", b), d, c, compiled_dims, backend)
+
+
+def bf16_gemm_tt(a, b, d, c=None, compiled_dims: str = "mn", *, backend: Optional[str] = None) -> None:
+    """``a [K, M]``, ``b [N, K]``: ``nt`` on ``a``'s transpose."""
+    _dense_gemm(torch.bfloat16, _t("a", a), b, d, c, compiled_dims, backend)
+
+
+def fp32_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: Optional[torch.Tensor] = None,
+                 compiled_dims: str = "nk", *, backend: Optional[str] = None) -> None:
+    """``bf16_gemm_nt`` with float32 ``a`` and ``b`` (not in DeepGEMM; the float32 reference
+    model's linears need it): float32 products summed in float32."""
+    _dense_gemm(torch.float32, a, b, d, c, compiled_dims, backend)
+
+
+def fp32_gemm_nn(a, b, d, c=None, compiled_dims: str = "nk", *, backend: Optional[str] = None) -> None:
+    _dense_gemm(torch.float32, a, _t("b", b), d, c, compiled_dims, backend)
+
+
+def fp32_gemm_tn(a, b, d, c=None, compiled_dims: str = "mn", *, backend: Optional[str] = None) -> None:
+    _dense_gemm(torch.float32, _t("a", a), _t("b", b), d, c, compiled_dims, backend)
+
+
+def fp32_gemm_tt(a, b, d, c=None, compiled_dims: str = "mn", *, backend: Optional[str] = None) -> None:
+    _dense_gemm(torch.float32, _t("a", a), b, d, c, compiled_dims, backend)
+
+
+def _t(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    return t.t()
 
 
 def gemm_fp8_fp8_bf16_nt(lhs: tuple, rhs: tuple, out: torch.Tensor, *, backend: Optional[str] = None) -> None:

@@ -179,7 +179,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple, b: tuple, d: torch.Tensor, masked
         return
     backend = backends.for_tensor(a_data, backend)
     factory = kernel_defs.m_grouped_fp8_fp4_gemm_nt_masked if fp4 else kernel_defs.m_grouped_fp8_gemm_nt_masked
-    cfg = config.choose_fp8_masked(backend, groups, n, k, expected_m)
+    cfg = (config.choose_fp8_fp4_masked if fp4 else config.choose_fp8_masked)(backend, groups, n, k, expected_m)
     _kernel(factory, backend, **cfg)(a_data, sfa, b_data, sfb, masked_m, d)
 
 
@@ -257,7 +257,7 @@ def _fp8_fp4_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, com
     backend = backends.for_tensor(a_data, backend)
     # the fp8 kernel's tiles: the FP4 kernel's K steps are fixed at 32, the FP4 scale's width
     kernel = _kernel(kernel_defs.m_grouped_fp8_fp4_gemm_nt_contiguous, backend,
-                     **config.choose_fp8(backend, groups, n, k, alignment=_alignment))
+                     **config.choose_fp8_fp4(backend, groups, n, k, alignment=_alignment))
     kernel(a_data, sfa, b_data, sfb, m_indices, d)
 
 

@@ -186,7 +186,7 @@ def reduce_fused(x: Union[torch.Tensor, tuple], topk_weights: Optional[torch.Ten
                  backend: Optional[str] = None) -> torch.Tensor:
     """``out[t] = sf * sum_j topk_weights[t, j] * x_sf[p] * x[p]`` over the slots of token
     ``t`` with a row ``p = token_topk_to_pos[t, j] >= 0``, accumulated in float32 in slot
-    order.  ``x [N, hidden]`` (``hidden % 256 == 0``) or ``(x, x_sf [N] float32)``;
+    order.  ``x [N, hidden]`` (any hidden size) or ``(x, x_sf [N] float32)``;
     the output has ``x``'s dtype, or e4m3 with ``fp8_format='e4m3'`` (then ``sf``, a
     one-element float32 tensor, may scale it).  ``out`` is written in place if given."""
     x_sf = None
@@ -196,8 +196,6 @@ def reduce_fused(x: Union[torch.Tensor, tuple], topk_weights: Optional[torch.Ten
         x, x_sf = x
     _check_tensor("x", x, tuple(_DTYPE_NAMES), dim=2)
     n, hidden = x.shape
-    if hidden % 256:
-        raise ValueError(f"x's hidden size must be a multiple of 256, got {hidden}")
     _check_tensor("token_topk_to_pos", token_topk_to_pos, (torch.int32,), dim=2)
     t, k = token_topk_to_pos.shape
     if k == 0:

@@ -1,21 +1,26 @@
 """What the ops ask the tuning database: "is there a tuned configuration for this call?".
 
-Called from a family's configuration chooser on every op call, so it is memoised per
-process: the first call per (kernel, backend, parameters) opens the database read-only,
-and only computes the device and compiler identity if some sweep of that kernel on that
-backend exists at all (a process that never tuned pays one ``stat`` of the file).
-:func:`reset` forgets everything (``tune`` calls it after recording).  ``KERNFORGE_TUNE=0``
-turns lookups off.
+Every family's configuration chooser (``kernforge/kernels/*/config.py``) is wrapped in
+:func:`tuned`, which overlays the database's best tunables on the heuristic's
+configuration (:func:`overlay`).  Choosers run on every op call, so both layers are
+memoised per process: the first call per (kernel, backend, parameters) opens the database
+read-only, and only computes the device and compiler identity if some sweep of that
+kernel on that backend exists at all (a process that never tuned pays one ``stat`` of the
+file).  :func:`reset` forgets everything (``tune`` calls it after recording).
+``KERNFORGE_TUNE=0`` turns lookups off.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import sqlite3
 import threading
-from typing import Optional
+from typing import Callable, Optional, Union
 
 _memo: dict = {}
+_overlays: dict = {}  # (kernel, backend, heuristic config, keyed arguments, valid, db place) -> config or None
 _swept: dict = {}  # db path -> {(kernel, backend)} with at least one sweep
 _lock = threading.Lock()
 
@@ -29,6 +34,7 @@ def reset() -> None:
     with _lock:
         _memo.clear()
         _swept.clear()
+        _overlays.clear()
 
 
 def lookup(kernel_name: str, backend: str, params: dict, factory=None) -> Optional[dict]:
@@ -37,7 +43,13 @@ def lookup(kernel_name: str, backend: str, params: dict, factory=None) -> Option
     tunables in it are ignored), on this device with this compiler and kernforge version;
     None if there is none or ``KERNFORGE_TUNE=0``.  ``factory`` is the kernel's
     ``@T.tunable`` factory (default: the registry's), which fills in defaults so the key
-    matches the one the sweep recorded."""
+    matches the one the sweep recorded.
+
+    A sweep matches when its shape bucket holds every scalar of ``params`` at the same
+    value.  Runtime sizes the sweep also recorded (``rows``, ``batch``, ``tokens``: the
+    spec's sizes, not compile-time parameters) and ``params`` leaves out match any value:
+    one compiled kernel serves every row count, so its tuned tiles do too.  Of several
+    matching sweeps the most recently updated one with a timed row wins."""
     if not enabled():
         return None
     # keyed on the variables that place the database, not on the resolved path: resolving it
@@ -71,7 +83,10 @@ def _read(path: str, kernel_name: str, backend: str, params: dict, factory) -> O
                 _swept[path] = set()
         if (kernel_name, backend) not in _swept[path]:
             return None
-        from kernforge.tune.sweep import bind_params, make_key
+        import kernforge
+        from kernforge.tune import identity
+        from kernforge.tune.db import canonical
+        from kernforge.tune.sweep import bind_params, shape_bucket
 
         if factory is None:
             from kernforge.kernels import registry
@@ -80,9 +95,103 @@ def _read(path: str, kernel_name: str, backend: str, params: dict, factory) -> O
         factory = getattr(factory, "factory", factory)
         tunables = set(getattr(factory, "space", {}))
         bound = bind_params(factory, {k: v for k, v in params.items() if k not in tunables})
-        key = make_key(kernel_name, backend, bound, tunables)
-        row = conn.execute("SELECT config FROM configs WHERE key=? AND status='timed' ORDER BY median_ms LIMIT 1",
-                           (key.text,)).fetchone()
-        return json.loads(row[0]) if row else None
+        want = json.loads(canonical(shape_bucket(bound, tunables)))  # JSON's spelling, as stored
+        sweeps = conn.execute("SELECT key, bucket FROM sweeps WHERE kernel=? AND backend=? AND device=? AND "
+                              "compiler=? AND version=? ORDER BY updated DESC",
+                              (kernel_name, backend, identity.device(backend), identity.compiler(backend),
+                               kernforge.__version__)).fetchall()
+        for key, bucket in sweeps:
+            have = json.loads(bucket)
+            if any(k not in have or have[k] != v for k, v in want.items()):
+                continue
+            row = conn.execute("SELECT config FROM configs WHERE key=? AND status='timed' ORDER BY median_ms "
+                               "LIMIT 1", (key,)).fetchone()
+            if row:
+                return json.loads(row[0])
+        return None
     finally:
         conn.close()
+
+
+Kernel = Union[str, tuple, Callable[[dict], Union[str, tuple]]]
+
+
+def overlay(kernel: Kernel, backend: str, heuristic: dict, keyed: Optional[dict] = None,
+            valid: Optional[Callable[[dict], bool]] = None) -> dict:
+    """``heuristic`` (every parameter of one kernel factory, as a chooser returns them) with
+    the tuning database's best tunables for the call laid over it, or ``heuristic`` itself
+    when nothing matches, ``KERNFORGE_TUNE=0``, or ``valid`` refuses the result.
+
+    ``kernel``: the registry name the sweeps were recorded under; a tuple of names sharing
+    one factory (``topk_fp32``/``topk_bf16``: their buckets' dtypes tell them apart, the
+    first with a match wins); or a function of ``heuristic`` giving either (one chooser
+    serving two factories).  ``keyed``: call arguments that are not kernel parameters but
+    are in the sweeps' keys (the layout ``alignment``), looked up with the parameters.
+    ``valid(config)`` sees the overlaid configuration plus ``keyed`` and may refuse what
+    the sweep verified on one workload but this call cannot take (a row tile spanning two
+    experts).  Memoised per process on its arguments and the database's location."""
+    try:
+        memo_key = (kernel, backend, tuple(heuristic.items()), tuple(keyed.items()) if keyed else (), valid,
+                    _settings())
+        hit = _overlays.get(memo_key, _overlays)
+    except TypeError:  # an unhashable parameter value: look it up every time
+        memo_key, hit = None, _overlays
+    if hit is _overlays:
+        hit = _overlay(kernel, backend, heuristic, keyed or {}, valid) if enabled() else None
+        if memo_key is not None:
+            with _lock:
+                _overlays[memo_key] = hit
+    return heuristic if hit is None else dict(hit)
+
+
+_SETTINGS = ("KERNFORGE_TUNE", "KERNFORGE_TUNE_DB", "KERNFORGE_CACHE_DIR")
+_ENCODED = tuple(map(os.environ.encodekey, _SETTINGS)) if hasattr(os.environ, "encodekey") else None
+
+
+def _settings() -> tuple:
+    """The raw values of the variables that turn lookups off or place the database, for the
+    memo key.  Read from ``os.environ``'s own store where CPython has one: ``os.environ.get``
+    encodes the name and raises and catches a ``KeyError`` per unset variable, about 0.4 us
+    each on every op call."""
+    data = getattr(os.environ, "_data", None)
+    if data is None or _ENCODED is None:
+        return tuple(map(os.environ.get, _SETTINGS))
+    return data.get(_ENCODED[0]), data.get(_ENCODED[1]), data.get(_ENCODED[2])
+
+
+def _overlay(kernel: Kernel, backend: str, heuristic: dict, keyed: dict, valid) -> Optional[dict]:
+    names = kernel(heuristic) if callable(kernel) else kernel
+    for name in (names,) if isinstance(names, str) else names:
+        found = lookup(name, backend, dict(heuristic, **keyed))
+        if found is None:
+            continue
+        config = dict(heuristic, **found)
+        return config if valid is None or valid(dict(config, **keyed)) else None
+    return None
+
+
+def tuned(kernel: Kernel, keys: tuple = (), valid: Optional[Callable[[dict], bool]] = None):
+    """Decorate a family's chooser ``choose(backend, ...) -> dict`` so that it consults the
+    tuning database (:func:`overlay`): the chooser's own result is the heuristic, and
+    ``keys`` names its arguments that go to the lookup as ``keyed``.  The undecorated
+    chooser stays reachable as ``.heuristic``: for choosers built on another's heuristic,
+    and for the catalogue's problems, which must not move with the local database."""
+    def wrap(choose):
+        sig = inspect.signature(choose)
+        names = list(sig.parameters)
+        for k in keys:
+            if k not in names[1:]:
+                raise TypeError(f"keys: {choose.__name__} has no argument {k!r} (its arguments: "
+                                f"{', '.join(names[1:])})")
+        where = {k: (names.index(k) - 1, sig.parameters[k].default) for k in keys}  # index past ``backend``
+
+        @functools.wraps(choose)
+        def chooser(backend: str, *args, **kwargs) -> dict:
+            keyed = {k: kwargs[k] if k in kwargs else args[i] if i < len(args) else default
+                     for k, (i, default) in where.items()} if where else None
+            return overlay(kernel, backend, choose(backend, *args, **kwargs), keyed, valid)
+
+        chooser.heuristic = choose
+        return chooser
+
+    return wrap

@@ -254,9 +254,10 @@ def test_steps_introspection_lists_kernels_and_torch_steps():
     assert table["sparse_mla"] == "kernel" and table["indexer_topk"] == "kernel"
     assert set(steps.torch_steps()) == {n for n, k in table.items() if k == "torch"}
     moved = {"embedding", "rms_norm", "rope", "hadamard", "hc_pre", "hc_post", "hc_head", "routing",
-             "moe_mapping", "moe_expand", "swiglu"}
+             "moe_mapping", "moe_expand", "swiglu", "linear", "router_logits", "grouped_output",
+             "compressor_project", "expert_gemm", "moe_reduce"}
     assert {table[n] for n in moved} == {"kernel"}
-    assert table["expert_gemm"] == table["linear"] == "torch"  # float32 weights: no fp32 GEMM op
+    assert "mtp_input" not in table  # the linear step's c now
 
 
 def test_bad_calls_raise_named_errors(model_noqat):

@@ -5,8 +5,10 @@ Host backends copy a whole row per block (up to 4096 columns); CUDA splits a row
 from __future__ import annotations
 
 from kernforge import backends
+from kernforge.tune.consult import tuned
 
 
+@tuned("embedding")
 def choose(backend: str, dim: int, dtype: str = "float32", index_dtype: str = "int64") -> dict:
     common = dict(dim=dim, dtype=dtype, index_dtype=index_dtype)
     if backends.lang(backend) in ("ir", "c++"):

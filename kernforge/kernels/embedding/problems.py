@@ -47,7 +47,7 @@ SPEC = register(KernelSpec(
         "small": Problem("small", dict(tokens=7, vocab=50, dim=96, dtype="float32", index_dtype="int64",
                                        block_cols=64)),
         # the op's CUDA configuration at V4-Flash's hidden size (also what the nvcc tests build)
-        "demo": Problem("demo", dict(tokens=4096, vocab=16384, **choose("cuda", 4096, "bfloat16", "int64"))),
+        "demo": Problem("demo", dict(tokens=4096, vocab=16384, **choose.heuristic("cuda", 4096, "bfloat16", "int64"))),
         "bench": Problem("bench", dict(tokens=16384, vocab=129280, dim=4096, dtype="bfloat16", index_dtype="int64")),
     },
     make_inputs=_make_inputs,

@@ -1,14 +1,21 @@
 """Dense block-scaled GEMM's compile-time configuration: the one place its tiles are chosen.
 
 Used by :mod:`kernforge.ops.gemm` and the catalogue's production-sized problems alike;
-keyed on the language a backend generates (:func:`kernforge.backends.lang`).  Not tuned:
-correctness first (the CPU GEMM lowering is being rewritten; its tiles follow then).
+keyed on the language a backend generates (:func:`kernforge.backends.lang`); a configuration
+tuned for the call (``kernforge tune``) wins (:func:`kernforge.tune.consult.tuned`).
 """
 from __future__ import annotations
 
 from kernforge import backends
+from kernforge.tune.consult import tuned
 
 
+def _fp8_kernel(config: dict) -> str:
+    """One chooser serves both scaled GEMMs: only the FP8 x FP8 kernel takes majors and ``gran_n``."""
+    return "fp8_gemm_nt" if "gran_n" in config or "a_major" in config else "fp8_fp4_gemm_nt"
+
+
+@tuned(_fp8_kernel)
 def choose(backend: str, N: int, K: int, m: int, **variant) -> dict:
     """:func:`~kernforge.kernels.gemm.fp8_gemm` and ``fp8_fp4_gemm`` parameters for ``m``
     rows (the same tiles: the FP4 kernel's 32-deep steps need less shared memory).  GPUs
@@ -23,4 +30,26 @@ def choose(backend: str, N: int, K: int, m: int, **variant) -> dict:
                    threads=256)
     else:
         cfg = dict(block_M=64, block_N=128, num_stages=1)
+    return dict(N=N, K=K, **cfg, **variant)
+
+
+@tuned(("bf16_gemm_nt", "fp32_gemm_nt"))  # one factory: the bucket's dtype tells them apart
+def choose_dense(backend: str, N: int, K: int, m: int, **variant) -> dict:
+    """:func:`~kernforge.kernels.gemm.dense_gemm` parameters.  GPUs: bf16 as :func:`choose`,
+    with 64-deep K tiles; float32 64x128x32 (sm_90a ptxas: 64x64x64 at 128 threads and
+    128x128x32 spill).  Host backends: 64x64x64 tiles in one stage, 16-row tiles when
+    ``m <= 16`` (decode: 25-40 against 45-55 us at M 1-8, N 128-512, K 128 on Zen 4, two
+    threads; the rest is the call's fixed cost).  Measured on Zen 4 at float32, M 37..2048,
+    N 128..512, K 128..264: 64x64x64 was the fastest of block_N 64/128 x block_K 64/128/256.
+    The CPU micro-kernel sums each output's K products in one order whatever the tile, so a
+    row's bits do not depend on ``m`` (the engine's deterministic mode relies on it; tested).
+    ``variant``: majors, ``accumulate``, ``dtype``, ``out_dtype``, passed through."""
+    if backends.lang(backend) == "cuda" and variant.get("dtype") == "float32":
+        # no tensor cores for float32: FMA tiles, 64x128x32 (128x128 or 64-deep K spill, ptxas)
+        cfg = dict(block_M=64, block_N=128, block_K=32, num_stages=3, threads=256)
+    elif backends.lang(backend) == "cuda":
+        cfg = dict(block_M=64 if m <= 64 or variant.get("accumulate") else 128, block_N=128, block_K=64,
+                   num_stages=3, threads=256)
+    else:
+        cfg = dict(block_M=16 if m <= 16 else 64, block_N=64, block_K=64, num_stages=1)
     return dict(N=N, K=K, **cfg, **variant)

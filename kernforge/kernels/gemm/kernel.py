@@ -157,3 +157,44 @@ def fp8_fp4_gemm(N: int, K: int, accumulate: bool = False, block_M: int = 64, bl
             T.copy(C, D[by * block_M, bx * block_N])
 
     return main
+
+
+@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64, 128, 256], num_stages=[1, 2, 3])
+def dense_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", accumulate: bool = False,
+               dtype: str = "bfloat16", out_dtype: str = "bfloat16", block_M: int = 64, block_N: int = 64,
+               block_K: int = 64, num_stages: int = 2, threads: int = 128):
+    """Unscaled ``D = [D +] A @ B^T`` (DeepGEMM's ``bf16_gemm_*``; ``dtype="float32"`` for
+    float32 operands, which DeepGEMM lacks and the float32 reference model needs).  Kernel
+    parameters: ``A`` (``[M, K]`` or ``[K, M]``), ``B`` (``[N, K]`` or ``[K, N]``), ``D [M, N]``.
+    The float32 accumulator sums the K tiles in order; with ``accumulate`` the old ``D`` is
+    added after the whole product, so ``d = c + a @ b^T`` rounds as ``(a @ b^T) + c``."""
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
+    accum = "float32"
+    M = T.symbolic("M")
+    name = (f"dense_gemm_{a_major}{b_major}_n{N}_k{K}{'_acc' if accumulate else ''}_M{block_M}_N{block_N}"
+            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}")
+    a_tile = (block_M, block_K) if a_major == "k" else (block_K, block_M)
+    b_tile = (block_N, block_K) if b_major == "k" else (block_K, block_N)
+
+    @T.prim_func(name=name)
+    def main(A: T.Tensor(_operand_shape(a_major, M, K), dtype),
+             B: T.Tensor(_operand_shape(b_major, N, K), dtype),
+             D: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            A_shared = T.alloc_shared(a_tile, dtype)
+            B_shared = T.alloc_shared(b_tile, dtype)
+            C = T.alloc_fragment((block_M, block_N), accum)
+            T.clear(C)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                T.copy(A[_tile_origin(a_major, by * block_M, k * block_K)], A_shared)
+                T.copy(B[_tile_origin(b_major, bx * block_N, k * block_K)], B_shared)
+                T.gemm(A_shared, B_shared, C, transpose_A=a_major == "mn", transpose_B=b_major == "k")
+            if accumulate:
+                for i, j in T.Parallel(block_M, block_N):
+                    row = T.min(by * block_M + i, M - 1)
+                    col = T.min(bx * block_N + j, N - 1)
+                    C[i, j] = C[i, j] + D[row, col]
+            T.copy(C, D[by * block_M, bx * block_N])
+
+    return main

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from kernforge.kernels.gemm import config
-from kernforge.kernels.gemm.kernel import fp8_fp4_gemm, fp8_gemm
+from kernforge.kernels.gemm.kernel import dense_gemm, fp8_fp4_gemm, fp8_gemm
 from kernforge.kernels.gemm.reference import (calc_diff, dequantize, dequantize_fp4, get_mn_major_tma_aligned_tensor,
                                               per_block_cast_to_fp8, per_token_cast_to_fp4, per_token_cast_to_fp8,
                                               reference)
@@ -81,7 +81,7 @@ SPEC = register(KernelSpec(
         "demo": Problem("demo", dict(M=200, N=384, K=640, block_M=64, block_N=64)),
         # a DeepSeek-V3 projection shape of DeepGEMM's dense test (N=7168, K=2048 is its
         # o-proj-like (7168, 16384) shortened), prefill-sized M
-        "bench": Problem("bench", dict(M=4096, **config.choose("cuda", 7168, 2048, 4096))),
+        "bench": Problem("bench", dict(M=4096, **config.choose.heuristic("cuda", 7168, 2048, 4096))),
     },
     make_inputs=make_inputs,
     outputs=(4,),
@@ -120,7 +120,7 @@ SPEC_FP4 = register(KernelSpec(
     problems={
         "small": Problem("small", dict(M=37, N=160, K=256, block_M=32, block_N=64)),
         "demo": Problem("demo", dict(M=200, N=384, K=640, block_M=64, block_N=64)),
-        "bench": Problem("bench", dict(M=4096, **config.choose("cuda", 7168, 2048, 4096))),
+        "bench": Problem("bench", dict(M=4096, **config.choose.heuristic("cuda", 7168, 2048, 4096))),
     },
     make_inputs=make_inputs_fp4,
     outputs=(4,),
@@ -130,3 +130,62 @@ SPEC_FP4 = register(KernelSpec(
     bytes=lambda p: p["M"] * p["K"] + p["N"] * p["K"] / 2 + 2.0 * p["M"] * p["N"],
     tags=("gemm", "fp8", "fp4"),
 ))
+
+
+def dense_error_bound(a: torch.Tensor, b: torch.Tensor, expected: torch.Tensor, out_dtype: str) -> torch.Tensor:
+    """Elementwise bound on ``|D - a @ b^T|`` for the unscaled GEMM's float64 ``a``, ``b``
+    (the operands as given, so bf16 inputs are exact): float32 products and sums err by at
+    most ``(K + 1) 2^-24 sum|a_i b_i|``; the store adds half an ulp of ``out_dtype``."""
+    store = 2.0 ** -8 if out_dtype == "bfloat16" else 2.0 ** -24
+    absprod = a.abs().double() @ b.abs().double().T
+    return store * expected.abs() + (a.shape[-1] + 1) * 2.0 ** -24 * absprod + 1e-30
+
+
+def _dense_factory(dtype: str):
+    def make(params: dict, seed: int, device: str = "cpu") -> list:
+        """``[A, B, D]`` of ``dtype``, D poisoned."""
+        a, b, d = _operands(params, seed)
+        t = getattr(torch, dtype)
+        return [a.to(t).to(device), b.to(t).to(device), d.to(t).to(device)]
+    return make
+
+
+def _dense_reference(inputs: list, params: dict) -> list:
+    return [reference(inputs[0].cpu().double(), inputs[1].cpu().double())]
+
+
+def _dense_check(outputs: list, expected: list, inputs: list, params: dict) -> None:
+    a, b = (t.cpu().double() for t in inputs[:2])
+    assert_close(outputs[0], expected[0], dense_error_bound(a, b, expected[0], params.get("out_dtype", "bfloat16")))
+
+
+def _dense_spec(name: str, dtype: str) -> KernelSpec:
+    size = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    return KernelSpec(
+        name=name,
+        family="gemm",
+        description=f"DeepGEMM-style unscaled dense GEMM on {dtype} operands (bf16_gemm_nt), float32 accumulation",
+        factory=dense_gemm,
+        runtime_sizes=_RUNTIME_SIZES,
+        problems={
+            "small": Problem("small", dict(M=37, N=160, K=264, block_M=32, block_N=64, block_K=64,
+                                           dtype=dtype, out_dtype=dtype)),
+            # tiny()'s vocabulary head at a 256-token prefill, tiles that build without spills
+            # on CUDA for both dtypes (the cpu chooser's 64-deep K spills float32 on sm_90a)
+            "demo": Problem("demo", dict(M=256, N=512, K=128, block_M=64, block_N=64, block_K=32, num_stages=2,
+                                         dtype=dtype, out_dtype=dtype)),
+            "bench": Problem("bench", dict(M=4096, **config.choose_dense.heuristic(
+                "cuda", 7168, 2048, 4096, dtype=dtype, out_dtype=dtype))),
+        },
+        make_inputs=_dense_factory(dtype),
+        outputs=(2,),
+        reference=_dense_reference,
+        check=_dense_check,
+        flops=_flops,
+        bytes=lambda p: size * (p["M"] * p["K"] + p["N"] * p["K"] + p["M"] * p["N"]),
+        tags=("gemm", dtype),
+    )
+
+
+SPEC_BF16 = register(_dense_spec("bf16_gemm_nt", "bfloat16"))
+SPEC_FP32 = register(_dense_spec("fp32_gemm_nt", "float32"))

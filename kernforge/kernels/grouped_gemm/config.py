@@ -3,11 +3,13 @@
 The choosers return keyword parameters of one kernel factory and are used by both
 :mod:`kernforge.ops.grouped_gemm` and the catalogue's production-sized problems
 (:mod:`.problems`).  They key on the language a backend generates
-(:func:`kernforge.backends.lang`), never on backend names.
+(:func:`kernforge.backends.lang`), never on backend names.  Each is wrapped in
+:func:`kernforge.tune.consult.tuned`: a configuration tuned for the call wins.
 """
 from __future__ import annotations
 
 from kernforge import backends
+from kernforge.tune.consult import tuned
 
 
 def _gpu(backend: str) -> bool:
@@ -20,17 +22,18 @@ def block_m(alignment: int) -> int:
     return next(bm for bm in (128, 64, 32, 16, 8, 4, 2, 1) if alignment % bm == 0)
 
 
+def _within_expert(config: dict) -> bool:
+    """A row tile must not span two experts whatever the layout (a sweep verified one)."""
+    return config["alignment"] % config["block_M"] == 0
+
+
+@tuned("m_grouped_gemm_nt_contiguous", keys=("alignment",), valid=_within_expert)
 def choose(backend: str, num_groups: int, N: int, K: int, alignment: int = 128) -> dict:
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_contiguous` parameters.
     GPUs use 128x128 output tiles with 64-deep K steps (three stages fit Hopper shared
     memory); host backends take 128x128 tiles with 256-deep K steps, so each call of the
     packed tile GEMM amortises its packing.  A configuration tuned for this shape
-    (``kernforge tune``) takes precedence over both."""
-    tuned = _tuned("m_grouped_gemm_nt_contiguous", backend, dict(num_groups=num_groups, N=N, K=K,
-                                                                 alignment=alignment))
-    # a row tile must not span two experts whatever the layout; the sweep verified one layout
-    if tuned is not None and alignment % tuned["block_M"] == 0:
-        return dict(num_groups=num_groups, N=N, K=K, **tuned)
+    (``kernforge tune``) takes precedence over both, as for every chooser here."""
     return _heuristic(backend, num_groups, N, K, alignment)
 
 
@@ -40,16 +43,7 @@ def _heuristic(backend: str, num_groups: int, N: int, K: int, alignment: int) ->
                 num_stages=3 if gpu else 1, block_K=64 if gpu else 256)
 
 
-def _tuned(kernel: str, backend: str, params: dict):
-    """The tuning database's best configuration for this call (``kernforge tune``), if one
-    was recorded for this device, compiler and shape; ``KERNFORGE_TUNE=0`` turns it off.
-    Memoised per process by :func:`kernforge.tune.lookup`, so op calls stay cheap."""
-    from kernforge import tune
-    from kernforge.kernels.grouped_gemm import kernel as kernels
-
-    return tune.lookup(kernel, backend, params, factory=getattr(kernels, kernel))
-
-
+@tuned("m_grouped_fp8_gemm_nt_contiguous", keys=("alignment",), valid=_within_expert)
 def choose_fp8(backend: str, num_groups: int, N: int, K: int, alignment: int = 128) -> dict:
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_fp8_gemm_nt_contiguous` parameters:
     as :func:`choose`, but tiles are 128 deep (one scale block) by construction, and GPUs
@@ -62,15 +56,26 @@ def choose_fp8(backend: str, num_groups: int, N: int, K: int, alignment: int = 1
     return cfg
 
 
+#: :func:`~kernforge.kernels.grouped_gemm.kernel.m_grouped_fp8_fp4_gemm_nt_contiguous`: the fp8 tiles
+choose_fp8_fp4 = tuned("m_grouped_fp8_fp4_gemm_nt_contiguous", keys=("alignment",),
+                       valid=_within_expert)(choose_fp8.heuristic)
+
+
+@tuned("m_grouped_gemm_nt_masked")
 def choose_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int) -> dict:
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_masked` parameters: the
     contiguous tiles, with a row tile sized by ``expected_m`` (typical rows per group)."""
     return dict(_heuristic(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 128)
 
 
+@tuned("m_grouped_fp8_gemm_nt_masked")
 def choose_fp8_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int) -> dict:
     """:func:`~kernforge.kernels.grouped_gemm.kernel.m_grouped_fp8_gemm_nt_masked` and
     ``m_grouped_fp8_fp4_gemm_nt_masked`` parameters: :func:`choose_fp8`'s tiles with the row
     tile sized by ``expected_m``, as :func:`choose_masked`."""
-    return dict(choose_fp8(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 128)
+    return dict(choose_fp8.heuristic(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 128)
+
+
+#: :func:`~kernforge.kernels.grouped_gemm.kernel.m_grouped_fp8_fp4_gemm_nt_masked`: the fp8 tiles
+choose_fp8_fp4_masked = tuned("m_grouped_fp8_fp4_gemm_nt_masked")(choose_fp8_masked.heuristic)
 

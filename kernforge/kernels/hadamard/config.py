@@ -6,8 +6,10 @@ shared memory, 4 KiB)."""
 from __future__ import annotations
 
 from kernforge import backends
+from kernforge.tune.consult import tuned
 
 
+@tuned("hadamard")
 def choose(backend: str, n: int, dtype: str = "float32") -> dict:
     if backends.lang(backend) in ("ir", "c++"):
         return dict(n=n, dtype=dtype, block_rows=16, threads=64)

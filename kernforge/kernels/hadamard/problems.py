@@ -47,7 +47,7 @@ SPEC = register(KernelSpec(
     problems={
         "small": Problem("small", dict(rows=9, n=64, dtype="float32", block_rows=2)),
         # the op's CUDA configuration at V4-Flash's index_head_dim (also what the nvcc tests build)
-        "demo": Problem("demo", dict(rows=65536, **choose("cuda", 128, "bfloat16"))),
+        "demo": Problem("demo", dict(rows=65536, **choose.heuristic("cuda", 128, "bfloat16"))),
         "bench": Problem("bench", dict(rows=262144, n=128, dtype="bfloat16")),
     },
     make_inputs=_make_inputs,

@@ -7,6 +7,7 @@ registers).  ``block_k`` is the largest of 256 / 128 / 64 / 32 dividing ``M*D``.
 from __future__ import annotations
 
 from kernforge import backends
+from kernforge.tune.consult import tuned
 
 
 def _block_k(width: int, cap: int) -> int:
@@ -16,16 +17,19 @@ def _block_k(width: int, cap: int) -> int:
     return 1
 
 
+@tuned("hc_pre")
 def choose_pre(backend: str, hc_mult: int, dim: int, sinkhorn_iters: int, dtype: str = "float32",
                fn_dtype: str = "float32") -> dict:
     return dict(_mix_config(backend, hc_mult * dim), hc_mult=hc_mult, dim=dim, sinkhorn_iters=sinkhorn_iters,
                 dtype=dtype, fn_dtype=fn_dtype)
 
 
+@tuned("hc_head")
 def choose_head(backend: str, hc_mult: int, dim: int, dtype: str = "float32", fn_dtype: str = "float32") -> dict:
     return dict(_mix_config(backend, hc_mult * dim), hc_mult=hc_mult, dim=dim, dtype=dtype, fn_dtype=fn_dtype)
 
 
+@tuned("hc_post")
 def choose_post(backend: str, hc_mult: int, dim: int, dtype: str = "float32") -> dict:
     lang = backends.lang(backend)
     if lang in ("ir", "c++"):

@@ -9,12 +9,14 @@ problems (:mod:`.problems`).  They key on the language a backend generates
 from __future__ import annotations
 
 from kernforge import backends
+from kernforge.tune.consult import tuned
 
 
 def _gpu(backend: str) -> bool:
     return backends.lang(backend) == "cuda"
 
 
+@tuned("mla_decode")
 def choose(backend: str, heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, dim_v: int = 512,
            page_size: int = 64, causal: bool = False) -> dict:
     """:func:`~kernforge.kernels.mla_decode.mla_decode` parameters.  Rows (query tokens x
@@ -31,12 +33,13 @@ def choose(backend: str, heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int
                 causal=causal, block_N=block_N, block_H=block_H)
 
 
+@tuned("mla_decode_sparse")
 def choose_sparse(backend: str, heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim_v: int = 512,
                   fp8_kv: bool = False) -> dict:
     """:func:`~kernforge.kernels.mla_decode.mla_decode_sparse` parameters.  A block owns
     ``block_H`` heads of one query token (sized as the dense rows of one token); slots
     are gathered one by one, so the KV tile is free of the page size: 32 slots."""
-    block_H = choose(backend, heads)["block_H"]
+    block_H = choose.heuristic(backend, heads)["block_H"]
     return dict(heads=heads, topk=topk, seq_q=seq_q, dim=dim, dim_v=dim_v, fp8_kv=fp8_kv, block_N=32,
                 block_H=block_H)
 

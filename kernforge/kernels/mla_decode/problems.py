@@ -123,12 +123,12 @@ SPEC = register(KernelSpec(
     # (the GPU benchmarks' sizes) the CUDA one
     problems={
         # V4 tiny test geometry (head_dim 96 = 64 value + 32 rope), MTP with causal mask
-        "small": Problem("small", dict(batch=2, seqlens=[37, 5], **config.choose(
+        "small": Problem("small", dict(batch=2, seqlens=[37, 5], **config.choose.heuristic(
             "cpu", heads=8, heads_kv=1, seq_q=2, dim=96, dim_v=64, page_size=16, causal=True))),
-        "demo": Problem("demo", dict(batch=2, seqlens=[700, 333], **config.choose(
+        "demo": Problem("demo", dict(batch=2, seqlens=[700, 333], **config.choose.heuristic(
             "cuda", heads=64, seq_q=1, dim=576, dim_v=512))),
         # FlashMLA's dense perf shape (b=128, h_q=128, s_q=1, s_k=4096)
-        "bench": Problem("bench", dict(batch=128, seqlens=[4096] * 128, **config.choose(
+        "bench": Problem("bench", dict(batch=128, seqlens=[4096] * 128, **config.choose.heuristic(
             "cuda", heads=128, seq_q=1, dim=576, dim_v=512))),
     },
     make_inputs=make_inputs,
@@ -190,13 +190,14 @@ SPEC_SPARSE = register(KernelSpec(
         # block_N pinned to 16 (the chooser's 32 would hold all 24 slots in one tile), so the
         # tile loop runs twice and the second tile is partly past topk_length
         "small": Problem("small", dict(batch=2, num_tokens=90, topk_lengths=[24, 11], **dict(
-            config.choose_sparse("cpu", heads=8, topk=24, seq_q=2, dim=96, dim_v=64), block_N=16))),
+            config.choose_sparse.heuristic("cpu", heads=8, topk=24, seq_q=2, dim=96, dim_v=64), block_N=16))),
         # V4 geometry: 64 heads, d = dim_v = 512, index_topk 512
-        "demo": Problem("demo", dict(batch=2, num_tokens=4096, topk_lengths=[512, 300], **config.choose_sparse(
-            "cuda", heads=64, topk=512, dim=512, dim_v=512))),
+        "demo": Problem("demo", dict(batch=2, num_tokens=4096, topk_lengths=[512, 300],
+                                     **config.choose_sparse.heuristic("cuda", heads=64, topk=512, dim=512,
+                                                                      dim_v=512))),
         # FlashMLA's sparse perf shape (b=148... scaled to b=128, s_q=2, topk=2048, h=128)
         "bench": Problem("bench", dict(batch=128, num_tokens=32768, topk_lengths=[2048] * 128,
-                                       **config.choose_sparse("cuda", heads=128, topk=2048, seq_q=2,
+                                       **config.choose_sparse.heuristic("cuda", heads=128, topk=2048, seq_q=2,
                                                               dim=576, dim_v=512))),
     },
     make_inputs=make_inputs_sparse,

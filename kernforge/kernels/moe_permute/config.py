@@ -6,6 +6,7 @@ a backend generates (:func:`kernforge.backends.lang`), never on backend names.
 from __future__ import annotations
 
 from kernforge import backends
+from kernforge.tune.consult import tuned
 from kernforge.kernels.moe_permute.kernel import DEFAULT_CHUNK
 
 
@@ -15,6 +16,7 @@ def num_chunks(num_slots: int, chunk: int = DEFAULT_CHUNK) -> int:
     return max(1, -(-num_slots // chunk))
 
 
+@tuned("moe_mapping_scan")  # its chunk serves the scatter too (one params dict)
 def choose_mapping(backend: str, num_topk: int, num_experts: int, alignment: int) -> dict:
     """:func:`~kernforge.kernels.moe_permute.moe_mapping_scan` /
     :func:`~kernforge.kernels.moe_permute.moe_mapping_scatter` parameters.  256-slot
@@ -33,6 +35,7 @@ def _block(backend: str, hidden: int) -> int:
     return min(hidden, 4096)
 
 
+@tuned("expand_to_fused")
 def choose_expand(backend: str, hidden: int, num_topk: int, dtype: str, sf_cols: int = 0,
                   sf_dtype: str = "float32", sf_col_major: bool = False) -> dict:
     """:func:`~kernforge.kernels.moe_permute.expand_to_fused` parameters."""
@@ -40,6 +43,7 @@ def choose_expand(backend: str, hidden: int, num_topk: int, dtype: str, sf_cols:
                 sf_col_major=sf_col_major, block=_block(backend, hidden))
 
 
+@tuned("reduce_fused")
 def choose_reduce(backend: str, hidden: int, num_topk: int, dtype: str, out_dtype: str,
                   with_weights: bool, with_x_sf: bool, with_sf: bool) -> dict:
     """:func:`~kernforge.kernels.moe_permute.reduce_fused` parameters."""

@@ -239,8 +239,8 @@ def reduce_fused(hidden: int, num_topk: int, dtype: str = "bfloat16", out_dtype:
     ``x[p] * s`` with ``s = w * x_sf[p]`` (the factors that are given), as TileKernels
     computes it; ``sf`` (a one-element float32 tensor) scales an e4m3 output.
 
-    One block per token, ``block`` columns at a time (``hidden`` a multiple of 256, the op
-    checks).  Absent operands (``with_*`` False) are never read: the op passes one-element
+    One block per token, ``block`` columns at a time; a hidden size that is not a multiple
+    of the tile leaves a guarded partial tile (the engine's tiny() has hidden 128).  Absent operands (``with_*`` False) are never read: the op passes one-element
     placeholders for them."""
     if hidden <= 0 or num_topk <= 0:
         raise ValueError(f"reduce_fused: hidden and num_topk must be positive, got {hidden}, {num_topk}")

@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Optional
 
 from kernforge import backends
+from kernforge.tune.consult import tuned
 
 
+@tuned("rms_norm")
 def choose(backend: str, dim: int, dtype: str = "float32", weight_dtype: Optional[str] = "float32",
            out_dtype: Optional[str] = None) -> dict:
     common = dict(dim=dim, dtype=dtype, weight_dtype=weight_dtype, out_dtype=out_dtype or dtype)

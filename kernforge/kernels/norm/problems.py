@@ -54,7 +54,7 @@ SPEC = register(KernelSpec(
         "small": Problem("small", dict(rows=5, dim=96, dtype="float32", weight_dtype="float32",
                                        out_dtype="float32", block_rows=2)),
         # the op's CUDA configuration at V4-Flash's hidden size (also what the nvcc tests build)
-        "demo": Problem("demo", dict(rows=2048, **choose("cuda", 4096, "bfloat16", "float32", "bfloat16"))),
+        "demo": Problem("demo", dict(rows=2048, **choose.heuristic("cuda", 4096, "bfloat16", "float32", "bfloat16"))),
         "bench": Problem("bench", dict(rows=16384, dim=4096, dtype="bfloat16", weight_dtype="float32",
                                        out_dtype="bfloat16")),
     },

@@ -8,7 +8,9 @@ ops share their builds with the catalogue.
 """
 from __future__ import annotations
 
+from kernforge.tune.consult import tuned
 
+@tuned(("per_token_cast_to_fp8", "per_token_cast_to_fp8_ue8m0"))
 def choose_token(backend: str, dtype: str, use_ue8m0: bool) -> dict:
     """:func:`~kernforge.kernels.quant.per_token_cast`: one thread per element of the 1x128
     block on GPUs (the block's reduction is one warp-shuffle tree per warp); the host
@@ -16,12 +18,14 @@ def choose_token(backend: str, dtype: str, use_ue8m0: bool) -> dict:
     return dict(dtype=dtype, use_ue8m0=use_ue8m0, threads=128)
 
 
+@tuned("per_block_cast_to_fp8")
 def choose_block(backend: str, dtype: str, use_ue8m0: bool) -> dict:
     """:func:`~kernforge.kernels.quant.per_block_cast`: 256 threads (64 elements each) per
     128x128 block (the host backends ignore the count; one value shares their builds)."""
     return dict(dtype=dtype, use_ue8m0=use_ue8m0, threads=256)
 
 
+@tuned("per_token_cast_to_fp4")
 def choose_fp4(backend: str, dtype: str) -> dict:
     """:func:`~kernforge.kernels.quant.per_token_cast_fp4`: one warp per 32-element block."""
     return dict(dtype=dtype, threads=32)

@@ -6,8 +6,10 @@ block so that 64 query heads still spread over 16 blocks per token."""
 from __future__ import annotations
 
 from kernforge import backends
+from kernforge.tune.consult import tuned
 
 
+@tuned("rotary_embedding")
 def choose(backend: str, head_dim: int, rope_dim: int, dtype: str = "float32", position_dtype: str = "int64",
            inverse: bool = False) -> dict:
     common = dict(head_dim=head_dim, rope_dim=rope_dim, dtype=dtype, position_dtype=position_dtype,

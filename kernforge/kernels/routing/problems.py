@@ -52,7 +52,7 @@ SPEC_TOPK_GATE = register(KernelSpec(
     description="top-k expert indices per token (descending, ties to the smaller index)",
     factory=topk_gate,
     runtime_sizes=("num_tokens",),
-    problems={label: Problem(label, dict(num_tokens=t, **config.choose_topk("cuda", e, k)))
+    problems={label: Problem(label, dict(num_tokens=t, **config.choose_topk.heuristic("cuda", e, k)))
               for label, t, e, k in (("small", 9, 64, 6), ("demo", 512, 256, 6), ("bench", 4096, 256, 8))},
     make_inputs=_topk_inputs,
     outputs=(1,),
@@ -124,7 +124,7 @@ _NO_RANKS = dict(ep_rank=0, num_ep_ranks=1, tp_rank=0, num_tp_ranks=1)
 
 def _top2_problem(label, num_tokens, num_experts, num_topk, num_groups, num_topk_groups, scoring_func,
                   num_shared=0, options=False, extra=0, ranks=_NO_RANKS, scale=2.5):
-    kernel = config.choose_top2_sum("cuda", num_experts=num_experts, num_topk=num_topk, num_groups=num_groups,
+    kernel = config.choose_top2_sum.heuristic("cuda", num_experts=num_experts, num_topk=num_topk, num_groups=num_groups,
                                     num_topk_groups=num_topk_groups, scoring_func=scoring_func,
                                     num_shared=num_shared, has_mask=options, has_fix=options,
                                     has_unmapped=options, has_map=options)
@@ -174,7 +174,7 @@ SPEC_NORMALIZE_WEIGHT = register(KernelSpec(
     description="routing weights divided by their row sum + 1e-20",
     factory=normalize_weight,
     runtime_sizes=("num_tokens",),
-    problems={label: Problem(label, dict(num_tokens=t, **config.choose_normalize("cuda", k)))
+    problems={label: Problem(label, dict(num_tokens=t, **config.choose_normalize.heuristic("cuda", k)))
               for label, t, k in (("small", 7, 6), ("demo", 4096, 8), ("bench", 65536, 8))},
     make_inputs=_normalize_inputs,
     outputs=(1, 2),
@@ -211,7 +211,7 @@ SPEC_HASH_GATE = register(KernelSpec(
     factory=hash_gate,
     runtime_sizes=("num_tokens", "vocab", "scale"),
     problems={label: Problem(label, dict(num_tokens=t, vocab=v, scale=1.5,
-                                         **config.choose_hash("cuda", e, k, "sqrtsoftplus", True)))
+                                         **config.choose_hash.heuristic("cuda", e, k, "sqrtsoftplus", True)))
               for label, t, v, e, k in (("small", 9, 50, 64, 6), ("demo", 512, 4096, 256, 6),
                                         ("bench", 4096, 129280, 256, 6))},
     make_inputs=_hash_inputs,

@@ -3,8 +3,10 @@ and the catalogue; keys on the backend's language, never on its name."""
 from __future__ import annotations
 
 from kernforge import backends
+from kernforge.tune.consult import tuned
 
 
+@tuned("swiglu")
 def choose(backend: str, inter: int, dtype: str, with_weights: bool, quantize: bool) -> dict:
     """:func:`~kernforge.kernels.swiglu.swiglu` parameters: 8 rows per block on compiled
     backends (a 8 x 128 float32 tile per step: one vector row per row on the CPU, 8 values

@@ -7,6 +7,7 @@ this function); it keys on the language a backend generates
 from __future__ import annotations
 
 from kernforge import backends
+from kernforge.tune.consult import tuned
 
 
 def compaction(backend: str) -> str:
@@ -16,6 +17,7 @@ def compaction(backend: str) -> str:
     return "group_serial" if backends.lang(backend) == "c++" else "tile_scan"
 
 
+@tuned(("topk_fp32", "topk_bf16"))  # one factory: the bucket's dtypes tell them apart
 def choose(backend: str, k: int, dtype: str = "float32", index_dtype: str = "int64",
            sorted_values: bool = False, return_value: bool = True) -> dict:
     """The :func:`~kernforge.kernels.topk.topk_select` parameters for one call on ``backend``.

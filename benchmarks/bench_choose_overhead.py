@@ -1,7 +1,9 @@
 """What consulting the tuning database costs an op call: every family's chooser, wrapped in
 :func:`kernforge.tune.consult.tuned`, against its own heuristic (``chooser.heuristic``,
 the peer), timed interleaved.  Two database states: no file at all, and one where every
-call's lookup has a tuned row (the memo then returns the tuned configuration).
+call's lookup has a tuned row (the memo then returns the tuned configuration).  Last, the
+``topk op cache`` row: ``kernforge.ops.topk``'s kernel-cache hit keyed with
+``consult.stamp()`` ("tuned") against one keyed on the call signature alone ("heuristic").
 
     python benchmarks/bench_choose_overhead.py [--rounds 15] [--calls 2000] [--json]
 
@@ -49,7 +51,9 @@ def calls():
         ("hc_pre", hc.choose_pre, (4, 4096, 20, "bfloat16", "float32"), {}),
         ("mla_decode", mla.choose, (128, 1, 1, 576, 512, 64, False), {}),
         ("mla_sparse", mla.choose_sparse, (128, 2048, 2, 576, 512, False), {}),
+        ("mla_combine", mla.choose_combine, (128, 16), {}),
         ("moe_mapping", mp.choose_mapping, (6, 256, 128), {}),
+        ("moe_scatter", mp.choose_scatter, (6, 256, 128, 256), {}),
         ("moe_reduce", mp.choose_reduce, (4096, 6, "bfloat16", "bfloat16", True, False, False), {}),
         ("rms_norm", norm.choose, (4096, "bfloat16", "float32", "bfloat16"), {}),
         ("quant_token", quant.choose_token, ("bfloat16", False), {}),
@@ -83,6 +87,26 @@ def measure(rounds: int, n: int) -> list[dict]:
     return rows
 
 
+def measure_stamp(rounds: int, n: int) -> dict:
+    """``kernforge.ops.topk``'s kernel cache hit with its key's
+    :func:`~kernforge.tune.consult.stamp` (what lets it see a later sweep) against the same
+    cache keyed on the call signature alone (its key before)."""
+    import functools
+
+    from kernforge.tune import consult
+
+    with_stamp = functools.lru_cache(maxsize=None)(lambda *key: None)
+    without = functools.lru_cache(maxsize=None)(lambda *key: None)
+    sig = (B, 16, "float32", "int64", True, True)
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(_per_call_us(lambda: with_stamp(*sig, consult.stamp()), n))
+        b.append(_per_call_us(lambda: without(*sig), n))
+    ta, tb = statistics.median(a), statistics.median(b)
+    return dict(chooser="topk op key", tuned_us=round(ta, 3), heuristic_us=round(tb, 3), added_us=round(ta - tb, 3),
+                ratio=round(ta / tb, 2))
+
+
 def record_all() -> None:
     """A tuned row for every call above (one tunable of the heuristic's, recorded as is)."""
     from kernforge.kernels import registry
@@ -91,7 +115,8 @@ def record_all() -> None:
     names = dict(embedding="embedding", fp8_gemm="fp8_gemm_nt", dense_gemm="bf16_gemm_nt",
                  grouped_gemm="m_grouped_gemm_nt_contiguous", grouped_fp8="m_grouped_fp8_gemm_nt_contiguous",
                  grouped_masked="m_grouped_gemm_nt_masked", hadamard="hadamard", hc_pre="hc_pre",
-                 mla_decode="mla_decode", mla_sparse="mla_decode_sparse", moe_mapping="moe_mapping_scan",
+                 mla_decode="mla_decode", mla_sparse="mla_decode_sparse", mla_combine="mla_decode_combine",
+                 moe_mapping="moe_mapping_scan", moe_scatter="moe_mapping_scatter",
                  moe_reduce="reduce_fused", rms_norm="rms_norm", quant_token="per_token_cast_to_fp8",
                  rope="rotary_embedding", topk_gate="topk_gate", swiglu="swiglu", topk="topk_fp32")
     with Database() as db:
@@ -124,6 +149,7 @@ def main(argv=None) -> int:
         out["no database"] = measure(a.rounds, a.calls)
         record_all()
         out["every call tuned"] = measure(a.rounds, a.calls)
+        out["topk op cache"] = [measure_stamp(a.rounds, a.calls)]
     if a.json:
         print(json.dumps(out, indent=1))
         return 0

@@ -1,14 +1,24 @@
 """The engine against the torch reference at tiny(), in the same run, interleaved.
 
 Rows: prefill (batch x prompt tokens, fresh caches) and one decode step after
-a prefill of `--context` tokens, at batch 1 and 8. Each repeat runs the
+a prefill of each `--context` (several may be given: `--context 256 1024 4096`; the
+model's max_seq_len grows to fit), at batch 1 and 8. Each repeat runs the
 reference and the engine back to back (alternating which goes first), so a
 load change on the shared machine hits both; the medians and their ratio are
 printed (ratio > 1: the engine is faster). Then the engine's per-step table
 (calls, total ms, share) for one decode step and one prefill, from
 `kernforge.engine.steps.record()`.
 
-Usage: python benchmarks/bench_engine.py [--threads 2] [--repeats 5] [--prompt 256] [--context 256] [--json]
+Usage: python benchmarks/bench_engine.py [--threads 2] [--repeats 5] [--prompt 256] [--context 256 ...]
+       [--batch 1 8] [--cpu-time] [--json] [--rebuild 300 1000]
+
+`--rebuild P ...` adds rows for `rebuild_cache` of a batch-1 sequence of P tokens (reference
+and engine): the full rebuild (a prefill) and the tail rebuild at `exact_rebuild_tail(P)`.
+
+`--cpu-time` times with the process's CPU time (`time.process_time`) instead of the wall
+clock: on a shared, overloaded machine the wall clock of a one-thread run mostly measures
+the other jobs; CPU time measures this process's work (use it with `--threads 1`: a second
+OpenMP thread's spin-wait is CPU time too).
 """
 
 from __future__ import annotations
@@ -25,6 +35,9 @@ from kernforge.engine import steps
 from kernforge.model import random_model, tiny
 
 
+clock = time.perf_counter  # main() switches to time.process_time for --cpu-time
+
+
 def ids_for(batch: int, length: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 512, (batch, length), generator=torch.Generator().manual_seed(seed))
 
@@ -37,9 +50,9 @@ def interleaved(fns: dict, repeats: int) -> dict[str, float]:
     samples = {n: [] for n in names}
     for r in range(repeats):
         for n in (names if r % 2 == 0 else names[::-1]):
-            t0 = time.perf_counter()
+            t0 = clock()
             fns[n]()
-            samples[n].append(time.perf_counter() - t0)
+            samples[n].append(clock() - t0)
     return {n: statistics.median(v) for n, v in samples.items()}
 
 
@@ -48,39 +61,60 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prompt", type=int, default=256)
-    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--context", type=int, nargs="+", default=[256])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--cpu-time", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--rebuild", type=int, nargs="*", default=[],
+                    help="also time rebuild_cache of batch-1 sequences of these lengths: full, and the exact tail")
     args = ap.parse_args()
+    global clock
+    clock = time.process_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(args.threads)
-    model = random_model(tiny(), seed=0)
+    contexts = args.context
+    need = max(contexts + [args.prompt] + args.rebuild) + args.repeats + 2
+    model = random_model(tiny(max_seq_len=max(1024, 1 << (need - 1).bit_length())), seed=0)
     engine = Engine(model)
     rows = []
-    for batch in (1, 8):
+    for batch in args.batch:
         prompt = ids_for(batch, args.prompt, seed=batch)
         t = interleaved({"reference": lambda: model(prompt, 0), "engine": lambda: engine.forward(prompt, 0)},
                         args.repeats)
         rows.append(dict(row=f"prefill {batch}x{args.prompt}", **t))
-        ctx = ids_for(batch, args.context + args.repeats + 2, seed=10 + batch)
-        rows.append(dict(row=f"decode {batch} @ {args.context}", **decode_times(model, engine, ctx, args)))
+        for context in contexts:
+            ctx = ids_for(batch, context + args.repeats + 2, seed=10 + batch)
+            rows.append(dict(row=f"decode {batch} @ {context}", **decode_times(model, engine, ctx, context, args)))
+    for length in args.rebuild:  # sliding-window recovery: replay all tokens, or only the exact tail
+        ids = ids_for(1, length, seed=20)
+        model(ids, 0)
+        engine.forward(ids, 0)  # live sequences whose compressed entries are persisted
+        tail = engine.exact_rebuild_tail(length)
+        for label, t in (("full", None), (f"tail {tail}", tail)):
+            rows.append(dict(row=f"rebuild {label}/{length}", **interleaved(
+                {"reference": lambda t=t: model.rebuild_cache(ids, tail=t),
+                 "engine": lambda t=t: engine.rebuild_cache(ids, tail=t)}, args.repeats)))
     for r in rows:
         r["speedup"] = r["reference"] / r["engine"]
     profile = {}
-    ctx = ids_for(8, args.context + 2, 3)
-    engine.forward(ctx[:, :args.context], 0)
-    engine.forward(ctx[:, args.context:args.context + 1], args.context)  # warm
-    for label, fn in (("decode 8", lambda: engine.forward(ctx[:, -1:], args.context + 1)),
-                      ("prefill 8", lambda: engine.forward(ids_for(8, args.prompt, 4), 0))):
-        if label == "prefill 8":
+    c0, b0 = contexts[0], max(args.batch)
+    ctx = ids_for(b0, c0 + 2, 3)
+    engine.forward(ctx[:, :c0], 0)
+    engine.forward(ctx[:, c0:c0 + 1], c0)  # warm
+    for label, fn in ((f"decode {b0}", lambda: engine.forward(ctx[:, -1:], c0 + 1)),
+                      (f"prefill {b0}", lambda: engine.forward(ids_for(b0, args.prompt, 4), 0))):
+        if label.startswith("prefill"):
             fn()
         with steps.record() as rec:
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            wall = time.perf_counter() - t0
+            wall = clock() - t0
         profile[label] = dict(wall_s=wall, steps={k: dict(calls=v[0], ms=v[1] * 1e3) for k, v in rec.items()})
     if args.json:
-        print(json.dumps(dict(threads=args.threads, rows=rows, profile=profile), indent=1))
+        print(json.dumps(dict(threads=args.threads, clock="cpu" if args.cpu_time else "wall", rows=rows,
+                              profile=profile), indent=1))
         return
-    print(f"tiny(), {args.threads} threads, medians of {args.repeats} interleaved repeats")
+    print(f"tiny(), {args.threads} threads, medians of {args.repeats} interleaved repeats"
+          f"{' (process CPU time)' if args.cpu_time else ''}")
     print(f"{'row':<22}{'reference ms':>14}{'engine ms':>12}{'ref/engine':>12}")
     for r in rows:
         print(f"{r['row']:<22}{r['reference'] * 1e3:>14.1f}{r['engine'] * 1e3:>12.1f}{r['speedup']:>12.2f}")
@@ -93,10 +127,9 @@ def main() -> None:
                   f"{s['ms'] / p['wall_s'] / 10:>7.1f}%")
 
 
-def decode_times(model, engine, ctx, args) -> dict[str, float]:
-    """Medians of single decode steps at positions context, context+1, ...: both runners are
+def decode_times(model, engine, ctx, c: int, args) -> dict[str, float]:
+    """Medians of single decode steps at positions c, c+1, ...: both runners are
     prefilled once, then step i of each runs back to back (order alternating)."""
-    c = args.context
     model(ctx[:, :c], 0)
     engine.forward(ctx[:, :c], 0)
     samples = {"reference": [], "engine": []}
@@ -105,10 +138,10 @@ def decode_times(model, engine, ctx, args) -> dict[str, float]:
         pos = c + i
         order = ["reference", "engine"] if i % 2 == 0 else ["engine", "reference"]
         for name in order:
-            t0 = time.perf_counter()
+            t0 = clock()
             runners[name](ctx[:, pos:pos + 1], pos)
             if i:  # step 0 is the warm-up
-                samples[name].append(time.perf_counter() - t0)
+                samples[name].append(clock() - t0)
     return {n: statistics.median(v) for n, v in samples.items()}
 
 

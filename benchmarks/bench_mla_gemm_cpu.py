@@ -83,7 +83,8 @@ def bench_mla(repeat: int) -> list[list[str]]:
             [run, lambda: torch_mla_fp32(q, kv, table, seqlen, scale, 512), torch_dense_fp32,
              lambda: torch_mla_sdpa_bf16(q, kv, table, seqlen, scale, 512)], repeat)
         flops = 2.0 * b * h * seqlen * (d + 512)
-        used = splits or M.config.choose_splits("cpu", b * -(-h // 64), seqlen // 64, q.device)
+        used = splits or M.config.choose_splits("cpu", M.config.choose("cpu", h, 1, 1, d, 512, 64, False), b,
+                                                table.shape[1], q.device)["num_splits"]
         rows.append([f"mla_decode {label}, b {b}, seqlen {seqlen}, splits {used}", f"{t_kf:.2f}",
                      f"{t_fp32:.2f} / {t_pre:.2f} / {t_sdpa:.2f}",
                      f"{t_fp32 / t_kf:.2f} / {t_pre / t_kf:.2f} / {t_sdpa / t_kf:.2f}",

@@ -21,6 +21,13 @@ kernforge column, :class:`kernforge.model.moe.Gate`'s torch ops (``topk`` of the
 scores, ``gather``, divide) in the torch one; ``--torch-routing`` uses the torch routing in
 both columns, which isolates the permutation.  Runs are interleaved (a b a b ...) and each
 side's median is reported, with the ratio torch / kernforge (above 1: kernforge faster).
+
+The same run then times the FP8 x FP4 grouped GEMM (``--gemm-shape G ROWS N K``, ``--no-gemm``
+to skip): ``kernforge.ops.m_grouped_fp8_fp4_gemm_nt_contiguous`` on e4m3 activations (1x128
+scales) and packed e2m1 expert weights (1x32 scales) against torch's dequantise + per-expert
+matmul on the same bytes: ``kernforge.model.quant.unpack_fp4`` times the scales, the
+activations' scales applied, then one ``a[rows] @ w[e].T`` per expert, in float32 (torch's
+fast CPU GEMM on AVX2) and in bf16 (the model's dtype); the ratio is against the faster of the two.
 """
 from __future__ import annotations
 
@@ -36,6 +43,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kernforge.ops as kops  # noqa: E402
+from kernforge.kernels import gemm as DG  # noqa: E402
+from kernforge.kernels import grouped_gemm as G  # noqa: E402
+from kernforge.model.quant import unpack_fp4  # noqa: E402
 from kernforge.ops import moe  # noqa: E402
 
 CLOCK = time.perf_counter
@@ -88,6 +98,63 @@ def kernforge_path(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, k:
     return moe.reduce_fused(expanded, weights.float(), t2p, backend=backend)
 
 
+def torch_fp4_grouped(a8, sfa, b4, sfb, m_indices, dtype: torch.dtype) -> torch.Tensor:
+    """Dequantise both sides, then one matmul per expert over its rows (``-1`` rows stay zero)."""
+    m, k = a8.shape
+    a = (a8.float() * sfa.repeat_interleave(128, 1)[:, :k]).to(dtype)
+    groups, n, _ = b4.shape
+    w = (unpack_fp4(b4.view(groups * n, -1)) * sfb.view(groups * n, -1).repeat_interleave(32, 1)).to(dtype)
+    w = w.view(groups, n, k)
+    d = torch.zeros(m, n, dtype=torch.bfloat16)
+    for e in range(groups):
+        rows = (m_indices == e).nonzero().squeeze(1)
+        if rows.numel():
+            d[rows] = (a[rows] @ w[e].T).bfloat16()
+    return d
+
+
+def gemm_rows(groups: int, rows: int, n: int, k: int, repeat: int, backend: str) -> list[tuple]:
+    """The FP8 x FP4 grouped GEMM against torch's dequantise + per-expert matmul: experts of
+    ``rows`` +- 25% rows (routing-like: the layout pads each to the alignment, and the kernel
+    computes whole row tiles), then experts of exactly ``rows`` rows (no padding)."""
+    g = torch.Generator().manual_seed(0)
+    jittered = [max(1, rows + int(r)) for r in torch.randint(-rows // 4, rows // 4 + 1, (groups,), generator=g)]
+    return [gemm_row(group_rows, n, k, repeat, backend, g) for group_rows in (jittered, [rows] * groups)]
+
+
+def gemm_row(group_rows: list[int], n: int, k: int, repeat: int, backend: str, g: torch.Generator) -> tuple:
+    groups = len(group_rows)
+    alignment = kops.get_mk_alignment_for_contiguous_layout()
+    m_indices = G.contiguous_layout(group_rows, alignment)
+    a8, sfa = DG.per_token_cast_to_fp8(torch.randn(m_indices.numel(), k, generator=g))
+    b4, sfb = DG.per_token_cast_to_fp4(torch.randn(groups, n, k, generator=g))
+    d = torch.empty(m_indices.numel(), n, dtype=torch.bfloat16)
+    ours = lambda: kops.m_grouped_fp8_fp4_gemm_nt_contiguous((a8, sfa), (b4, sfb), d, m_indices,  # noqa: E731
+                                                             backend=backend)
+    f32 = lambda: torch_fp4_grouped(a8, sfa, b4, sfb, m_indices, torch.float32)  # noqa: E731
+    bf16 = lambda: torch_fp4_grouped(a8, sfa, b4, sfb, m_indices, torch.bfloat16)  # noqa: E731
+    ours()
+    assert DG.calc_diff(d, f32()) < 0.01, "kernforge and torch disagree (DeepGEMM's FP4 calc_diff bound)"
+    kf, t32, t16 = median_times([ours, f32, bf16], repeat)
+    flops = 2 * sum(group_rows) * n * k
+    label = f"G {groups}, {sum(group_rows)} rows ({m_indices.numel()} padded), N {n}, K {k}"
+    return (label, f"{kf * 1e3:.1f}", f"{t32 * 1e3:.1f}", f"{t16 * 1e3:.1f}", f"{min(t32, t16) / kf:.2f}x",
+            f"{flops / kf / 1e9:.1f}")
+
+
+def print_table(header, rows, markdown: bool) -> None:
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+    else:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+        for r in rows:
+            print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+
+
 def median_times(fns, repeat: int) -> list[float]:
     for fn in fns:
         fn()
@@ -111,6 +178,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=11)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--torch-routing", action="store_true", help="torch.topk routing in both columns")
+    ap.add_argument("--gemm-shape", type=int, nargs=4, default=[8, 128, 512, 2048], metavar=("G", "ROWS", "N", "K"),
+                    help="FP8 x FP4 grouped GEMM: experts, mean rows per expert, N, K")
+    ap.add_argument("--no-gemm", action="store_true", help="skip the FP8 x FP4 grouped GEMM rows")
     args = ap.parse_args(argv)
 
     print(f"# CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
@@ -132,16 +202,12 @@ def main(argv=None) -> int:
         torch.testing.assert_close(ours().float(), theirs().float(), rtol=2 ** -5, atol=2 ** -5)
         kf, tt = median_times([ours, theirs], args.repeat)
         rows.append((str(t), f"{kf * 1e3:.3f}", f"{tt * 1e3:.3f}", f"{tt / kf:.2f}x"))
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for r in rows:
-            print("| " + " | ".join(r) + " |")
-    else:
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-        print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
-        for r in rows:
-            print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    print_table(header, rows, args.markdown)
+    if not args.no_gemm:
+        print(f"\n# FP8 x FP4 grouped GEMM (contiguous, alignment {kops.get_mk_alignment_for_contiguous_layout()}), "
+              f"backend {args.backend}; load average {os.getloadavg()[0]:.1f}")
+        print_table(("shape", "kernforge ms", "torch f32 ms", "torch bf16 ms", "best torch / kernforge",
+                     "kernforge GFLOP/s"), gemm_rows(*args.gemm_shape, args.repeat, args.backend), args.markdown)
     return 0
 
 

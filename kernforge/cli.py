@@ -33,7 +33,7 @@ from kernforge.kernels import registry
 from kernforge.kernels.check import (ProblemError, RunResult, default_problem, format_table, get_problem,
                                      problem_sizes, run_kernel, run_spec)
 
-_HOOKS = ("kernforge.runtime.cli", "kernforge.model.cli", "kernforge.tune.cli")
+_HOOKS = ("kernforge.runtime.cli", "kernforge.model.cli", "kernforge.tune.cli", "kernforge.engine.cli")
 # file extension of an emitted source, by the language its backend writes
 _EXTENSION = {"ir": "ir", "c++": "cpp", "cuda": "cu", "ascend-c": "cpp"}
 _WIDTH = 120  # `kernforge list` and the help epilogs fit this many columns

@@ -22,6 +22,10 @@ Launch contract (what :class:`kernforge.jit.kernel.CompiledKernel` hands to
 * ``dims``: the values of ``kernel.symbols`` (symbolic shapes and strides, in
   elements), in order.
 * ``grid``: the launch grid, already evaluated to ints.
+* Optional ``bind(dims, scalars) -> run(args) | None``: a launch with the symbol values and
+  the scalars (``{param index: value}``) fixed, which the JIT memoises with the argument
+  plan and then calls with the buffers alone (all torch tensors); None when the launcher
+  cannot (the CPU launcher's checked builds).
 
 ``name``, ``device`` and ``lang`` are set from the backend's line in
 :mod:`kernforge.backends.registry` when it is created, so they are written once.

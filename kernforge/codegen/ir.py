@@ -143,13 +143,28 @@ _INTERNAL_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.absp
 _PASS_THROUGH = frozenset({os.path.abspath(contextlib.__file__)})
 
 
+# whether an absolute code file name is the author's (not a DSL, IR or contextlib module)
+_AUTHOR_FILE: dict[str, bool] = {}
+
+
+def _is_author_file(filename: str) -> bool:
+    known = _AUTHOR_FILE.get(filename)
+    if known is not None:
+        return known
+    path = os.path.abspath(filename)
+    mine = not path.startswith(_INTERNAL_DIRS) and path not in _PASS_THROUGH
+    if os.path.isabs(filename):  # a relative name's meaning follows the working directory
+        _AUTHOR_FILE[filename] = mine
+    return mine
+
+
 def caller_loc() -> Optional[SourceLoc]:
     """File and line of the innermost caller outside kernforge's DSL and IR modules:
-    the kernel author's line."""
+    the kernel author's line.  Every traced statement asks, through several DSL frames, so
+    the answer per file name is remembered."""
     f = sys._getframe(1)
     while f is not None:
-        path = os.path.abspath(f.f_code.co_filename)
-        if not path.startswith(_INTERNAL_DIRS) and path not in _PASS_THROUGH:
+        if _is_author_file(f.f_code.co_filename):
             return SourceLoc(f.f_code.co_filename, f.f_lineno)
         f = f.f_back
     return None
@@ -304,6 +319,36 @@ class Load(Expr):
     @property
     def dtype(self) -> DType:  # type: ignore[override]
         return self.buffer.dtype
+
+
+#: warp shuffle kinds: CUDA's ``__shfl_{xor,down,up}_sync`` and ``__shfl_sync`` (``idx``)
+SHUFFLE_KINDS = ("xor", "down", "up", "idx")
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Shuffle(Expr):
+    """``value`` as another thread of the same warp computed it (TileLang's ``T.shfl_*``).
+
+    ``thread`` is the thread-region variable (``threadIdx.x``, the lane is ``thread % 32``);
+    ``arg`` is the lane mask (``xor``), the lane distance (``down``/``up``) or the source lane
+    (``idx``) within segments of ``width`` lanes (a power of two <= 32).  The source lane
+    follows PTX ``shfl.sync`` (a source outside the segment reads the thread's own value);
+    :func:`kernforge.codegen.passes.warps.shuffle_source` spells it.
+
+    It reads values other iterations of its thread ``Parallel`` produced, so it may appear only
+    as the value of a ``Store`` at the top level of that ``Parallel``'s body, reached by every
+    thread (the DSL ensures it): CUDA renders ``__shfl_*_sync``; the interpreter runs the map
+    in lockstep anyway; the CPU splits the map there (:mod:`kernforge.codegen.passes.warps`)."""
+
+    kind: str
+    value: Expr
+    arg: Expr
+    width: int
+    thread: Var
+
+    @property
+    def dtype(self) -> DType:  # type: ignore[override]
+        return self.value.dtype
 
 
 # ---------------------------------------------------------------- buffers
@@ -796,10 +841,8 @@ def ceildiv(a, b) -> Expr:
 
 def children(node) -> Iterator[Any]:
     """Immediate IR children (exprs, stmts, buffers, regions) of a node, in field order."""
-    for f in fields(node):
-        if f.name == "loc":
-            continue
-        v = getattr(node, f.name)
+    for name in field_names(node):
+        v = getattr(node, name)
         if isinstance(v, tuple):
             for x in v:
                 if isinstance(x, (Expr, Stmt, Region, Buffer)):
@@ -824,6 +867,16 @@ _IR_NODE = (Expr, Stmt, Region, Buffer)
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
+def field_names(node) -> tuple[str, ...]:
+    """``node``'s dataclass field names but ``loc``, looked up once per node type: every
+    traversal asks this for each node it visits, and ``dataclasses.fields`` rebuilds its
+    answer on each call (it was the largest single cost of verifying and lowering TopK)."""
+    names = _FIELDS.get(type(node))
+    if names is None:
+        names = _FIELDS.setdefault(type(node), tuple(f.name for f in fields(node) if f.name != "loc"))
+    return names
+
+
 def nodes(root):
     """Pre-order walk of ``root`` like :func:`walk`, but without descending into buffers' shapes
     and strides: analyses that walk large bodies many times (CUDA's plans, the barrier pass)
@@ -834,10 +887,7 @@ def nodes(root):
         yield n
         if isinstance(n, (Buffer, Var, Const)):
             continue
-        names = _FIELDS.get(type(n))
-        if names is None:
-            names = _FIELDS.setdefault(type(n), tuple(f.name for f in fields(n) if f.name != "loc"))
-        for name in reversed(names):
+        for name in reversed(field_names(n)):
             v = getattr(n, name)
             if isinstance(v, tuple):
                 stack.extend(x for x in reversed(v) if isinstance(x, _IR_NODE))
@@ -853,10 +903,8 @@ def structural_equal(a, b) -> bool:
         return False
     if isinstance(a, Const):
         return a.value == b.value and a.dtype == b.dtype
-    for f in fields(a):
-        if f.name == "loc":
-            continue
-        x, y = getattr(a, f.name), getattr(b, f.name)
+    for name in field_names(a):
+        x, y = getattr(a, name), getattr(b, name)
         if isinstance(x, tuple):
             if len(x) != len(y) or not all(_eq_item(p, q) for p, q in zip(x, y)):
                 return False
@@ -887,18 +935,16 @@ class Mutator:
         if isinstance(node, (Var, Const, Buffer)):
             return node
         changes = {}
-        for f in fields(node):
-            if f.name == "loc":
-                continue
-            v = getattr(node, f.name)
+        for name in field_names(node):
+            v = getattr(node, name)
             if isinstance(v, tuple):
                 nv = tuple(self.visit(x) if isinstance(x, (Expr, Stmt, Region)) else x for x in v)
                 if any(p is not q for p, q in zip(nv, v)):
-                    changes[f.name] = nv
+                    changes[name] = nv
             elif isinstance(v, (Expr, Stmt, Region)):
                 nv = self.visit(v)
                 if nv is not v:
-                    changes[f.name] = nv
+                    changes[name] = nv
         return replace(node, **changes) if changes else node
 
 

@@ -29,6 +29,8 @@ def format_expr(e: ir.Expr) -> str:
         return f"select({format_expr(e.cond)}, {format_expr(e.a)}, {format_expr(e.b)})"
     if isinstance(e, ir.Load):
         return f"{e.buffer.name}[{', '.join(format_expr(i) for i in e.indices)}]"
+    if isinstance(e, ir.Shuffle):
+        return f"shfl_{e.kind}({format_expr(e.value)}, {format_expr(e.arg)}, width={e.width}, lane={e.thread.name})"
     return f"<{type(e).__name__}>"
 
 

@@ -16,6 +16,8 @@ class _Verifier:
         self.vars = set(kernel.symbols) | set(kernel.scalar_params) | set(kernel.block_vars)
         self.buffers = [set(kernel.buffer_params)]
         self.in_parallel = False
+        self.map_top: tuple = ((), ())  # the current Parallel's vars and top-level statements
+        self.shuffle_ok = None  # the one ir.Shuffle the statement being checked may hold
         # expressions already checked in the current (or an enclosing) scope: traced
         # kernels share subexpressions (``j = bx * BN + i`` used by many stores), and
         # re-walking each use made verification quadratic on large kernels
@@ -33,6 +35,9 @@ class _Verifier:
             return
         self.checked.add(id(e))
         for n in ir.walk(e):
+            if isinstance(n, ir.Shuffle) and n is not self.shuffle_ok:
+                self.fail("a warp shuffle must be the value of a store at the top level of its "
+                          "thread Parallel (every thread reaches it)", node)
             if isinstance(n, ir.Var) and n not in self.vars:
                 self.fail(f"variable {n.name!r} used outside the loop or kernel that defines it", node)
             if isinstance(n, ir.Load):
@@ -78,7 +83,9 @@ class _Verifier:
             if self.in_parallel:
                 self.fail("nested parallel loop", s)
             self.in_parallel = True
+            self.map_top = (s.vars, {id(x) for x in (s.body.body if isinstance(s.body, ir.Seq) else (s.body,))})
             self.scoped(list(s.vars), s.body)
+            self.map_top = ((), ())
             self.in_parallel = False
         elif isinstance(s, ir.If):
             self.expr(s.cond, s)
@@ -90,7 +97,11 @@ class _Verifier:
         elif isinstance(s, (ir.Store, ir.Atomic)):
             self.live(s.buffer, s)
             self.indices(s.buffer, s.indices, s)
+            vars_, top = self.map_top
+            if isinstance(s.value, ir.Shuffle) and s.value.thread in vars_ and id(s) in top:
+                self.shuffle_ok = s.value
             self.expr(s.value, s)
+            self.shuffle_ok = None
             if s.value.dtype != s.buffer.dtype:
                 self.fail(f"storing {s.value.dtype} into {s.buffer.dtype} buffer {s.buffer.name} "
                           "without a cast", s)

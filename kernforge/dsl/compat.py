@@ -259,41 +259,61 @@ def close_thread_region(b) -> None:
 
 
 def get_thread_binding(dim: int = 0):
-    """``tx = T.get_thread_binding()``: this thread's index in the block, 0 .. threads - 1.
-    Opens the thread region (see above); only the x dimension exists (``dim=0``)."""
+    """``tx = T.get_thread_binding()``: this thread's index along block dimension ``dim`` (0, 1
+    or 2 for threadIdx.x/y/z; a block of ``threads=n`` has only x).  The first call opens the
+    thread region (see above).  Its variable is the linear thread id (``tx`` of a 1-D block);
+    with ``threads=(x, y, z)`` the indices are derived from it as CUDA numbers threads
+    (x fastest), so warps are the same 32 consecutive linear ids on every backend."""
     loc = ir.caller_loc()
     b = B.current()
-    if dim != 0:
-        raise UnsupportedError(f"T.get_thread_binding({dim}): kernforge blocks are one-dimensional "
-                               "(threads=n); only dim 0 exists", loc)
-    if b.thread_region is not None:
-        return b.thread_region["var"]
-    if b.kernel is None or b.top.kind != "kernel":
-        raise _region_error("T.get_thread_binding", loc)
-    var = b.new_var("tx")
-    _open_region(b, var, b.kernel["threads"], loc)
-    return var
+    if dim not in (0, 1, 2):
+        raise UnsupportedError(f"T.get_thread_binding({dim!r}): a block has dimensions 0, 1 and 2 "
+                               "(threadIdx.x, y, z)", loc)
+    if b.thread_region is None:
+        if b.kernel is None or b.top.kind != "kernel":
+            raise _region_error("T.get_thread_binding", loc)
+        var = b.new_var("tx" if len(b.kernel["thread_dims"]) == 1 else "tid")
+        _open_region(b, var, b.kernel["threads"], loc)
+    return _thread_index(b, dim)
+
+
+def _thread_index(b, dim: int) -> ir.Expr:
+    """Index ``dim`` of the thread whose linear id is the region's variable."""
+    var = b.thread_region["var"]
+    dims = b.kernel["thread_dims"] + (1, 1)
+    inner = 1
+    for d in dims[:dim]:
+        inner *= d
+    if dims[dim] == 1:
+        return ir.const(0)
+    e = var if inner == 1 else ir.binary(ir.Op.FLOORDIV, var, inner)
+    return e if inner * dims[dim] == b.kernel["threads"] else ir.binary(ir.Op.MOD, e, dims[dim])
 
 
 def get_thread_bindings():
-    """``(tx, ty, tz)``: kernforge blocks are one-dimensional, so ``ty`` and ``tz`` are 0."""
-    return get_thread_binding(0), ir.const(0), ir.const(0)
+    """``(tx, ty, tz)`` (see :func:`get_thread_binding`); 0 along a dimension the block lacks."""
+    return get_thread_binding(0), get_thread_binding(1), get_thread_binding(2)
 
 
 def thread_binding(start, stop=None, thread: str = "threadIdx.x"):
-    """``for tx in T.thread_binding(0, threads, "threadIdx.x")``: a ``T.Parallel`` over the
-    block's threads."""
+    """``for tx in T.thread_binding(0, n, "threadIdx.x")`` (or ``.y``/``.z``): a ``T.Parallel``
+    over ``n`` iterations, an element-wise map (not a thread region: no barriers or shuffles
+    inside it)."""
     if stop is None:
         start, stop = 0, start
-    if start != 0 or thread != "threadIdx.x":
+    if start != 0 or thread not in ("threadIdx.x", "threadIdx.y", "threadIdx.z"):
         raise UnsupportedError(f"T.thread_binding({start}, {stop}, {thread!r}): only 0-based "
-                               "threadIdx.x bindings exist in kernforge's one-dimensional blocks",
-                               ir.caller_loc())
+                               "threadIdx.x/y/z bindings exist", ir.caller_loc())
     return _loop.Parallel(stop)
 
 
 def sync_threads() -> None:
-    """``T.sync_threads()``: inside a thread region, ends one ``T.Parallel`` over the threads and
+    """``T.sync_threads()``: a block barrier in thread-level code (see :func:`_barrier`)."""
+    _barrier("T.sync_threads()")
+
+
+def _barrier(name: str) -> None:
+    """``name``: inside a thread region, ends one ``T.Parallel`` over the threads and
     starts the next (every thread's writes are visible after it).  Under a per-thread branch or
     loop it is a :class:`DivergentBarrierError`.  Outside thread-level code it does nothing:
     kernforge places the barriers its tile operations need itself."""
@@ -303,7 +323,7 @@ def sync_threads() -> None:
     if region is None:
         return
     if b.top is not region["frame"]:
-        raise DivergentBarrierError("T.sync_threads() under a branch or loop of thread-level code: "
+        raise DivergentBarrierError(f"{name} under a branch or loop of thread-level code: "
                                     "threads that skip it would never reach the barrier; move it out "
                                     "to the top level of the kernel block", loc)
     close_thread_region(b)
@@ -368,14 +388,101 @@ def alloc_var(dtype, init=None, scope: str = "local.var"):
     return v
 
 
-_WARPS = ("warp shuffles exchange registers between the lanes of a warp, which needs the lanes to "
-          "run in lockstep; kernforge's thread regions are T.Parallel loops whose iterations share "
-          "only memory: exchange through a T.alloc_shared buffer and T.sync_threads() instead")
-sync_warp = unsupported("sync_warp", _WARPS)
-shfl_xor = unsupported("shfl_xor", _WARPS)
-shfl_down = unsupported("shfl_down", _WARPS)
-shfl_up = unsupported("shfl_up", _WARPS)
-shfl_sync = unsupported("shfl_sync", _WARPS)
+# ---------------------------------------------------------------- warp level
+#
+# A shuffle is an ``ir.Shuffle`` stored into a per-thread variable at the top level of the
+# thread region (the value returned reads it back): CUDA renders ``__shfl_*_sync``, the
+# interpreter evaluates it in lockstep, the CPU splits the region's loop there
+# (:mod:`kernforge.codegen.passes.warps`).  Every thread must reach it, as a barrier.
+
+_FULL_MASK = 0xFFFFFFFF
+
+
+class WarpLaneError(ir.KernelError, ValueError):
+    """A warp shuffle's ``width`` or constant lane argument is out of range."""
+
+
+def _shuffle(name: str, kind: str, value, arg, width, mask):
+    loc = ir.caller_loc()
+    b = B._stack[-1] if B._stack else None
+    region = b.thread_region if b is not None else None
+    if region is None:
+        raise UnsupportedError(f"T.{name} outside thread-level code is not supported: a shuffle exchanges "
+                               "values between the threads of a warp; call tx = T.get_thread_binding() "
+                               "first (kernforge's tile code has no per-thread values to exchange)", loc)
+    if b.top is not region["frame"]:
+        raise DivergentBarrierError(f"T.{name}() under a branch or loop of thread-level code: every lane of "
+                                    "the warp must reach a shuffle; move it out to the top level of the "
+                                    "kernel block", loc)
+    if region["extent"] % 32:
+        raise UnsupportedError(f"T.{name} in a block of {region['extent']} threads: warp shuffles need "
+                               "whole warps (threads a multiple of 32)", loc)
+    if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= 32 or width & (width - 1):
+        raise WarpLaneError(f"T.{name} width must be a power of two from 1 to 32, got {width!r}", loc)
+    if not (isinstance(mask, int) and mask == _FULL_MASK):
+        raise UnsupportedError(f"T.{name}(mask={mask!r}): only the full-warp mask 0xFFFFFFFF is supported "
+                               "(every lane of the warp takes part)", loc)
+    try:
+        v, a = ir.as_expr(value), ir.as_expr(arg)
+    except ir.KernelError as e:  # a tile or a Python object where a scalar goes
+        raise ir.KernelError(f"T.{name}: {e.message}", loc) from None
+    if v.dtype.is_bool:
+        raise ir.KernelError(f"T.{name} of a bool value: cast it to int32 first", loc)
+    if v.dtype.is_low_precision:  # arithmetic on narrow floats is float32 (ir module docstring)
+        v = ir.cast(v, dtypes.float32)
+    if not a.dtype.is_int:
+        raise ir.KernelError(f"T.{name} lane argument must be an integer, got {a} ({a.dtype})", loc)
+    if isinstance(a, ir.Const):
+        hi, what = (32, "lane mask") if kind == "xor" else (width, "lane distance" if kind != "idx" else "source lane")
+        if not 0 <= a.value < hi:
+            raise WarpLaneError(f"T.{name} {what} {a.value} is outside 0 .. {hi - 1}"
+                                + ("" if kind == "xor" else f" (width={width})"), loc)
+    res = _per_thread((1,), v.dtype, _PerThreadVar, "shfl")
+    idx = (region["var"], ir.const(0))
+    b.emit(ir.Store(res.buffer, idx, ir.Shuffle(kind, v, a, width, region["var"]), loc))
+    return ir.Load(res.buffer, idx)
+
+
+def shfl_xor(value, delta, width: int = 32, mask=_FULL_MASK):
+    """``value`` of the lane ``lane ^ delta`` (``__shfl_xor_sync``): butterfly reductions."""
+    return _shuffle("shfl_xor", "xor", value, delta, width, mask)
+
+
+def shfl_down(value, delta, width: int = 32, mask=_FULL_MASK):
+    """``value`` of the lane ``delta`` above (``__shfl_down_sync``); the top ``delta`` lanes of
+    each ``width`` segment keep their own."""
+    return _shuffle("shfl_down", "down", value, delta, width, mask)
+
+
+def shfl_up(value, delta, width: int = 32, mask=_FULL_MASK):
+    """``value`` of the lane ``delta`` below (``__shfl_up_sync``); the bottom ``delta`` lanes of
+    each ``width`` segment keep their own (scans)."""
+    return _shuffle("shfl_up", "up", value, delta, width, mask)
+
+
+def shfl_sync(*args, **kwargs):
+    """``value`` of lane ``srcLane`` of the caller's ``width`` segment (``__shfl_sync``, a broadcast).
+    TileLang spells it ``T.shfl_sync(value, srcLane, width=32, mask=...)``; its older spelling
+    ``T.shfl_sync(mask, value, srcLane)`` (an int mask first, then an expression) is accepted too."""
+    if len(args) >= 3 and isinstance(args[0], int) and not isinstance(args[1], int):
+        kwargs["mask"], args = args[0], args[1:]
+    return _shuffle_idx(*args, **kwargs)
+
+
+def _shuffle_idx(value, srcLane, width: int = 32, mask=_FULL_MASK):  # noqa: N803 - TileLang's name
+    return _shuffle("shfl_sync", "idx", value, srcLane, width, mask)
+
+
+def sync_warp(mask=None) -> None:
+    """``T.sync_warp()``: in a thread region, a barrier like :func:`sync_threads` (a block barrier
+    orders at least what a warp barrier does), with the same rule: every thread must reach it.
+    Outside thread-level code it does nothing."""
+    if mask is not None and mask != _FULL_MASK:
+        raise UnsupportedError(f"T.sync_warp(mask={mask!r}): only the full-warp mask is supported",
+                               ir.caller_loc())
+    _barrier("T.sync_warp()")
+
+
 print = unsupported("print", "kernels print nothing; read tiles back with T.copy to a global "  # noqa: A001
                     "output and print it on the host")
 device_assert = unsupported("device_assert", "kernforge has no device-side asserts; the "

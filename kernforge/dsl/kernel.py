@@ -26,10 +26,16 @@ class Kernel:
     def __init__(self, *grid, threads: int = 128):
         if not 1 <= len(grid) <= 3:
             raise B.error(f"T.Kernel takes 1 to 3 grid dimensions, got {len(grid)}")
+        # (x, y, z) thread blocks: the block is ``x * y * z`` threads; thread-level code reads
+        # its indices from the linear thread id as CUDA numbers them (x fastest, compat.py)
+        self.thread_dims = (threads,)
         if isinstance(threads, (tuple, list)):
+            if not 1 <= len(threads) <= 3 or any(int(t) < 1 for t in threads):
+                raise B.error(f"T.Kernel threads must be 1 to 3 positive extents, got {threads!r}")
+            self.thread_dims = tuple(int(t) for t in threads)
             n = 1
-            for t in threads:
-                n *= int(t)
+            for t in self.thread_dims:
+                n *= t
             threads = n
         if not isinstance(threads, int) or not 1 <= threads <= 1024:
             raise B.error(f"T.Kernel threads must be an int in [1, 1024], got {threads!r}")
@@ -62,7 +68,8 @@ class Kernel:
         if self._names is not None:
             self._check_names()
         self.vars = tuple(b.new_var(n) for n in _BLOCK_NAMES[: len(self.grid)])
-        b.kernel = {"grid": self.grid, "threads": self.threads, "vars": self.vars, "loc": self.loc}
+        b.kernel = {"grid": self.grid, "threads": self.threads, "thread_dims": self.thread_dims, "vars": self.vars,
+                    "loc": self.loc}
         self._cm = b.frame("kernel")
         self._frame = self._cm.__enter__()
         if self._names is not None and self._names[1]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import linecache
 import textwrap
 
 
@@ -24,6 +25,13 @@ class _Rewriter(ast.NodeTransformer):
     def __init__(self, eager: bool = False):
         self.n = 0
         self.eager = eager
+
+    def visit(self, node):
+        # an expression holds no statement to rewrite (a lambda's body is an expression too):
+        # not descending into them keeps the rewrite's cost to the statements, a fraction of the tree
+        if isinstance(node, ast.expr):
+            return node
+        return super().visit(node)
 
     def visit_FunctionDef(self, node):
         if getattr(self, "_seen_top", False):
@@ -47,9 +55,7 @@ class _Rewriter(ast.NodeTransformer):
             branch = ast.If(ast.Name(taken, ast.Load()), node.body, node.orelse)
             loop = ast.For(ast.Name(taken, ast.Store()),
                            _call("__kf_branches", node.test, ast.Constant(bool(node.orelse))), [branch], [])
-            for s in (branch, loop):
-                ast.copy_location(s, node)
-            return loop
+            return _located(loop, node)
         tmp = f"__kf_cond{self.n}"
         cond_name = ast.Name(tmp, ast.Load())
         assign = ast.Assign([ast.Name(tmp, ast.Store())], node.test)
@@ -60,17 +66,14 @@ class _Rewriter(ast.NodeTransformer):
         if node.orelse:
             runtime.append(ast.With([ast.withitem(_call("__kf_else"))], node.orelse))
         dispatch = ast.If(_call("__kf_is_static", cond_name), [static_if], runtime)
-        out = [assign, dispatch]
-        for s in out:
-            ast.copy_location(s, node)
-        return out
+        return [_located(assign, node), _located(dispatch, node)]
 
     def visit_Assign(self, node):
         self.generic_visit(node)
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             name = node.targets[0].id
             old = _call("__kf_lookup", _call("locals"), ast.Constant(name))
-            node.value = _call("__kf_assign", old, node.value, ast.Constant(name))
+            node.value = _located(_call("__kf_assign", old, node.value, ast.Constant(name)), node)
         return node
 
     def visit_AnnAssign(self, node):
@@ -84,14 +87,14 @@ class _Rewriter(ast.NodeTransformer):
         old = _call("__kf_lookup", _call("locals"), ast.Constant(name))
         out = ast.Assign([ast.Name(name, ast.Store())],
                          _call("__kf_annotate", old, ast.Constant(name), node.annotation))
-        return ast.copy_location(out, node)
+        return _located(out, node)
 
     def visit_For(self, node):
         self.generic_visit(node)
         names = _target_names(node.target)
         if names is not None:
-            node.iter = _call("__kf_name_loop", node.iter,
-                              ast.Tuple([ast.Constant(n) for n in names], ast.Load()))
+            node.iter = _located(_call("__kf_name_loop", node.iter,
+                                       ast.Tuple([ast.Constant(n) for n in names], ast.Load())), node)
         return node
 
     def visit_With(self, node):
@@ -100,14 +103,21 @@ class _Rewriter(ast.NodeTransformer):
             names = _target_names(item.optional_vars) if item.optional_vars is not None else None
             if names is not None:
                 unpacked = isinstance(item.optional_vars, ast.Tuple)
-                item.context_expr = _call("__kf_name_with", item.context_expr,
-                                          ast.Tuple([ast.Constant(n) for n in names], ast.Load()),
-                                          ast.Constant(unpacked))
+                item.context_expr = _located(_call("__kf_name_with", item.context_expr,
+                                                   ast.Tuple([ast.Constant(n) for n in names], ast.Load()),
+                                                   ast.Constant(unpacked)), node)
         return node
 
 
+# the fields through which a statement holds statements (an ``except``'s and a ``case``'s
+# bodies included): ``break`` and ``continue`` are statements, so no expression can hold one
+_BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
 def _jumps_out(stmts) -> bool:
-    """Whether ``stmts`` hold a ``break``/``continue`` of an enclosing loop (not of their own)."""
+    """Whether ``stmts`` hold a ``break``/``continue`` of an enclosing loop (not of their own).
+    Only statement lists are searched: every ``if`` asks this of its bodies, and walking their
+    expressions as well made the rewrite of a deeply nested kernel slow."""
     stack = list(stmts)
     while stack:
         n = stack.pop()
@@ -116,10 +126,26 @@ def _jumps_out(stmts) -> bool:
         if isinstance(n, (ast.For, ast.AsyncFor, ast.While)):
             stack.extend(n.orelse)  # a loop's own body binds its break/continue
             continue
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
-        stack.extend(ast.iter_child_nodes(n))
+        for f in _BODIES:
+            stack.extend(getattr(n, f, ()))
     return False
+
+
+def _located(new, like):
+    """``new``, with every node the rewrite created in it (those without a location yet) at
+    ``like``'s location: what ``ast.fix_missing_locations`` would give them, since ``like`` is
+    the statement they replace, without walking the author's nodes below them."""
+    stack = [new]
+    while stack:
+        n = stack.pop()
+        if "lineno" in n._attributes:
+            if hasattr(n, "lineno"):
+                continue  # the author's node: it and all below it were parsed with locations
+            ast.copy_location(n, like)
+        stack.extend(ast.iter_child_nodes(n))
+    return new
 
 
 def _call(fn, *args):
@@ -162,15 +188,12 @@ def rewrite(fn, helpers: dict, eager: bool = False):
 def _compile_rewritten(fn, eager: bool = False):
     """The code of a module defining ``__kf_factory(*closure)``, which returns ``fn`` rewritten."""
     try:
-        src = textwrap.dedent(inspect.getsource(fn))
         filename = inspect.getsourcefile(fn) or fn.__code__.co_filename
     except (OSError, TypeError):
         return None
-    tree = ast.parse(src)
-    fdef = tree.body[0]
-    if not isinstance(fdef, ast.FunctionDef):
+    fdef = _parse_function(fn, filename)
+    if fdef is None:
         return None
-    ast.increment_lineno(fdef, fn.__code__.co_firstlineno - 1)
     fdef = _Rewriter(eager).visit(fdef)
     freevars = fn.__code__.co_freevars
     # wrap in a factory taking the closure's variables, so closures keep working
@@ -181,7 +204,52 @@ def _compile_rewritten(fn, eager: bool = False):
         body=[fdef, ast.Return(ast.Name(fdef.name, ast.Load()))], decorator_list=[], returns=None)
     if "type_params" in ast.FunctionDef._fields:  # Python >= 3.12
         factory.type_params = []
-    module = ast.Module([factory], type_ignores=[])
-    ast.copy_location(factory, fdef)
-    ast.fix_missing_locations(module)
+    module = ast.Module([_located(factory, fdef)], type_ignores=[])
     return compile(module, filename, "exec")
+
+
+def _parse_function(fn, filename: str):
+    """``fn``'s ``def`` as an AST at its lines in ``filename`` (``None`` without source).
+
+    The source is cut from the file's lines where the body's indentation ends (the body's
+    first line is the code's first line after the ``def``), which is what
+    ``inspect.getsource`` finds by running Python's tokenizer over the function -- the
+    slowest step of tracing a long kernel.  A cut that is not the end of the ``def`` leaves
+    an unclosed bracket, string or block, so it fails to parse; that case, and any other the
+    cut cannot judge, falls back to ``inspect.getsource``.  The parse is padded to the
+    function's first line, so its nodes carry the author's line numbers."""
+    first = fn.__code__.co_firstlineno
+    src = _cut_source(fn, filename, first)
+    if src is not None:
+        try:
+            fdef = ast.parse("\n" * (first - 1) + src).body[0]
+        except SyntaxError:
+            fdef = None
+        if isinstance(fdef, ast.FunctionDef):
+            return fdef
+    try:
+        src = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
+    fdef = ast.parse("\n" * (first - 1) + src).body[0]
+    return fdef if isinstance(fdef, ast.FunctionDef) else None
+
+
+def _cut_source(fn, filename: str, first: int):
+    """The dedented lines of ``fn``'s decorators and ``def`` (see :func:`_parse_function`), or
+    ``None`` where they cannot be cut from the file by indentation."""
+    linecache.checkcache(filename)  # as inspect does: an edited file is read again
+    lines = linecache.getlines(filename, fn.__globals__)
+    body = [line for _, _, line in fn.__code__.co_lines() if line is not None and line > first]
+    if not lines or not body or first > len(lines):
+        return None
+    head = lines[first - 1]
+    indent = len(head) - len(head.lstrip())
+    end = len(lines)
+    for i in range(min(body) - 1, len(lines)):
+        text = lines[i]
+        stripped = text.lstrip()
+        if stripped and not stripped.startswith("#") and len(text) - len(stripped) <= indent:
+            end = i
+            break
+    return textwrap.dedent("".join(lines[first - 1:end]))

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernforge.engine import torch_steps as ts
+from kernforge.engine import kernel_steps as ks
 from kernforge.engine.allocator import BlockAllocator, CacheFullError
 
 BLOCK_SIZE = 64
@@ -124,12 +124,14 @@ class PagedKVCache:
     storage tensor per layer: the engine puts the window and the compressed KV
     of a layer in one pool, so that a single `flash_mla_with_kvcache` call can
     attend to both through flat slot ids. `num_blocks` is one int for every
-    pool or a dict by pool name.
+    pool or a dict by pool name. `backend` is where the FP8 page kernels run (None: the
+    storage's device decides), the engine's own backend.
     """
 
     def __init__(self, kinds: list[CacheKind], num_blocks: int | dict[str, int], *,
                  block_size: int = BLOCK_SIZE, is_fp8_kvcache: bool = False,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 backend: str | None = None):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         names = [k.name for k in kinds]
@@ -137,6 +139,7 @@ class PagedKVCache:
             raise ValueError(f"cache kind names must be distinct, got {names}")
         self.kinds = {k.name: k for k in kinds}
         self.block_size, self.is_fp8_kvcache, self.dtype, self.device = block_size, bool(is_fp8_kvcache), dtype, device
+        self.backend = backend
         pools: dict[str, list[CacheKind]] = {}
         for k in kinds:
             pools.setdefault(k.pool_name, []).append(k)
@@ -191,6 +194,24 @@ class PagedKVCache:
         for name, table in seq.tables.items():
             self._alloc(name).share([b for b in table if b >= 0])
         self.sequences[dst] = _Sequence(seq.length, {n: list(t) for n, t in seq.tables.items()})
+
+    def rewind(self, seq_id, length: int) -> None:
+        """Set the sequence back to `length` tokens with an empty window: every window block
+        returns to the pool, every other kind keeps its entries.
+
+        Why: the sliding-window recovery (`Engine.rebuild_cache` with a tail) keeps the
+        persisted compressed KV and indexer keys and replays only the last tokens, so the
+        window is rebuilt from nothing while the compressed entries stay where they are
+        (the replay adds only the entries past them)."""
+        seq = self._seq(seq_id)
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= seq.length:
+            raise ValueError(f"length must be an int in [0, {seq.length}] for sequence {seq_id!r}, got {length!r}")
+        for name, kind in self.kinds.items():
+            if kind.window is not None:
+                table = seq.tables[name]
+                self._alloc(name).release([b for b in table if b >= 0])
+                table[:] = [-1] * len(table)
+        seq.length = length
 
     # Steps -----------------------------------------------------------------------
     def prepare(self, new_tokens: dict) -> None:
@@ -282,7 +303,7 @@ class PagedKVCache:
         """bf16 [nb, bs, 1, d] pages for the attention op (dequantized from FP8 pages when needed)."""
         buf = self.storage(kind, layer)
         lay = self.fp8_layouts.get(self._kind(kind).pool_name)
-        return buf if lay is None else ts.fp8_kv_dequantize_pages(buf, lay)
+        return buf if lay is None else ks.fp8_kv_dequantize(buf, lay, self.backend)
 
     def write(self, kind: str, layer: int, slots: torch.Tensor, values: torch.Tensor) -> None:
         """Store `values` [n, width] at flat `slots` [n] (all >= 0)."""
@@ -294,7 +315,7 @@ class PagedKVCache:
         buf = self.storage(kind, layer)
         lay = self.fp8_layouts.get(k.pool_name)
         if lay is not None:
-            data, scales = ts.fp8_kv_quantize(values, lay)
+            data, scales = ks.fp8_kv_quantize(values, lay, self.backend)
             buf[:, :lay.block_size * lay.token_bytes].view(-1, lay.block_size, lay.token_bytes)[page, off] = data
             buf[:, lay.block_size * lay.token_bytes:].view(-1, lay.block_size, lay.scale_bytes)[page, off] = scales
         elif k.kv:

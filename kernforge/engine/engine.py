@@ -11,8 +11,8 @@ all of them, and attention reads each token's candidates through flat slot ids.
 Kernel steps: `sparse_mla` (attention over window + compressed candidates with
 the sink, `kernforge.ops.flash_mla_with_kvcache` sparse path, bf16) and
 `indexer_topk` (`kernforge.ops.topk`) here; the layer, GEMM and MoE ops in
-`kernel_steps.py`. The rest is listed in `torch_steps.py`; `steps()` returns
-the table. The hyper-connection streams are one tensor [1, N, M, D].
+`kernel_steps.py`. `torch_steps.py` lists the steps still in torch (none now);
+`steps()` returns the table. The hyper-connection streams are one tensor [1, N, M, D].
 """
 
 from __future__ import annotations
@@ -23,14 +23,17 @@ import itertools
 import torch
 
 from kernforge import ops
-from kernforge.engine import kernel_steps as ks, torch_steps as ts
+from kernforge.engine import kernel_steps as ks
 from kernforge.engine.cache import BLOCK_SIZE, CacheKind, PagedKVCache
 from kernforge.engine.steps import STEPS, step
 from kernforge.model import numerics as nx
-from kernforge.model.transformer import Transformer
+from kernforge.model.transformer import Transformer, exact_rebuild_tail
 
 BACKENDS = ("cpu", "interp", "cuda-emu", "cuda")
 _EARLIER = torch.ones(64, 64, dtype=torch.bool).tril(-1)  # [i, j]: slot j comes before slot i
+# key of a sequence's state ({(layer, compressor): tensors}, cloned by fork) that holds, after a
+# tail rebuild (rebuild_cache), the first position its window has and the persisted length
+_WINDOW_FLOOR = "window_floor"
 
 
 @step("sparse_mla", "kernel", "sparse MLA with sink (flash_mla_with_kvcache, indices path)")
@@ -111,7 +114,8 @@ class Engine:
     def reset_cache(self) -> None:
         """Drop every sequence and start from empty pools."""
         self.cache = PagedKVCache(self.kinds, self._num_blocks, block_size=self.block_size,
-                                  is_fp8_kvcache=self.is_fp8_kvcache, dtype=self.model.embed.weight.dtype)
+                                  is_fp8_kvcache=self.is_fp8_kvcache, dtype=self.model.embed.weight.dtype,
+                                  backend=self.backend)
         self._states: dict[object, dict] = {}
         self._rows: list[object] = []  # forward()'s batch rows
         self.next_pos = 0
@@ -119,8 +123,63 @@ class Engine:
 
     def _reset_mtp(self) -> None:
         self.mtp_cache = PagedKVCache(self.mtp_kinds, self._mtp_blocks, block_size=self.block_size,
-                                      is_fp8_kvcache=self.is_fp8_kvcache, dtype=self.model.embed.weight.dtype)
+                                      is_fp8_kvcache=self.is_fp8_kvcache, dtype=self.model.embed.weight.dtype,
+                                      backend=self.backend)
         self.mtp_next_pos = 0
+
+    def exact_rebuild_tail(self, length: int) -> int:
+        """Fewest replayed tokens for which `rebuild_cache(tokens, tail)` is exact (spec §5)."""
+        return exact_rebuild_tail(self.config, length)
+
+    @torch.no_grad()
+    def rebuild_cache(self, tokens: torch.Tensor, tail: int | None = None) -> None:
+        """Rebuild the caches of `forward`'s batch rows from `tokens` [b, P], as
+        `Transformer.rebuild_cache` (sliding-window cache recovery, spec §5).
+
+        tail=None (or >= P) replays all P tokens: a fresh prefill. tail=N keeps each row's
+        persisted compressed KV entries and indexer keys, drops its window blocks and
+        compressor states, and replays only the last N tokens at positions P-N..P-1; queries
+        among them see no window key before P-N (the reference's emptied ring). Exact for
+        N >= `exact_rebuild_tail(P)`, approximate below. The MTP cache is not rebuilt.
+        Afterwards `forward(next_ids, P)` continues the rows.
+        """
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[1] == 0:
+            raise ValueError("tokens must be an int tensor [batch, P] with P >= 1")
+        length = tokens.shape[1]
+        if tail is None or (not isinstance(tail, bool) and isinstance(tail, int) and tail >= length):
+            self._forward_rows(tokens, 0)
+            return
+        if isinstance(tail, bool) or not isinstance(tail, int) or tail <= 0:
+            raise ValueError(f"tail must be a positive int or None, got {tail!r}")
+        self._check_rows(tokens, length - tail, length - tail, tokens.shape[0])
+        if tokens.shape[0] != len(self._rows):
+            raise ValueError(f"cached batch is {len(self._rows)}, tokens have batch {tokens.shape[0]}")
+        for seq in self._rows:
+            have = self.cache.length(seq)
+            for kind in self.kinds:
+                if kind.window is None and kind.entries(have) < kind.entries(length):
+                    raise ValueError(f"{kind.name} cache of row {self._rows.index(seq)} holds {kind.entries(have)} "
+                                     f"entries, the tail rebuild of {length} tokens needs {kind.entries(length)} "
+                                     "persisted")
+        start = length - tail
+        for seq in self._rows:
+            persisted = self.cache.length(seq)
+            self.cache.rewind(seq, start)
+            # the compressor states restart empty; the floor hides the window before the replay
+            self._states[seq] = {_WINDOW_FLOOR: (torch.tensor(start), torch.tensor(persisted))}
+        self._advance({seq: tokens[i, start:] for i, seq in enumerate(self._rows)})
+        self.next_pos = length
+
+    def _window_floor(self, seq, cache: PagedKVCache) -> int:
+        """The first position the sequence's window holds (after a tail rebuild; else 0)."""
+        floor = self._states[seq].get(_WINDOW_FLOOR) if cache is self.cache else None
+        return 0 if floor is None else int(floor[0])
+
+    def _persisted_length(self, seq) -> int:
+        """Tokens whose compressed entries a tail rebuild kept: the replay must not rewrite them
+        (as the reference's `Compressor._store`), since its early blocks see only part of their rows."""
+        floor = self._states[seq].get(_WINDOW_FLOOR)
+        return 0 if floor is None else int(floor[1])
 
     # Sequences -----------------------------------------------------------------------
     def add_sequence(self, seq_id=None):
@@ -251,9 +310,12 @@ class Engine:
         return ks.rms_norm(module, x, None, self.backend)
 
     def _rope(self, table, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        return ks.rope(self._rope_tables(table), x, positions, self.backend, inverse=inverse)
+
+    def _rope_tables(self, table) -> tuple[torch.Tensor, torch.Tensor]:
         if id(table) not in self._cos_sin:  # float32 cos/sin, built once per table
             self._cos_sin[id(table)] = ops.rope_cos_sin(table)
-        return ks.rope(self._cos_sin[id(table)], x, positions, self.backend, inverse=inverse)
+        return self._cos_sin[id(table)]
 
     def _advance(self, tokens: dict):
         """Run the main blocks on {seq_id: ids}; returns the segments and the final streams [1, N, M, D]."""
@@ -331,27 +393,28 @@ class Engine:
         """x [1, N, D] -> [1, N, D]; writes this layer's window KV and compressed entries into `cache`."""
         c = self.config
         h, d, rd = attn.n_heads, attn.head_dim, attn.rope_dim
-        qr = self._norm(attn.q_norm, self._linear(attn.wq_a, x))
+        proj = ks.attention_input(self.weights, attn, x, pos, self.backend)  # every projection of x
+        qr = self._norm(attn.q_norm, proj["q"])
         q = ks.rms_norm(None, self._linear(attn.wq_b, qr).unflatten(-1, (h, d)), attn.eps, self.backend)
         q = self._rope(attn.rope, q, pos)
-        kv = self._rope(attn.rope, self._norm(attn.kv_norm, self._linear(attn.wkv, x)), pos)
+        kv = self._rope(attn.rope, self._norm(attn.kv_norm, proj["kv"]), pos)
         if attn.fake_quant:
-            kv = ts.kv_fake_quant(kv, rd)
+            kv = ks.kv_fake_quant(kv, rd, self.backend)
         window_slots = torch.cat([cache.slots(seq, "window", pos[lo:hi]) for seq, _, lo, hi in segs])
         cache.write("window", layer_id, window_slots, kv[0])
         w = c.sliding_window
         rows = []
         r = attn.compress_ratio
         if r:  # the per-token parts of the compressors and the indexer, once for all sequences
-            main = ks.compressor_project(self.weights, attn.compressor, x, pos, self.backend)
+            main = proj["main_kv"], proj["main_score"]
             if attn.indexer is not None:
-                index = ks.compressor_project(self.weights, attn.indexer.compressor, x, pos, self.backend)
-                head_w = self._linear(attn.indexer.weights_proj, x)[0]
+                index = proj["index_kv"], proj["index_score"]
+                head_w = proj["head_w"][0]
                 q_index = self._indexer_query(attn.indexer, qr, pos)[0]
         for seq, start, lo, hi in segs:
             p = pos[lo:hi]
             cand = p[:, None] - (w - 1) + torch.arange(w)  # oldest first, as the reference
-            parts = [cache.slots(seq, "window", torch.where(cand >= 0, cand, -1))]
+            parts = [cache.slots(seq, "window", torch.where(cand >= self._window_floor(seq, cache), cand, -1))]
             if r:
                 picks = None
                 if attn.indexer is not None:
@@ -376,7 +439,7 @@ class Engine:
         """The indexer's q [1, N, h, d]: projection, RoPE, Hadamard, then the QAT FP4 rounding."""
         q = self._linear(indexer.wq_b, qr).unflatten(-1, (indexer.n_heads, indexer.head_dim))
         q = ks.hadamard(self._rope(indexer.rope, q, pos), self.backend)
-        return ts.indexer_fp4_round(q) if indexer.fake_quant else q
+        return ks.indexer_fp4_round(q, self.backend) if indexer.fake_quant else q
 
     def _state(self, seq, key, comp, pending):
         if key in pending.get(seq, {}):
@@ -403,9 +466,12 @@ class Engine:
         seq_score = torch.cat([score_state[:kept], score])
         first = base // r
         n_new = (start + s) // r - first
-        if n_new > 0:
-            entries = ts.compressor_pool(comp, seq_kv, seq_score, n_new, first)
-            self.cache.write(kind, layer_id, self.cache.slots(seq, kind, torch.arange(first, first + n_new)), entries)
+        skip = min(n_new, max(0, self._persisted_length(seq) // r - first))  # kept by a tail rebuild
+        if n_new > skip:
+            entries = ks.compressor_pool(comp, self._rope_tables(comp.rope), seq_kv, seq_score, n_new, first,
+                                         self.backend)[skip:]
+            self.cache.write(kind, layer_id, self.cache.slots(seq, kind, torch.arange(first + skip, first + n_new)),
+                             entries)
         keep_from = ((start + s) // r) * r - base
         rest_kv, rest_score = seq_kv[keep_from:], seq_score[keep_from:]
         new_kv, new_score = torch.zeros_like(kv_state), torch.full_like(score_state, float("-inf"))
@@ -424,6 +490,6 @@ class Engine:
         if n_visible == 0:
             return torch.full((s, indexer.topk), -1, dtype=torch.long)
         keys = self.cache.read("index4", layer_id, self.cache.slots(seq, "index4", torch.arange(n_visible)))
-        scores = ts.indexer_scores(indexer, head_w, q, keys).float().contiguous()
+        scores = ks.indexer_scores(indexer, head_w, q, keys, self.backend)
         end = ((positions + 1) // 4).to(torch.int32)
         return _indexer_topk(scores, indexer.topk, end, self.backend)

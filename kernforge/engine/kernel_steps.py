@@ -12,10 +12,10 @@ The hyper-connection streams travel as one contiguous tensor `[1, N, M, D]`
 (copy j at `[..., j, :]`, the layout `hc_pre`/`hc_post`/`hc_head` read).
 
 Every GEMM (projections, head, router, compressor and indexer projections, the grouped
-output, routed and shared experts) is `ops.fp32_gemm_nt` at the float32 model's dtype, or
-`ops.bf16_gemm_nt` for a bf16 one: float32 products summed in float32, so against the
+output, routed and shared experts) is `ops.fp32_gemm_nn` at the float32 model's dtype, or
+`ops.bf16_gemm_nn` for a bf16 one: float32 products summed in float32, so against the
 reference's `F.linear` only the summation order differs. The weights are made once by
-`Weights` (dequantized, fused, contiguous) so no step converts a weight per call.
+`Weights` (dequantized, fused, transposed to `[K, N]`) so no step converts a weight per call.
 """
 
 from __future__ import annotations
@@ -24,63 +24,106 @@ import torch
 
 from kernforge import ops
 from kernforge.engine.steps import step
+from kernforge.model.attention import Attention
 from kernforge.model.moe import Expert, Gate
 from kernforge.model.primitives import Linear
 
-_GEMM = {torch.float32: ops.fp32_gemm_nt, torch.bfloat16: ops.bf16_gemm_nt}
+_GEMM = {torch.float32: ops.fp32_gemm_nn, torch.bfloat16: ops.bf16_gemm_nn}
+
+
+def _kn(w: torch.Tensor) -> torch.Tensor:
+    """A `[N, K]` weight as the `[K, N]` contiguous operand of the `nn` GEMMs."""
+    return w.detach().t().contiguous()
 
 
 class Weights:
-    """Every weight a GEMM step reads, dense, contiguous and in the activations' dtype, made
-    once when the engine is built.
+    """Every weight a GEMM step reads, dense, in the activations' dtype and transposed to a
+    contiguous `[K, N]`, made once when the engine is built.
 
     Why: the reference dequantizes FP8/FP4 weights on every call (`Linear.dense_weight`) and
-    concatenates nothing; the GEMM kernel wants one `[N, K]` operand. Quantized weights are
-    dequantized here to the model's dtype, exactly as the reference's per-call dequantization
-    (the FP8/FP4 GEMMs would round the activations to e4m3, which the reference does not);
-    dense float32 ones are the parameters themselves (no copy). Experts get `[w1; w3]`, the
-    fused layout `ops.swiglu` reads."""
+    concatenates nothing. Quantized weights are dequantized here to the model's dtype, exactly
+    as the reference's per-call dequantization (the FP8/FP4 GEMMs would round the activations
+    to e4m3, which the reference does not). `[K, N]` (N contiguous) is the layout the CPU GEMM
+    micro-kernel reads in place; a `[N, K]` operand has each B tile transposed on every call,
+    which at decode (M = 1-8) is most of the call: 3-6x slower at M = 1, ~15% at M = 2048
+    (docs/performance.md). The copy costs one more set of dense weights in memory. Experts get
+    `[w1; w3]`, the fused layout `ops.swiglu` reads; the grouped output projection wo_a one
+    `[K, R]` operand per group."""
 
     def __init__(self, model, dtype: torch.dtype):
         if dtype not in _GEMM:
             raise TypeError(f"model: the engine runs float32 or bf16 weights, got {dtype}")
         modules = list(model.modules())
-        self._dense = {m: m.dense_weight(dtype).detach().contiguous() for m in modules if isinstance(m, Linear)}
-        self._gate_up = {m: torch.cat([self[m.w1], self[m.w3]]).contiguous() for m in modules
-                         if isinstance(m, Expert)}
-        self._router = {m: m.weight.detach().to(dtype).contiguous() for m in modules if isinstance(m, Gate)}
+        dense = {m: m.dense_weight(dtype).detach() for m in modules if isinstance(m, Linear)}
+        self._dense = {m: _kn(w) for m, w in dense.items()}
+        self._gate_up = {m: _kn(torch.cat([dense[m.w1], dense[m.w3]])) for m in modules if isinstance(m, Expert)}
+        self._router = {m: _kn(m.weight.to(dtype)) for m in modules if isinstance(m, Gate)}
+        self._groups = {m: torch.stack([_kn(w) for w in dense[m.wo_a].unflatten(0, (m.o_groups, m.o_lora_rank))])
+                        for m in modules if isinstance(m, Attention)}
+        self._attn_input = {}
+        for m in modules:
+            if isinstance(m, Attention):
+                parts, columns, lo = _input_projections(m), {}, 0
+                for name, linear, comp in parts:
+                    columns[name] = (lo, lo + linear.out_features, comp)
+                    lo += linear.out_features
+                self._attn_input[m] = (_kn(torch.cat([dense[linear] for _, linear, _ in parts])), columns)
 
     def __getitem__(self, module: Linear) -> torch.Tensor:
         return self._dense[module]
 
     def router(self, gate: Gate) -> torch.Tensor:
-        """`Gate.weight` [E, D], in the activations' dtype."""
+        """`Gate.weight`^T [D, E], in the activations' dtype."""
         return self._router[gate]
 
     def gate_up(self, expert: Expert) -> torch.Tensor:
-        """`[w1; w3]` of an `Expert`: one GEMM gives `ops.swiglu`'s `[gate | up]` rows."""
+        """`[w1; w3]`^T of an `Expert`: one GEMM gives `ops.swiglu`'s `[gate | up]` rows."""
         return self._gate_up[expert]
+
+    def attention_input(self, attn) -> tuple[torch.Tensor, dict]:
+        """Every projection of an `Attention`'s input x, side by side: `[D, sum N]` and
+        {part: (first column, end column, compressor whose `ape` is its bias, or None)}
+        (`_input_projections`)."""
+        return self._attn_input[attn]
+
+    def groups(self, attn) -> torch.Tensor:
+        """wo_a as `[G, h*d/G, R]`: group g's rows g*R..(g+1)*R-1, transposed, contiguous per group."""
+        return self._groups[attn]
+
+
+def _input_projections(attn) -> list[tuple[str, Linear, object]]:
+    """(part, Linear, compressor whose position bias `ape` the part adds, or None) for every
+    projection that reads the attention's input x: wq_a, wkv, the compressor's kv and gate,
+    the indexer compressor's kv and gate and the indexer's head weights (those that exist)."""
+    parts = [("q", attn.wq_a, None), ("kv", attn.wkv, None)]
+    if attn.compressor is not None:
+        parts += [("main_kv", attn.compressor.wkv, None), ("main_score", attn.compressor.wgate, attn.compressor)]
+    if attn.indexer is not None:
+        comp = attn.indexer.compressor
+        parts += [("index_kv", comp.wkv, None), ("index_score", comp.wgate, comp),
+                  ("head_w", attn.indexer.weights_proj, None)]
+    return parts
 
 
 def gemm(weight: torch.Tensor, x: torch.Tensor, backend: str, add: torch.Tensor | None = None,
          out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T (+ add [..., N], added after the product, as the
-    reference's `linear(x) + add`), into `out` [rows, N] when given."""
+    """x [..., K] @ weight [K, N] (a `Weights` operand; + add [..., N], added after the
+    product, as the reference's `linear(x) + add`), into `out` [rows, N] when given."""
     rows = x.reshape(-1, x.shape[-1])
     if out is None:
-        out = torch.empty(rows.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+        out = torch.empty(rows.shape[0], weight.shape[1], dtype=x.dtype, device=x.device)
     c = None if add is None else add.reshape(out.shape).contiguous()
     _GEMM[x.dtype](rows.contiguous(), weight, out, c, backend=backend)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return out.view(*x.shape[:-1], weight.shape[1])
 
 
-@step("linear", "kernel", "x W^T on the dense GEMM (ops.fp32_gemm_nt / ops.bf16_gemm_nt)")
+@step("linear", "kernel", "x W^T on the dense GEMM (ops.fp32_gemm_nn / ops.bf16_gemm_nn)")
 def linear(weight: torch.Tensor, x: torch.Tensor, backend: str, add: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     return gemm(weight, x, backend, add, out)
 
 
-@step("router_logits", "kernel", "gate logits x W_gate^T in float32 (ops.fp32_gemm_nt)")
+@step("router_logits", "kernel", "gate logits x W_gate^T in float32 (ops.fp32_gemm_nn)")
 def router_logits(weights: Weights, gate, x: torch.Tensor, backend: str) -> torch.Tensor:
     return gemm(weights.router(gate), x, backend).float()
 
@@ -90,18 +133,33 @@ def grouped_output(weights: Weights, attn, o: torch.Tensor, backend: str) -> tor
     """o [1, N, h, d] -> [1, N, G*R]: group g's h/G heads times wo_a's rows g*R..(g+1)*R-1,
     as the reference's `_grouped_wo_a`."""
     groups = o.flatten(2).unflatten(-1, (attn.o_groups, -1))  # [1, N, G, h*d/G]
-    w = weights[attn.wo_a].unflatten(0, (attn.o_groups, attn.o_lora_rank))
+    w = weights.groups(attn)
     return torch.cat([gemm(w[g], groups[:, :, g], backend) for g in range(attn.o_groups)], dim=-1)
 
 
-@step("compressor_project", "kernel", "compressor kv/gate projections + position bias (the GEMM's c)")
-def compressor_project(weights: Weights, comp, x: torch.Tensor, positions: torch.Tensor,
-                       backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    bias = comp.ape[positions % comp.ratio].to(x.dtype)[None]
-    return gemm(weights[comp.wkv], x, backend), gemm(weights[comp.wgate], x, backend, add=bias)
+@step("attention_input", "kernel", "wq_a, wkv, compressor and indexer projections of x in one GEMM (ape: the c)")
+def attention_input(weights: Weights, attn, x: torch.Tensor, positions: torch.Tensor,
+                    backend: str) -> dict[str, torch.Tensor]:
+    """x [1, N, D] -> {part: [1, N, n]} for every part of `_input_projections`: one GEMM over
+    the side-by-side weights instead of up to seven (at decode a GEMM call costs more than its
+    work). The compressors' gate parts add their position bias `ape[positions % ratio]`
+    after the product (the GEMM accumulates into an output holding the bias, zeros
+    elsewhere), as the reference's `wgate(x) + ape`. "q" and "kv" come back contiguous (the
+    RMSNorm reads contiguous rows), the others as column views."""
+    w, columns = weights.attention_input(attn)
+    biased = [(lo, hi, comp) for lo, hi, comp in columns.values() if comp is not None]
+    out = None
+    if biased:
+        out = torch.zeros(x.numel() // x.shape[-1], w.shape[1], dtype=x.dtype, device=x.device)
+        for lo, hi, comp in biased:
+            out[:, lo:hi] = comp.ape[positions % comp.ratio]
+    y = gemm(w, x, backend, add=out, out=out)
+    parts = {name: y[..., lo:hi] for name, (lo, hi, _) in columns.items()}
+    parts["q"], parts["kv"] = parts["q"].contiguous(), parts["kv"].contiguous()
+    return parts
 
 
-@step("expert_gemm", "kernel", "per-expert segment GEMMs (ops.fp32_gemm_nt per segment)")
+@step("expert_gemm", "kernel", "per-expert segment GEMMs (ops.fp32_gemm_nn per segment)")
 def expert_gemm(weights: Weights, experts, which: str, rows: torch.Tensor, starts: list[int], ends: list[int],
                 backend: str, out: torch.Tensor | None = None) -> torch.Tensor:
     """rows [N, K] (expert-major, as moe_expand writes them) -> [N, Nout]: segment e
@@ -213,3 +271,54 @@ def moe_expand(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: 
 @step("swiglu", "kernel", "expert activation with the routing weight (ops.swiglu)")
 def swiglu(gate_up: torch.Tensor, weights: torch.Tensor | None, limit: float, backend: str) -> torch.Tensor:
     return ops.swiglu(gate_up, weights, limit, backend=backend)
+
+
+@step("indexer_scores", "kernel", "indexer entry scores sum_h relu(q.k) * w (ops.indexer_scores)")
+def indexer_scores(indexer, head_weights: torch.Tensor, q: torch.Tensor, keys: torch.Tensor,
+                   backend: str) -> torch.Tensor:
+    """head_weights [s, h] (weights_proj(x), a `linear` step), q [s, h, d], keys [n, d] -> float32
+    scores [s, n], each summed in the reference's deterministic order (bits independent of s, n)."""
+    return ops.indexer_scores(q.contiguous(), keys.contiguous(), head_weights.contiguous(), indexer.scale,
+                              backend=backend)
+
+
+@step("fp8_kv_quantize", "kernel", "KV -> FP8 MODEL1 page bytes (ops.fp8_kv_quantize)")
+def fp8_kv_quantize(values: torch.Tensor, layout, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """values [n, nope + rope] -> (data uint8 [n, token_bytes], scales uint8 [n, scale_bytes])."""
+    return ops.fp8_kv_quantize(values.contiguous(), layout.nope, backend=backend)
+
+
+@step("fp8_kv_dequantize", "kernel", "FP8 MODEL1 pages -> bf16 pages (ops.fp8_kv_dequantize)")
+def fp8_kv_dequantize(buf: torch.Tensor, layout, backend: str | None) -> torch.Tensor:
+    """uint8 [nb, page_bytes] -> bf16 [nb, block, 1, nope + rope]."""
+    return ops.fp8_kv_dequantize(buf, layout.nope, layout.rope, layout.block_size, backend=backend)
+
+
+@step("kv_fake_quant", "kernel", "QAT e4m3 rounding of the KV nope dims (ops.fake_quant_fp8)")
+def kv_fake_quant(kv: torch.Tensor, rope_dim: int, backend: str) -> torch.Tensor:
+    """kv [..., d]: the model's fake_quant_fp8 (blocks of 64) on the first d - rope_dim dims,
+    the rope dims as they are (the kernel reads a contiguous copy of the nope dims)."""
+    nope = ops.fake_quant_fp8(kv[..., :-rope_dim].contiguous(), backend=backend)
+    return torch.cat([nope, kv[..., -rope_dim:]], dim=-1)
+
+
+@step("indexer_fp4_round", "kernel", "QAT e2m1 rounding of the indexer q (ops.fake_quant_fp4)")
+def indexer_fp4_round(q: torch.Tensor, backend: str) -> torch.Tensor:
+    return ops.fake_quant_fp4(q.contiguous(), backend=backend)
+
+
+@step("compressor_pool", "kernel", "gated pooling (ops.compressor_pool) + norm + rope + rounding of new entries")
+def compressor_pool(comp, cos_sin: tuple[torch.Tensor, torch.Tensor], seq_kv: torch.Tensor,
+                    seq_score: torch.Tensor, n_new: int, first: int, backend: str) -> torch.Tensor:
+    """seq_kv/seq_score [rows, width] from position (first-1)*r -> entries first..first+n_new-1
+    [n_new, d]: `Compressor._pool` then `_finish` (RMSNorm, RoPE at each entry's block start,
+    then Hadamard + FP4 for the indexer's keys or FP8 on the nope dims for the main ones), each
+    an op of its own; `cos_sin` is the compressor's RoPE table (`ops.rope_cos_sin`)."""
+    entries = ops.compressor_pool(seq_kv.contiguous(), seq_score.contiguous(), n_new, comp.ratio, comp.overlap,
+                                  backend=backend)[None]
+    positions = torch.arange(first, first + n_new, device=entries.device) * comp.ratio
+    out = rope(cos_sin, rms_norm(comp.norm, entries, None, backend), positions, backend)
+    if comp.rotate:  # indexer keys: Hadamard, then FP4 over all dims
+        out = hadamard(out, backend)
+        return (indexer_fp4_round(out, backend) if comp.fake_quant else out)[0]
+    return (kv_fake_quant(out, comp.rope_dim, backend) if comp.fake_quant else out)[0]

@@ -69,6 +69,8 @@ class Evaluator:
             return self.unary(e, mask)
         if isinstance(e, ir.Binary):
             return self.binary(e, mask)
+        if isinstance(e, ir.Shuffle):
+            return self.shuffle(e, mask)
         raise NotImplementedError(f"interp: {type(e).__name__}")
 
     def unary(self, e: ir.Unary, mask):
@@ -80,6 +82,24 @@ class Evaluator:
         a = convert(a, e.dtype)
         with np.errstate(all="ignore"):
             return convert(_UNARY[e.op](a), e.dtype)
+
+    def shuffle(self, e: ir.Shuffle, mask):
+        """A warp shuffle: the thread map runs in lockstep here (one statement over every
+        iteration at a time), so every thread's ``value`` exists and the source thread's is
+        picked out directly, by PTX ``shfl.sync``'s lane rule (``passes.warps``)."""
+        t = np.asarray(self.interp.env[e.thread]).astype(np.int64)
+        if t.ndim != 1 or (mask is not None and not np.all(mask)):
+            raise ir.KernelError("a warp shuffle must be reached by every thread of its thread region")
+        v = np.broadcast_to(self(e.value, mask), t.shape)
+        b = np.broadcast_to(np.asarray(self(e.arg, mask)).astype(np.int64), t.shape) & 31
+        lane, w = t & 31, e.width
+        base = lane & (32 - w) & 31
+        j = {"xor": lane ^ b, "down": lane + b, "up": lane - b, "idx": base | (b & (w - 1))}[e.kind]
+        ok = {"xor": j < base + w, "down": j < base + w, "up": j >= base, "idx": np.ones_like(j, bool)}[e.kind]
+        src = t - lane + np.where(ok, j, lane)
+        if src.max() >= len(t):
+            raise ir.KernelError(f"warp shuffle reads thread {int(src.max())} of a block of {len(t)} threads")
+        return v[src]
 
     def binary(self, e: ir.Binary, mask):
         if e.op in ir.COMPARISONS:

@@ -121,7 +121,7 @@ class CompiledKernel:
             return self(*args)
 
         def fake(*args):
-            _, _, shapes, _ = self._plan(args)
+            _, _, shapes, _, _ = self._plan(args)
             outs = tuple(self._empty(params[i], shape, True) for i, shape in zip(self.out_idx, shapes))
             return outs[0] if len(outs) == 1 else (outs or None)
 
@@ -141,12 +141,17 @@ class CompiledKernel:
                 if len(self._plans) >= _PLAN_CACHE_SIZE:
                     self._plans.clear()
                 self._plans[key] = plan
-        dims, grid, out_shapes, use_torch = plan
-        it = iter(args)
-        full = [None if i in self.out_idx else next(it) for i in range(len(params))]
-        for i, shape in zip(self.out_idx, out_shapes):
-            full[i] = self._empty(params[i], shape, use_torch)
-        if all(g > 0 for g in grid):
+        dims, grid, out_shapes, use_torch, bound = plan
+        if not self.out_idx:
+            full = args
+        else:
+            it = iter(args)
+            full = [None if i in self.out_idx else next(it) for i in range(len(params))]
+            for i, shape in zip(self.out_idx, out_shapes):
+                full[i] = self._empty(params[i], shape, use_torch)
+        if bound is not None:
+            bound(full)
+        elif all(g > 0 for g in grid):
             launch_args = [self._device_view(a) if isinstance(p, ir.Buffer) else a
                            for p, a in zip(params, full)]
             self.launcher(launch_args, dims, grid)
@@ -155,11 +160,24 @@ class CompiledKernel:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def bind(self, *args):
+        """Check ``args`` as a call would and return ``run(args)``, the launch for arguments of
+        the same signature (dtypes, shapes, strides, device, scalar values): ``run`` reads the
+        buffers' pointers and nothing else.  None when the backend cannot bind (no ``bind`` on
+        its launcher, a checked build, numpy buffers, an empty grid) or the kernel allocates
+        outputs (``out_idx``).  For callers that key their own cache on that signature (the
+        dense GEMM ops), so a repeated call skips even the signature lookup here."""
+        if self.out_idx:
+            return None
+        return self._plan(args)[4]
+
     def _plan(self, args) -> tuple:
         """Check every argument against the IR and work out the launch: symbol values,
-        grid and output shapes.  Memoised by the arguments' signature (dtype, shape,
-        strides, device, scalar values), which is everything the checks depend on, so an
-        inference loop that repeats shapes pays for the checks once."""
+        grid, output shapes, and (for a launcher that can ``bind``, when every buffer is a
+        torch tensor and the grid is not empty) the launch with the symbols and scalars
+        fixed.  Memoised by the arguments' signature (dtype, shape, strides, device, scalar
+        values), which is everything the checks depend on, so an inference loop that repeats
+        shapes pays for the checks, and the launcher's boxing, once."""
         params = self.ir.params
         expected = len(params) - len(self.out_idx)
         if len(args) != expected:
@@ -186,7 +204,12 @@ class CompiledKernel:
         grid = [g(env) for g in self._grid]
         if any(g < 0 for g in grid):
             raise ShapeError(f"{self.name}: negative grid {grid} for these shapes")
-        return dims, grid, tuple(out_shapes), use_torch
+        bound = None
+        bind = getattr(self.launcher, "bind", None) if self._launcher_takes_torch else None
+        if bind is not None and use_torch and all(g > 0 for g in grid) and \
+                all(is_torch(a) for p, a in zip(params, full) if isinstance(p, ir.Buffer) and a is not None):
+            bound = bind(dims, {i: a for i, (p, a) in enumerate(zip(params, full)) if not isinstance(p, ir.Buffer)})
+        return dims, grid, tuple(out_shapes), use_torch, bound
 
     def _bind_buffer(self, p: ir.Buffer, a, env: dict) -> None:
         where = f"{self.name}: parameter {p.name!r}"

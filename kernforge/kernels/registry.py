@@ -19,7 +19,9 @@ _FAMILIES = ("kernforge.kernels.topk.problems", "kernforge.kernels.mla_decode.pr
              "kernforge.kernels.hadamard.problems", "kernforge.kernels.hyper_connection.problems",
              "kernforge.kernels.embedding.problems",
              "kernforge.kernels.quant.problems", "kernforge.kernels.routing.problems",
-             "kernforge.kernels.moe_permute.problems", "kernforge.kernels.swiglu.problems")
+             "kernforge.kernels.moe_permute.problems", "kernforge.kernels.swiglu.problems",
+             "kernforge.kernels.indexer.problems", "kernforge.kernels.kv_quant.problems",
+             "kernforge.kernels.compressor.problems")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ class KernelSpec:
     * ``check(outputs, expected, inputs, params)`` -> raises AssertionError with a
       message when results disagree (tolerances are the spec's business: exact
       for indices, bf16 tolerance for low precision).
+    * ``build(backend, params)`` -> what runs one configuration, called with
+      ``make_inputs``' list like a compiled kernel, for a kernel that is more than
+      one launch at some configurations (``mla_decode_splitkv``: the split kernel,
+      then the combine); ``None``: the factory, compiled.  See :meth:`compile`.
     """
 
     name: str
@@ -63,10 +69,21 @@ class KernelSpec:
     bytes: Optional[Callable] = None  # params -> bytes moved, for reports
     tags: tuple[str, ...] = field(default_factory=tuple)
     runtime_sizes: tuple[str, ...] = ()
+    build: Optional[Callable] = None
 
     def __post_init__(self):
         if self.runtime_sizes:
             object.__setattr__(self, "factory", _DropSizes(self.factory, self.runtime_sizes))
+
+    def compile(self, backend: str, **params):
+        """The runnable for the whole configuration ``params`` (runtime sizes may be in it)
+        on ``backend``: ``build``'s, else the factory compiled.  The tuner builds every
+        configuration through this, so that what it verifies and times is what the op runs."""
+        if self.build is not None:
+            return self.build(backend, {k: v for k, v in params.items() if k not in self.runtime_sizes})
+        import kernforge
+
+        return kernforge.compile(self.factory, backend=backend, **params)
 
 
 class _DropSizes:

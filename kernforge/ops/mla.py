@@ -14,8 +14,10 @@ page 64), any architecture, ``attn_sink`` on the dense path too, and a bf16 cach
 the sparse (``indices``) path besides the V3.2 FP8 one (``is_fp8_kvcache=True``, 656
 bytes per token).  Not yet supported (``NotImplementedError``): the MODEL1 (V4) FP8
 layout and the extra KV cache.  The dense path splits the KV range of small batches
-over several blocks plus a combine kernel (``config.choose_splits``);
-``tile_scheduler_metadata`` records the shape configuration but holds no per-request
+over several blocks plus a combine kernel (``config.choose_splits``: the tuning
+database's count for the shape, batch and table width, else a heuristic); a
+``tile_scheduler_metadata`` from ``get_mla_metadata`` records the shape configuration
+and the split count of its first call, which later calls reuse, but no per-request
 schedule.
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ import kernforge
 from kernforge import backends
 from kernforge.kernels import mla_decode as kernels
 from kernforge.kernels.mla_decode import config
+from kernforge.kernels.mla_decode.split_kv import SplitKV
 
 _DTYPES = (torch.bfloat16,)
 
@@ -39,12 +42,17 @@ _DTYPES = (torch.bfloat16,)
 @dataclass
 class FlashMLASchedMeta:
     """FlashMLA's lazily filled schedule object.  The first call records the shape
-    configuration in ``config``; later calls must match it (as in FlashMLA)."""
+    configuration in ``config``; later calls must match it (as in FlashMLA).  The dense
+    path records its split-KV count in ``kv_splits`` (a kernforge field; the caller may
+    set it) and every later call with this object uses it: FlashMLA computes one schedule
+    per decode step and shares it across the layers, so a tuning database that changes
+    mid-step does not split one layer differently from the next."""
 
     have_initialized: bool = False
     config: Optional[dict] = None
     tile_scheduler_metadata: Optional[torch.Tensor] = None
     num_splits: Optional[torch.Tensor] = None
+    kv_splits: Optional[int] = None
 
 
 def get_mla_metadata(*args, **kwargs) -> tuple[FlashMLASchedMeta, None]:
@@ -78,8 +86,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     the first ``topk_length[i]`` slots when that is given.
 
     kernforge additions (keyword-only): ``backend``, and ``num_kv_splits`` to force the
-    dense path's split-KV factor (default:
-    :func:`kernforge.kernels.mla_decode.config.choose_splits`)."""
+    dense path's split-KV factor (default: the ``kv_splits`` a ``FlashMLASchedMeta``
+    recorded, else :func:`kernforge.kernels.mla_decode.config.choose_splits`)."""
     if extra_k_cache is not None or extra_indices_in_kvcache is not None or extra_topk_length is not None:
         raise NotImplementedError("extra_k_cache / extra_indices_in_kvcache are not supported yet")
     _check_schedule_args(tile_scheduler_metadata, num_splits)
@@ -102,14 +110,15 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     backend = backends.for_tensor(q, backend)
     cfg = config.choose(backend, h_q, h_kv, s_q, d, head_dim_v, page, causal)
-    if num_kv_splits is None:
-        row_blocks = -(-s_q * (h_q // h_kv) // cfg["block_H"])
-        splits = config.choose_splits(backend, b * h_kv * row_blocks,
-                               block_table.shape[1] * page // cfg["block_N"], q.device)
-    elif isinstance(num_kv_splits, bool) or not isinstance(num_kv_splits, int) or num_kv_splits < 1:
-        raise ValueError(f"num_kv_splits must be a positive int, got {num_kv_splits!r}")
+    meta = tile_scheduler_metadata if isinstance(tile_scheduler_metadata, FlashMLASchedMeta) else None
+    if num_kv_splits is not None:
+        splits = _check_splits("num_kv_splits", num_kv_splits)
+    elif meta is not None and meta.kv_splits is not None:
+        splits = _check_splits("tile_scheduler_metadata.kv_splits", meta.kv_splits)
     else:
-        splits = num_kv_splits
+        splits = config.choose_splits(backend, cfg, b, block_table.shape[1], q.device)["num_splits"]
+    if meta is not None and meta.kv_splits is None:
+        meta.kv_splits = splits
     sink = attn_sink if attn_sink is not None else torch.full((h_q,), -float("inf"), device=q.device)
     out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
@@ -118,13 +127,17 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         _kernel(backend, kernels.mla_decode, **cfg)(q, kv_flat, block_table, cache_seqlens, sink,
                                                       scale, out, lse)
         return out, lse
-    o_part = torch.empty(b, splits, s_q, h_q, head_dim_v, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(b, splits, h_q, s_q, dtype=torch.float32, device=q.device)
-    _kernel(backend, kernels.mla_decode, **cfg, num_splits=splits)(
-        q, kv_flat, block_table, cache_seqlens, sink, scale, o_part, lse_part)
-    _kernel(backend, kernels.mla_decode_combine,
-            **config.choose_combine(backend, h_q, splits, s_q, head_dim_v))(o_part, lse_part, sink, out, lse)
+    combine = config.choose_combine(backend, h_q, splits, s_q, head_dim_v)
+    SplitKV(_kernel(backend, kernels.mla_decode, **cfg, num_splits=splits),
+            _kernel(backend, kernels.mla_decode_combine, **combine),
+            splits)(q, kv_flat, block_table, cache_seqlens, sink, scale, out, lse)
     return out, lse
+
+
+def _check_splits(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
 
 
 def _sparse(q, k_cache, indices, topk_length, head_dim_v, meta, softmax_scale, causal, fp8,
@@ -175,7 +188,7 @@ def _sparse(q, k_cache, indices, topk_length, head_dim_v, meta, softmax_scale, c
 
 #: the configuration choosers this op compiles with (kept here under their old names):
 #: ``choose_config(backend, h_q, h_kv, s_q, d, dim_v, page, causal)`` and
-#: ``choose_splits(backend, blocks, max_tiles, device)``
+#: ``choose_splits(backend, config, batch, pages, device)`` (a dict: ``config`` plus ``num_splits``)
 choose_config = config.choose
 choose_splits = config.choose_splits
 
@@ -197,7 +210,8 @@ def _check_schedule_args(meta, num_splits) -> None:
     elif not isinstance(meta, torch.Tensor):
         raise TypeError(f"tile_scheduler_metadata must be a FlashMLASchedMeta (or a legacy "
                         f"metadata tensor), got {type(meta).__name__}")
-    # legacy tensors (v1/v2 API) carry FlashMLA's split schedule; kernforge does not split
+    # legacy tensors (v1/v2 API) carry FlashMLA's own per-SM split schedule, which kernforge's
+    # uniform splits cannot follow: the count comes from num_kv_splits or choose_splits
 
 
 def _record_config(meta: FlashMLASchedMeta, config: dict) -> None:

@@ -97,7 +97,8 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
     token_topk_to_pos = i32((t, k))
     _kernel(permute.moe_mapping_scan, backend, **params)(
         topk_idx, chunk_offset, expert_count, expert_start, expert_end, per_expert)
-    _kernel(permute.moe_mapping_scatter, backend, **params)(
+    _kernel(permute.moe_mapping_scatter, backend,
+            **permute_config.choose_scatter(backend, k, num_experts, alignment, params["chunk"]))(
         topk_idx, chunk_offset, expert_count, expert_start, expert_end, pos_to_expert, pos_to_token,
         pos_to_token_topk, token_topk_to_pos)
     per_expert_list: list[int] = []

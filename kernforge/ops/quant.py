@@ -7,7 +7,12 @@
 * ``per_token_cast_to_fp4(x)``: ``x [..., K]`` (K even) -> ``(int8 [..., K / 2], float32
   [..., ceil(K / 32)])``: e2m1 codes two per byte (element ``2i`` in the low nibble) with one
   power-of-two scale per 32, the format of ``kernforge.model.quant`` (``dequantize_fp4``
-  of the result with the scales as E8M0 is the model's ``fake_quant_fp4`` of ``x``).
+  of the result with the scales as E8M0 is the model's ``fake_quant_fp4`` of ``x``);
+* ``fake_quant_fp8(x, block=64)`` / ``fake_quant_fp4(x, block=32)``: the model's QAT roundings
+  (``kernforge.model.quant``): ``x [..., K]`` rounded to e4m3 / e2m1 with one power-of-two
+  scale per ``block`` values and back, in x's dtype (FP4: float32, as the model's), equal
+  to the model's functions bit for bit, NaN and infinity included (such a block's scale is
+  1, as ``torch.frexp`` makes it there).
 
 The results equal the torch references bit for bit (``kernforge.kernels.grouped_gemm.reference``
 for FP8, ``kernforge.kernels.quant.reference`` for FP4) on every backend; NaN propagates as
@@ -116,3 +121,51 @@ def per_token_cast_to_fp4(x: torch.Tensor, *, backend: Optional[str] = None) -> 
     kernel = _kernel(kernels.per_token_cast_fp4, name, **config.choose_fp4(name, dtype))
     kernel(x.view(m, k), codes.view(torch.uint8).view(m, k // 2), sf.view(m, -1))
     return codes, sf
+
+
+def _fake_quant_args(x, block, dtypes: tuple) -> tuple[int, int]:
+    if not isinstance(x, torch.Tensor):
+        raise QuantTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        raise QuantTypeError(f"x must be {' or '.join(str(d)[6:] for d in dtypes)}, got {x.dtype}")
+    if isinstance(block, bool) or not isinstance(block, int):
+        raise QuantTypeError(f"block must be an int, got {type(block).__name__}")
+    if block < 1:
+        raise QuantValueError(f"block must be positive, got {block}")
+    if x.dim() < 1:
+        raise QuantValueError(f"x must be at least 1-D, got shape {tuple(x.shape)}")
+    if x.shape[-1] % block:
+        raise QuantValueError(f"x's last dim {x.shape[-1]} is not a multiple of block {block}")
+    if not x.is_contiguous():
+        raise QuantValueError("x must be contiguous")
+    return math.prod(x.shape[:-1]), x.shape[-1]
+
+
+def fake_quant_fp8(x: torch.Tensor, block: int = kernels.FAKE_FP8_BLOCK, *,
+                   backend: Optional[str] = None) -> torch.Tensor:
+    """The model's ``fake_quant_fp8``: ``x`` rounded to e4m3 with one power-of-two scale
+    ``2^ceil(log2(max(amax, 1e-4) / 448))`` per ``block`` values, and back, in x's dtype
+    (float32 or bfloat16, the model's bf16 roundings included)."""
+    m, k = _fake_quant_args(x, block, (torch.float32, torch.bfloat16))
+    out = torch.empty_like(x)
+    if m == 0 or k == 0:
+        return out
+    name = backends.for_tensor(x, backend)
+    kernel = _kernel(kernels.fake_quant_e4m3, name, **config.choose_fake_fp8(name, _DTYPES[x.dtype], block))
+    kernel(x.view(m, k), out.view(m, k))
+    return out
+
+
+def fake_quant_fp4(x: torch.Tensor, block: int = kernels.FP4_BLOCK, *,
+                   backend: Optional[str] = None) -> torch.Tensor:
+    """The model's ``fake_quant_fp4``: ``x`` (float32, the one dtype the model's rounding
+    takes) rounded to e2m1 with one power-of-two scale ``2^ceil(log2(max(amax, 6 * 2^-126) /
+    6))`` per ``block`` values (ties to even), and back."""
+    m, k = _fake_quant_args(x, block, (torch.float32,))
+    out = torch.empty_like(x)
+    if m == 0 or k == 0:
+        return out
+    name = backends.for_tensor(x, backend)
+    kernel = _kernel(kernels.fake_quant_e2m1, name, **config.choose_fake_fp4(name, block))
+    kernel(x.view(m, k), out.view(m, k))
+    return out

@@ -20,9 +20,10 @@ import threading
 from typing import Callable, Optional, Union
 
 _memo: dict = {}
-_overlays: dict = {}  # (kernel, backend, heuristic config, keyed arguments, valid, db place) -> config or None
+_overlays: dict = {}  # (kernel, backend, heuristic config, keyed arguments, valid, pinned, db place) -> config or None
 _swept: dict = {}  # db path -> {(kernel, backend)} with at least one sweep
 _lock = threading.Lock()
+_generation = 0  # bumped by reset(): caches of chooser results key on it (see stamp())
 
 
 def enabled() -> bool:
@@ -31,13 +32,16 @@ def enabled() -> bool:
 
 def reset() -> None:
     """Forget memoised lookups (after the database changed in this process)."""
+    global _generation
     with _lock:
+        _generation += 1
         _memo.clear()
         _swept.clear()
         _overlays.clear()
 
 
-def lookup(kernel_name: str, backend: str, params: dict, factory=None) -> Optional[dict]:
+def lookup(kernel_name: str, backend: str, params: dict, factory=None,
+           pinned: Optional[dict] = None) -> Optional[dict]:
     """The fastest recorded configuration (every tunable of the kernel, as keyword
     parameters) for ``kernel_name`` on ``backend`` at ``params`` (its non-tuned parameters;
     tunables in it are ignored), on this device with this compiler and kernforge version;
@@ -49,26 +53,30 @@ def lookup(kernel_name: str, backend: str, params: dict, factory=None) -> Option
     value.  Runtime sizes the sweep also recorded (``rows``, ``batch``, ``tokens``: the
     spec's sizes, not compile-time parameters) and ``params`` leaves out match any value:
     one compiled kernel serves every row count, so its tuned tiles do too.  Of several
-    matching sweeps the most recently updated one with a timed row wins."""
+    matching sweeps the most recently updated one with a timed row wins.
+
+    ``pinned``: tunables the caller cannot change (a value another kernel already
+    committed to); only rows holding those values count, the fastest of them wins."""
     if not enabled():
         return None
     # keyed on the variables that place the database, not on the resolved path: resolving it
     # reads the runtime's whole configuration, too slow for every op call
     env = os.environ
     memo_key = (env.get("KERNFORGE_TUNE_DB"), env.get("KERNFORGE_CACHE_DIR"), kernel_name, backend,
-                tuple(sorted((k, repr(v)) for k, v in params.items())))
+                tuple(sorted((k, repr(v)) for k, v in params.items())),
+                tuple(sorted((k, repr(v)) for k, v in pinned.items())) if pinned else ())
     with _lock:
         if memo_key in _memo:
             return _memo[memo_key]
     from kernforge.tune.db import default_path
 
-    found = _read(default_path(), kernel_name, backend, params, factory)
+    found = _read(default_path(), kernel_name, backend, params, factory, pinned or {})
     with _lock:
         _memo[memo_key] = found
     return found
 
 
-def _read(path: str, kernel_name: str, backend: str, params: dict, factory) -> Optional[dict]:
+def _read(path: str, kernel_name: str, backend: str, params: dict, factory, pinned: dict) -> Optional[dict]:
     if not os.path.exists(path):
         return None
     try:
@@ -104,10 +112,11 @@ def _read(path: str, kernel_name: str, backend: str, params: dict, factory) -> O
             have = json.loads(bucket)
             if any(k not in have or have[k] != v for k, v in want.items()):
                 continue
-            row = conn.execute("SELECT config FROM configs WHERE key=? AND status='timed' ORDER BY median_ms "
-                               "LIMIT 1", (key,)).fetchone()
-            if row:
-                return json.loads(row[0])
+            for (text,) in conn.execute("SELECT config FROM configs WHERE key=? AND status='timed' "
+                                        "ORDER BY median_ms", (key,)):
+                config = json.loads(text)
+                if all(config.get(k) == v for k, v in pinned.items()):
+                    return config
         return None
     finally:
         conn.close()
@@ -117,7 +126,7 @@ Kernel = Union[str, tuple, Callable[[dict], Union[str, tuple]]]
 
 
 def overlay(kernel: Kernel, backend: str, heuristic: dict, keyed: Optional[dict] = None,
-            valid: Optional[Callable[[dict], bool]] = None) -> dict:
+            valid: Optional[Callable[[dict], bool]] = None, pinned: tuple = ()) -> dict:
     """``heuristic`` (every parameter of one kernel factory, as a chooser returns them) with
     the tuning database's best tunables for the call laid over it, or ``heuristic`` itself
     when nothing matches, ``KERNFORGE_TUNE=0``, or ``valid`` refuses the result.
@@ -129,15 +138,18 @@ def overlay(kernel: Kernel, backend: str, heuristic: dict, keyed: Optional[dict]
     are in the sweeps' keys (the layout ``alignment``), looked up with the parameters.
     ``valid(config)`` sees the overlaid configuration plus ``keyed`` and may refuse what
     the sweep verified on one workload but this call cannot take (a row tile spanning two
-    experts).  Memoised per process on its arguments and the database's location."""
+    experts).  ``pinned``: tunables whose heuristic value the call must keep (the MoE
+    scatter's ``chunk``, fixed by the scan whose per-chunk offsets it reads): the fastest
+    recorded row with those values is used.  Memoised per process on its arguments and
+    the database's location."""
     try:
         memo_key = (kernel, backend, tuple(heuristic.items()), tuple(keyed.items()) if keyed else (), valid,
-                    _settings())
+                    pinned, _settings())
         hit = _overlays.get(memo_key, _overlays)
     except TypeError:  # an unhashable parameter value: look it up every time
         memo_key, hit = None, _overlays
     if hit is _overlays:
-        hit = _overlay(kernel, backend, heuristic, keyed or {}, valid) if enabled() else None
+        hit = _overlay(kernel, backend, heuristic, keyed or {}, valid, pinned) if enabled() else None
         if memo_key is not None:
             with _lock:
                 _overlays[memo_key] = hit
@@ -159,10 +171,22 @@ def _settings() -> tuple:
     return data.get(_ENCODED[0]), data.get(_ENCODED[1]), data.get(_ENCODED[2])
 
 
-def _overlay(kernel: Kernel, backend: str, heuristic: dict, keyed: dict, valid) -> Optional[dict]:
+def stamp() -> tuple:
+    """What an op's own cache of chooser results must key on to see what the choosers
+    would see: the memo generation (:func:`reset` bumps it, and ``tune`` resets after
+    recording) and the variables that turn lookups off or place the database.  For ops
+    that skip the chooser on their hot path (``kernforge.ops.topk``): it adds about 0.4 us
+    to their cache hit (``benchmarks/bench_choose_overhead.py``)."""
+    data = getattr(os.environ, "_data", None)
+    if data is None or _ENCODED is None:
+        return (_generation,) + tuple(map(os.environ.get, _SETTINGS))
+    return _generation, data.get(_ENCODED[0]), data.get(_ENCODED[1]), data.get(_ENCODED[2])
+
+
+def _overlay(kernel: Kernel, backend: str, heuristic: dict, keyed: dict, valid, pinned: tuple) -> Optional[dict]:
     names = kernel(heuristic) if callable(kernel) else kernel
     for name in (names,) if isinstance(names, str) else names:
-        found = lookup(name, backend, dict(heuristic, **keyed))
+        found = lookup(name, backend, dict(heuristic, **keyed), pinned={k: heuristic[k] for k in pinned})
         if found is None:
             continue
         config = dict(heuristic, **found)
@@ -170,28 +194,32 @@ def _overlay(kernel: Kernel, backend: str, heuristic: dict, keyed: dict, valid) 
     return None
 
 
-def tuned(kernel: Kernel, keys: tuple = (), valid: Optional[Callable[[dict], bool]] = None):
+def tuned(kernel: Kernel, keys: tuple = (), valid: Optional[Callable[[dict], bool]] = None, pinned: tuple = ()):
     """Decorate a family's chooser ``choose(backend, ...) -> dict`` so that it consults the
     tuning database (:func:`overlay`): the chooser's own result is the heuristic, and
-    ``keys`` names its arguments that go to the lookup as ``keyed``.  The undecorated
+    ``keys`` names its arguments that go to the lookup as ``keyed``; ``pinned`` names its
+    arguments that are tunables the caller fixes, returned as given (:func:`overlay`;
+    the heuristic must return them unchanged).  The undecorated
     chooser stays reachable as ``.heuristic``: for choosers built on another's heuristic,
     and for the catalogue's problems, which must not move with the local database."""
     def wrap(choose):
         sig = inspect.signature(choose)
         names = list(sig.parameters)
-        for k in keys:
-            if k not in names[1:]:
-                raise TypeError(f"keys: {choose.__name__} has no argument {k!r} (its arguments: "
-                                f"{', '.join(names[1:])})")
+        for what, given in (("keys", keys), ("pinned", pinned)):
+            for k in given:
+                if k not in names[1:]:
+                    raise TypeError(f"{what}: {choose.__name__} has no argument {k!r} (its arguments: "
+                                    f"{', '.join(names[1:])})")
         where = {k: (names.index(k) - 1, sig.parameters[k].default) for k in keys}  # index past ``backend``
 
         @functools.wraps(choose)
         def chooser(backend: str, *args, **kwargs) -> dict:
             keyed = {k: kwargs[k] if k in kwargs else args[i] if i < len(args) else default
                      for k, (i, default) in where.items()} if where else None
-            return overlay(kernel, backend, choose(backend, *args, **kwargs), keyed, valid)
+            return overlay(kernel, backend, choose(backend, *args, **kwargs), keyed, valid, pinned)
 
         chooser.heuristic = choose
+        chooser.pinned = pinned
         return chooser
 
     return wrap

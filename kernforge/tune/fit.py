@@ -33,12 +33,17 @@ def misfit(kernel, backend: str, arch: Optional[str] = None) -> Optional[str]:
 
     ``kernel``: a :class:`kernforge.CompiledKernel` (its IR, arch, TMA variant and checked
     mode are used; for ``cuda`` this is a JIT-cache hit, not a second compile), a PrimFunc
-    or an ``ir.Kernel``.  ``arch``: the CUDA arch to check against (default: the compiled
+    or an ``ir.Kernel``; a runnable of several (``launches``, as
+    :class:`kernforge.kernels.mla_decode.split_kv.SplitKV`): the first of them that does
+    not fit.  ``arch``: the CUDA arch to check against (default: the compiled
     kernel's, else sm_90a)."""
     if not isinstance(backend, str):
         raise TypeError(f"misfit: backend must be a backend name, got {type(backend).__name__}")
     if backend != "cuda":
         return None
+    launches = getattr(kernel, "launches", None)
+    if launches is not None:  # one configuration run as several kernels (the split-KV decode)
+        return next(filter(None, (misfit(k, backend, arch) for k in launches)), None)
     kir, tma, checks = _unpack(kernel)
     if arch is None and getattr(kernel, "backend_name", None) == "cuda":
         arch = kernel.target.arch

@@ -13,11 +13,10 @@ from kernforge import backends
 
 
 def _build(kernel: str, backend: str, params: dict) -> None:
-    import kernforge
     from kernforge.kernels import registry
 
     try:
-        kernforge.compile(registry.get(kernel).factory, backend=backend, **params)
+        registry.get(kernel).compile(backend, **params)
     except Exception:  # noqa: BLE001 - the parent rebuilds it and records the reason
         pass
 

@@ -199,8 +199,9 @@ def _plan(space: dict, strategy: str, samples: Optional[int], seed: int) -> list
 
 
 def _compile(spec, backend, params):
-    """Trace and build one configuration (module-level so tests can count the builds)."""
-    return kernforge.compile(spec.factory, backend=backend, **params)
+    """Trace and build one configuration (module-level so tests can count the builds); a
+    spec with a ``build`` hook builds all its launches (:meth:`~kernforge.kernels.registry.KernelSpec.compile`)."""
+    return spec.compile(backend, **params)
 
 
 def _clone(inputs):
@@ -232,6 +233,48 @@ def _time(kernel, inputs, samples: int, device: str) -> tuple[float, float]:
     else:
         spread = (max(times) - min(times)) / med if med > 0 else 0.0
     return med, spread
+
+
+class _Workloads:
+    """The inputs and torch reference each configuration is verified and timed on.
+
+    ``spec.make_inputs`` sees the whole configuration, and a tunable may shape the inputs:
+    the MoE mapping kernels' ``chunk_offset`` has one row per ``chunk`` slots, so a chunk
+    of 256 run on inputs sized for 64 computes a different (not a wrong) answer.  Inputs
+    are therefore made per configuration, and the reference, the costly part, is computed
+    once per distinct set of inputs: a configuration whose inputs equal an earlier one's
+    (every tunable that leaves the inputs alone) reuses that one's."""
+
+    def __init__(self, spec, seed: int, device: str):
+        self.spec, self.seed, self.device = spec, seed, device
+        self.seen: list[tuple[list, list]] = []  # (inputs, expected), one per distinct inputs
+
+    def get(self, full: dict) -> tuple[list, list]:
+        inputs = self.spec.make_inputs(full, self.seed, self.device)
+        for have, expected in self.seen:
+            if _same_inputs(have, inputs):
+                return have, expected
+        expected = self.spec.reference(_clone(inputs), full)
+        self.seen.append((inputs, expected))
+        return inputs, expected
+
+
+def _same_inputs(a: list, b: list) -> bool:
+    """Bit-equal argument lists (NaN poison included, which ``torch.equal`` calls unequal)."""
+    import torch
+
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if not isinstance(x, torch.Tensor):
+            if x != y:
+                return False
+        elif (x.dtype, x.shape, x.stride(), x.device) != (y.dtype, y.shape, y.stride(), y.device) or \
+                not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
+            return False
+    return True
 
 
 def _reason(stage: str, e: BaseException) -> str:
@@ -346,8 +389,7 @@ def _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_
 
         prebuild(spec.name, backend, [dict(params, **c) for c in todo], jobs)
     device = backends.device(backend)
-    inputs = spec.make_inputs(params, seed, device)
-    expected = spec.reference(_clone(inputs), params)
+    workloads = _Workloads(spec, seed, device)
 
     first_timed = {}  # canonical config -> seconds into the sweep when this run first timed it
 
@@ -380,6 +422,7 @@ def _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_
             reject(config, why)
             continue
         say("compiled", config, result)
+        inputs, expected = workloads.get(full)
         args = _clone(inputs)
         try:
             kern(*args)
@@ -399,7 +442,7 @@ def _run(spec, backend, params, space, strategy, samples, repeats, seed, budget_
     if strategy == "halving" and verified:
         _halve(verified, repeats, device, over, database, key, result, say, record_time)
     if not result.stopped and settle:
-        _settle(spec, backend, params, inputs, plan, built, settle, device, over, database, key, result, say,
+        _settle(spec, backend, params, workloads, plan, built, settle, device, over, database, key, result, say,
                 record_time)
     best = database.best(key.text)
     result.time_to_best_s = first_timed.get(canonical(best)) if best is not None else None
@@ -422,7 +465,7 @@ def _halve(verified, repeats, device, over, database, key, result, say, record_t
         record_time(c, *_time(k, a, repeats, device), repeats)
 
 
-def _settle(spec, backend, params, inputs, plan, built, rounds, device, over, database, key, result, say,
+def _settle(spec, backend, params, workloads, plan, built, rounds, device, over, database, key, result, say,
             record_time) -> None:
     """Time the top two again, with twice the samples each round, while their interquartile
     ranges overlap: a ranking decided by noise is not worth remembering.  Gives up after
@@ -437,7 +480,8 @@ def _settle(spec, backend, params, inputs, plan, built, rounds, device, over, da
             return
         result.settle_rounds += 1
         for row in timed[:2]:
+            full = dict(params, **row.config)
             kern, args = built.get(canonical(row.config)) or (
-                _compile(spec, backend, dict(params, **row.config)), _clone(inputs))
+                _compile(spec, backend, full), _clone(workloads.get(full)[0]))
             n = 2 * (row.samples or 1)
             record_time(row.config, *_time(kern, args, n, device), n)

@@ -90,3 +90,54 @@ def test_a_runtime_if_and_its_body_record_the_authors_lines():
     store, = [n for n in ir.walk(k.ir.body) if isinstance(n, ir.Store)]
     assert (branch.loc.file, branch.loc.line) == (__file__, at["if X[0] > 0:"])
     assert store.loc.line == at["X[1] = 1.0"]
+
+
+def _shapes():
+    """Function shapes that could fool a cut of the source by indentation (see
+    ``rewrite._parse_function``), defined inside a factory like kernels are."""
+    def deco(f):
+        return f
+
+    @deco
+    @deco
+    def black_signature(
+        a,
+        b=1,
+    ):
+        """A signature closed at the def's own indentation."""
+        x = a
+    # a comment at the def's indentation inside the body: the body goes on below it
+        y = b
+        return x + y
+
+    def string_at_column_0(a):
+        s = """
+    not the end of the function
+    """
+        if a:
+            return s
+        return a  # trailing comment
+
+    def one_line(a): return a
+
+    def last(a):
+        for i in range(a):
+            if i:
+                continue
+        # an indented comment, then a blank line, then the factory's own code
+
+    return [black_signature, string_at_column_0, one_line, last]
+
+
+@pytest.mark.parametrize("fn", _shapes(), ids=lambda f: f.__name__)
+def test_the_rewrite_parses_each_function_as_inspect_reads_it(fn):
+    """The rewrite cuts a function's lines from its file instead of running ``inspect``'s
+    tokenizer; the tree it parses (line and column numbers included) must be the one
+    ``inspect.getsource`` gives, shifted to the function's first line."""
+    import inspect
+    import textwrap
+
+    want = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    ast.increment_lineno(want, fn.__code__.co_firstlineno - 1)
+    got = rewrite._parse_function(fn, inspect.getsourcefile(fn))
+    assert ast.dump(got, include_attributes=True) == ast.dump(want, include_attributes=True)

@@ -255,7 +255,8 @@ def test_steps_introspection_lists_kernels_and_torch_steps():
     assert set(steps.torch_steps()) == {n for n, k in table.items() if k == "torch"}
     moved = {"embedding", "rms_norm", "rope", "hadamard", "hc_pre", "hc_post", "hc_head", "routing",
              "moe_mapping", "moe_expand", "swiglu", "linear", "router_logits", "grouped_output",
-             "compressor_project", "expert_gemm", "moe_reduce"}
+             "attention_input", "expert_gemm", "moe_reduce", "indexer_scores", "fp8_kv_quantize",
+             "fp8_kv_dequantize"}
     assert {table[n] for n in moved} == {"kernel"}
     assert "mtp_input" not in table  # the linear step's c now
 

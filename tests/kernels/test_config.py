@@ -56,8 +56,8 @@ def test_choosers_key_on_the_language_not_the_name(monkeypatch):
         assert chooser("toy-gpu", *args) == chooser("cuda", *args)
         assert chooser("cuda-emu", *args) == chooser("cuda", *args)
     assert K.config.choose("interp", 16) != K.config.choose("cpu", 16)
-    assert M.config.choose_splits("toy-gpu", 1, 10_000, None) == 1
-    assert M.config.choose_splits("cuda-emu", 1, 10_000, None) == 1
+    assert M.config.split_count("toy-gpu", 1, 10_000, None) == 1
+    assert M.config.split_count("cuda-emu", 1, 10_000, None) == 1
     with pytest.raises(backends.BackendError, match="unknown backend"):
         K.config.choose("nope", 16)
 

@@ -3,10 +3,12 @@ torch references on interp and cpu, every top2_sum_gate option through the catal
 problem, a few cases on cuda-emu, and the CUDA sources compiling."""
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import kernforge
 from kernforge import backends
@@ -17,6 +19,12 @@ from kernforge.kernels.routing.problems import logits_with_ties
 from tests.conftest import host_backends
 
 BACKENDS = host_backends("interp", "cpu")
+ALL_BACKENDS = host_backends()
+#: scores with exact ties, signed zeros (equal), denormals, the largest float and infinities
+TIE_VALUES = [float("-inf"), -3e38, -2.0, -1e-45, -0.0, 0.0, 1e-45, 0.5, 1.0, 3e38, float("inf")]
+#: logits and biases whose sums (and sums of two sums) are exact in float32: the reference's
+#: float64 keys and group scores are the kernel's float32 ones, ties included
+DYADIC = [-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0]
 SPECS = ["topk_gate", "top2_sum_gate", "normalize_weight", "hash_gate"]
 
 
@@ -82,6 +90,63 @@ def test_topk_gate_ties_go_to_the_smaller_index(backend):
 def test_topk_gate_matches_torch_stable_sort(backend):
     s = logits_with_ties(33, 64, seed=3)
     assert torch.equal(run_topk(backend, s, 6), torch.sort(s, dim=1, descending=True, stable=True).indices[:, :6])
+
+
+def stable_select(keys: np.ndarray, k: int) -> np.ndarray:
+    """float64 numpy: per row the ``k`` largest keys' indices, descending, equal keys (``-0.0 ==
+    0.0``) in index order: an independent statement of the tie rule, without torch."""
+    return np.argsort(-keys.astype(np.float64), axis=1, kind="stable")[:, :k]
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@settings(max_examples=12, deadline=None)
+@given(data=st.data(), build=st.sampled_from([(1, 1), (3, 2), (12, 5), (64, 6), (64, 64)]))
+def test_topk_gate_property_ties_go_to_the_smaller_index(backend, data, build):
+    """Scores drawn from a handful of values: most rows are ties, broken by index alone."""
+    e, k = build
+    t = data.draw(st.integers(1, 6), label="tokens")
+    s = data.draw(hnp.arrays(np.float32, (t, e), elements=st.sampled_from(TIE_VALUES)), label="scores")
+    assert np.array_equal(run_topk(backend, torch.from_numpy(s), k).numpy(), stable_select(s, k))
+
+
+#: (E, k, num_groups, num_topk_groups, scoring) builds of the top2_sum_gate property
+TOP2_BUILDS = [(8, 3, 0, 0, "sigmoid"), (64, 6, 0, 0, "sqrtsoftplus"), (64, 6, 0, 0, "softmax"),
+               (64, 6, 8, 3, "softmax"), (32, 5, 4, 1, "softmax")]
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@settings(max_examples=12, deadline=None)
+@given(data=st.data(), build=st.sampled_from(TOP2_BUILDS))
+def test_top2_sum_gate_property_ties_against_float64(backend, data, build):
+    """Logits and bias from a few dyadic values: experts and groups tie exactly.  Softmax ranks
+    by ``logit + bias`` (exact in float64); sigmoid and sqrt-softplus, strictly increasing,
+    rank by the logit under a constant bias.  Groups: the float64 sum of each group's top two."""
+    e, k, groups, topk_groups, scoring = build
+    t = data.draw(st.integers(1, 6), label="tokens")
+    logits = data.draw(hnp.arrays(np.float32, (t, e), elements=st.sampled_from(DYADIC)), label="logits")
+    if scoring == "softmax":
+        bias = data.draw(hnp.arrays(np.float32, (e,), elements=st.sampled_from(DYADIC)), label="bias")
+    else:
+        bias = np.full(e, data.draw(st.sampled_from(DYADIC), label="bias"), np.float32)
+    keys = logits.astype(np.float64) + (bias if scoring == "softmax" else 0.0)
+    if groups:
+        per = keys.reshape(t, groups, e // groups)
+        top2 = -np.sort(-per, axis=2)[:, :, :2].sum(axis=2)
+        dropped = np.ones((t, groups), bool)
+        np.put_along_axis(dropped, stable_select(top2, topk_groups), False, axis=1)
+        keys = np.where(dropped.repeat(e // groups, axis=1), -np.inf, keys)
+    want = stable_select(keys, k)
+    idx, w = run_top2(backend, torch.from_numpy(logits), torch.from_numpy(bias), k, groups, topk_groups, scoring,
+                      scale=1.5)
+    assert np.array_equal(idx.numpy(), want)
+    x = logits.astype(np.float64)
+    if scoring == "softmax":
+        score = np.exp(x - x.max(1, keepdims=True))
+        score /= score.sum(1, keepdims=True)
+    else:
+        score = 1 / (1 + np.exp(-x)) if scoring == "sigmoid" else np.sqrt(np.logaddexp(0.0, x))
+    chosen = np.take_along_axis(score, want, axis=1)
+    np.testing.assert_allclose(w.numpy(), chosen / chosen.sum(1, keepdims=True) * 1.5, rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize("scoring", R.SCORING_FUNCS)

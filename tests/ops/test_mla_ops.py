@@ -174,7 +174,7 @@ def test_split_kv_matches_reference(backend):
 
 def test_split_choice():
     cpu = torch.device("cpu")
-    assert mla.choose_splits("cpu", 1, 10_000, cpu) == 1               # host default: no split
+    assert M.config.split_count("cpu", 1, 10_000, cpu) == 1               # host default: no split
     with pytest.raises(ValueError, match="num_kv_splits"):
         q, kv, table, lens = make([10], heads=2)
         mla.flash_mla_with_kvcache(q, kv, table, lens, 512, backend="interp", num_kv_splits=0)
@@ -187,10 +187,15 @@ def test_gpu_split_choice(monkeypatch):
         multi_processor_count = 132
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
     dev = torch.device("cpu")
-    assert mla.choose_splits("cuda", 1, 10_000, dev) == 32
-    assert mla.choose_splits("cuda", 128, 10_000, dev) == 2
-    assert mla.choose_splits("cuda", 132, 10_000, dev) == 1
-    assert mla.choose_splits("cuda", 1, 12, dev) == 2          # 2 splits of 6 tiles, not 4 of 3
+    assert M.config.split_count("cuda", 1, 10_000, dev) == 32
+    assert M.config.split_count("cuda", 128, 10_000, dev) == 2
+    assert M.config.split_count("cuda", 132, 10_000, dev) == 1
+    assert M.config.split_count("cuda", 1, 12, dev) == 2          # 2 splits of 6 tiles, not 4 of 3
+    # the op's chooser counts requests x row blocks of 64 heads and the table's tiles of 32
+    monkeypatch.setenv("KERNFORGE_TUNE", "0")
+    cfg = mla.choose_config("cuda", 128, 1, 1, 576, 512, 64, False)
+    assert mla.choose_splits("cuda", cfg, 64, 64, dev) == dict(cfg, num_splits=2)     # 128 blocks
+    assert mla.choose_splits("cuda", cfg, 1, 6, dev)["num_splits"] == 2                # 12 tiles
 
 
 

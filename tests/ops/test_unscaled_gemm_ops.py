@@ -98,3 +98,41 @@ def test_transposed_names_check_their_operands():
     with pytest.raises(ValueError, match="b must be a 2-D tensor"):
         kops.bf16_gemm_nn(torch.ones(2, 2, dtype=torch.bfloat16), torch.ones(2, dtype=torch.bfloat16),
                           torch.empty(2, 2))
+
+
+@pytest.mark.parametrize("over, error, match", [
+    (dict(a=torch.randn(M, K).bfloat16()), TypeError, "a must be a torch.float32 tensor"),
+    (dict(a=torch.randn(M, 2 * K)[:, ::2]), ValueError, "a must be K-major"),
+    (dict(b=torch.randn(N, K + 1)), ValueError, "K mismatch"),
+    (dict(d=torch.full((M, N), float("nan"), dtype=torch.float16)), TypeError,
+     "d must be torch.bfloat16 or torch.float32"),
+    (dict(d=torch.full((M, 2 * N), float("nan"))[:, ::2]), ValueError, "d must be contiguous"),
+    (dict(c=torch.zeros(M, N, dtype=torch.bfloat16)), TypeError, "c must have d's dtype"),
+    (dict(compiled_dims="xy"), ValueError, "compiled_dims"),
+])
+def test_the_call_memo_never_skips_a_check(over, error, match):
+    """A good call on the cpu backend memoises its kernel by signature; a call that differs
+    from it in one argument is checked again, before anything runs."""
+    good = _args(c=torch.zeros(M, N))
+    kops.fp32_gemm_nt(**good, backend="cpu")
+    check(good["d"], good["a"], good["b"], good["c"])
+    args = dict(good, d=torch.full((M, N), float("nan")))
+    args.update(over)
+    with pytest.raises(error, match=match):
+        kops.fp32_gemm_nt(**args, backend="cpu")
+    assert torch.isnan(args["d"].float()).all(), "nothing may run before the checks pass"
+
+
+def test_the_call_memo_rereads_whether_c_is_d():
+    """``c`` distinct from ``d`` and ``c is d`` have one signature: each call decides again
+    whether to copy ``c`` into ``d`` first, and every call reads its own tensors."""
+    a, b = operands(torch.float32, m=3, n=64, k=32)
+    bt = b.T.contiguous()
+    for seed in range(3):
+        c = torch.randn(3, 64, generator=torch.Generator().manual_seed(seed))
+        d = torch.full((3, 64), float("nan"))
+        kops.fp32_gemm_nn(a, bt, d, c, backend="cpu")
+        check(d, a, b, c)
+        d2 = c.clone()
+        kops.fp32_gemm_nn(a, bt, d2, d2, backend="cpu")
+        assert torch.equal(d2, d)

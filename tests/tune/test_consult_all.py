@@ -2,7 +2,7 @@
 
 For each chooser/kernel pair: a recorded configuration is what the chooser returns for
 the call it was recorded for, whatever the runtime sizes; not for another compile-time
-shape, nor with ``KERNFORGE_TUNE=0``.  Three families go through a real sweep
+shape, nor with ``KERNFORGE_TUNE=0``.  Some families go through a real sweep
 (``kernforge.tune.tune`` on the CPU backend) and their public ops, which must compile
 the database's best and still match a torch reference."""
 import importlib
@@ -17,11 +17,14 @@ import torch
 import kernforge
 import kernforge.tune as kt
 from kernforge.kernels import registry
+from kernforge.kernels.compressor import config as compressor
 from kernforge.kernels.embedding import config as emb
 from kernforge.kernels.gemm import config as gemm
 from kernforge.kernels.grouped_gemm import config as gg
 from kernforge.kernels.hadamard import config as had
 from kernforge.kernels.hyper_connection import config as hc
+from kernforge.kernels.indexer import config as indexer
+from kernforge.kernels.kv_quant import config as kvq
 from kernforge.kernels.mla_decode import config as mla
 from kernforge.kernels.moe_permute import config as mp
 from kernforge.kernels.norm import config as norm
@@ -57,7 +60,11 @@ CASES = [
     (hc.choose_post, (4, 4096, "bfloat16"), {}, "hc_post"),
     (mla.choose, (64, 1, 1, 576, 512, 64, False), {}, "mla_decode"),
     (mla.choose_sparse, (64, 512, 1, 512, 512, False), {}, "mla_decode_sparse"),
+    (mla.choose_combine, (64, 4), {}, "mla_decode_combine"),
+    # the split count, keyed on the batch and the table's width (those of the catalogue's "small")
+    (mla.choose_splits, (mla.choose.heuristic(B, 8, 1, 2, 96, 64, 16, True), 2, 5), {}, "mla_decode_splitkv"),
     (mp.choose_mapping, (6, 256, 128), {}, "moe_mapping_scan"),
+    (mp.choose_scatter, (6, 256, 128, 256), {}, "moe_mapping_scatter"),
     (mp.choose_expand, (2048, 6, "float8_e4m3", 16, "float32", True), {}, "expand_to_fused"),
     (mp.choose_reduce, (2048, 6, "bfloat16", "bfloat16", True, False, False), {}, "reduce_fused"),
     (norm.choose, (4096, "bfloat16", "float32", "bfloat16"), {}, "rms_norm"),
@@ -65,6 +72,12 @@ CASES = [
     (quant.choose_token, ("bfloat16", True), {}, "per_token_cast_to_fp8_ue8m0"),
     (quant.choose_block, ("bfloat16", False), {}, "per_block_cast_to_fp8"),
     (quant.choose_fp4, ("bfloat16",), {}, "per_token_cast_to_fp4"),
+    (quant.choose_fake_fp8, ("float32", 64), {}, "fake_quant_fp8"),
+    (quant.choose_fake_fp4, (32,), {}, "fake_quant_fp4"),
+    (compressor.choose, (512, 4, True, "float32"), {}, "compressor_pool"),
+    (indexer.choose, (4, 64, "float32"), {}, "indexer_scores"),
+    (kvq.choose_quantize, (448, 64, "float32"), {}, "fp8_kv_quantize"),
+    (kvq.choose_dequantize, (448, 64, 64), {}, "fp8_kv_dequantize"),
     (rope.choose, (512, 64, "bfloat16", "int64", False), {}, "rotary_embedding"),
     (routing.choose_topk, (256, 6), {}, "topk_gate"),
     (routing.choose_top2_sum, (), dict(num_experts=256, num_topk=8, num_groups=8, num_topk_groups=4,
@@ -105,12 +118,13 @@ def _record(name, params, config, median=0.5):
 
 
 def _tuned_case(chooser, args, kwargs, name):
-    """(heuristic, keyed sweep parameters, a complete tuned config differing in one tunable)."""
+    """(heuristic, keyed sweep parameters, a complete tuned config differing in one tunable
+    that the chooser does not pin)."""
     factory = _factory(name)
     heuristic = chooser.heuristic(B, *args, **kwargs)
     sig = factory.signature.parameters
     config = {t: heuristic.get(t, sig[t].default) for t in factory.space}
-    t = next(t for t in factory.space if any(v != config[t] for v in factory.space[t]))
+    t = next(t for t in factory.space if t not in chooser.pinned and any(v != config[t] for v in factory.space[t]))
     config[t] = next(v for v in factory.space[t] if v != config[t])
     spec = registry.get(name)
     small = spec.problems["small"].params
@@ -154,10 +168,7 @@ def test_every_chooser_follows_the_database(monkeypatch, chooser, args, kwargs, 
 
 
 def test_every_chooser_is_covered():
-    """Each chooser in kernforge/kernels/*/config.py that returns a configuration is tuned
-    and in CASES (``choose_splits`` returns a count; ``mla_decode_combine`` is not in the
-    catalogue, so nothing can be tuned for it)."""
-    untuned = {("mla_decode", "choose_splits"), ("mla_decode", "choose_combine")}
+    """Each chooser in kernforge/kernels/*/config.py is tuned and in CASES."""
     families = sorted(os.listdir(os.path.dirname(registry.__file__)))
     found = set()
     for fam in families:
@@ -165,7 +176,7 @@ def test_every_chooser_is_covered():
             continue
         mod = importlib.import_module(f"kernforge.kernels.{fam}.config")
         for attr, fn in vars(mod).items():
-            if attr.startswith("choose") and callable(fn) and (fam, attr) not in untuned:
+            if attr.startswith("choose") and callable(fn):
                 assert hasattr(fn, "heuristic"), f"{fam}.config.{attr} does not consult the database"
                 found.add(fn)
     assert found == {c[0] for c in CASES}
@@ -184,6 +195,25 @@ def test_a_tile_spanning_two_experts_is_refused(chooser, k):
     assert chooser(B, 4, 256, k, alignment=64)["block_M"] == 32
 
 
+def test_a_pinned_tunable_keeps_the_callers_value():
+    """The scatter reads the scan's per-chunk offsets: a faster scatter row at another chunk
+    is not used; the fastest row at the scan's chunk is."""
+    heuristic, params, config = _tuned_case(mp.choose_scatter, (6, 256, 128, 256), {}, "moe_mapping_scatter")
+    space = {"chunk": [64, 256], "tail_tile": [256, 1024]}
+    key = sweep.make_key("moe_mapping_scatter", B, sweep.bind_params(_factory("moe_mapping_scatter"), params), space)
+    with Database() as db:
+        db.begin_sweep(key, space, "grid", {}, force=False)
+        db.record(key, Row(dict(chunk=64, tail_tile=256), "timed", 0.1, 0.0, 3))
+        db.record(key, Row(dict(chunk=256, tail_tile=1024), "timed", 0.3, 0.0, 3))
+        db.record(key, Row(dict(chunk=256, tail_tile=256), "timed", 0.2, 0.0, 3))
+        db.finish_sweep(key)
+    consult.reset()
+    assert mp.choose_scatter(B, 6, 256, 128, 256) == dict(heuristic, tail_tile=256)
+    assert mp.choose_scatter(B, 6, 256, 128, 64) == dict(mp.choose_scatter.heuristic(B, 6, 256, 128, 64),
+                                                         tail_tile=256)
+    assert mp.choose_scatter(B, 6, 256, 128, 1024) == mp.choose_scatter.heuristic(B, 6, 256, 128, 1024)
+
+
 def test_the_latest_sweep_wins_over_runtime_sizes():
     """Two sweeps of one compile-time shape at different row counts: the newer one's best."""
     shape = {k: v for k, v in norm.choose.heuristic(B, 96).items() if k not in ("block_rows", "threads")}
@@ -195,6 +225,8 @@ def test_the_latest_sweep_wins_over_runtime_sizes():
 def test_bad_keys_are_a_typed_error_naming_the_argument():
     with pytest.raises(TypeError, match="has no argument 'alignmnet'"):
         consult.tuned("m_grouped_gemm_nt_contiguous", keys=("alignmnet",))(gg.choose.heuristic)
+    with pytest.raises(TypeError, match="pinned: choose_scatter has no argument 'chunks'"):
+        consult.tuned("moe_mapping_scatter", pinned=("chunks",))(mp.choose_scatter.heuristic)
 
 
 def test_the_catalogue_does_not_move_with_the_database(tmp_path):
@@ -267,6 +299,32 @@ def test_tuned_topk_op(compiled, backend):
 
 
 @pytest.mark.parametrize("backend", host_backends("cpu"))
+def test_topk_op_follows_a_sweep_recorded_after_its_first_call(compiled, monkeypatch, backend):
+    """The op caches its kernel per call signature, keyed on :func:`consult.stamp`: a row
+    recorded later in the same process, and ``KERNFORGE_TUNE=0`` after it, take effect on
+    the next call."""
+    args = (16, "float32", "int64", True, True)
+    heuristic, params, config = _tuned_case(topk.choose, args, {}, "topk_fp32")
+    sig = _factory("topk_fp32").signature.parameters
+    untuned = {t: heuristic.get(t, sig[t].default) for t in config}
+    x = torch.randperm(3 * 700, generator=torch.Generator().manual_seed(9)).float().view(3, 700)  # distinct
+    want = torch.topk(x, 16)
+
+    def run():
+        values, indices = kernforge.ops.topk(x, 16, sorted=True, backend=backend)
+        assert torch.equal(values, want.values) and torch.equal(indices, want.indices)
+        params = _compiled_with(compiled, "topk_select")
+        return {t: params.get(t, sig[t].default) for t in config}
+
+    assert run() == untuned
+    _record("topk_fp32", params, config)
+    assert run() == config != untuned
+    monkeypatch.setenv("KERNFORGE_TUNE", "0")
+    n = len(compiled)
+    assert run() == untuned and len(compiled) == n + 1
+
+
+@pytest.mark.parametrize("backend", host_backends("cpu"))
 def test_tuned_mla_decode_op(compiled, backend):
     from kernforge.kernels import mla_decode as M
 
@@ -282,3 +340,137 @@ def test_tuned_mla_decode_op(compiled, backend):
     assert {k: params[k] for k in res.best} == res.best
     exp_out, exp_lse = M.reference(q, kv, table, lens, None, 96 ** -0.5, 64, causal=True)
     M.assert_close(out, lse, exp_out, exp_lse, *M.tolerances(q, kv, 96 ** -0.5, max(seqlens), 64))
+
+
+@pytest.mark.parametrize("backend", host_backends("cpu"))
+def test_tuned_mla_decode_combine_op(compiled, backend):
+    """Forced split-KV: the combine kernel the op compiles is the database's best for its
+    shape (the catalogue's "small": 12 heads, 3 splits, 2 query tokens, dim_v 64)."""
+    from kernforge.kernels import mla_decode as M
+
+    res = kt.tune("mla_decode_combine", backend=backend, problem="small", space=dict(block_R=[8]), repeats=3,
+                  settle=0)
+    assert res.best["block_R"] == 8 != mla.choose_combine.heuristic(backend, 12, 3, 2, 64)["block_R"]
+    g = torch.Generator().manual_seed(4)
+    seqlens = [70, 0, 41]
+    kv, table = M.make_cache(seqlens, 16, 1, 96, g)
+    q = torch.randn(3, 2, 12, 96, generator=g).bfloat16()
+    sink, lens = torch.randn(12, generator=g), torch.tensor(seqlens, dtype=torch.int32)
+    out, lse = kernforge.ops.flash_mla_with_kvcache(q, kv, table, lens, 64, attn_sink=sink, backend=backend,
+                                                    num_kv_splits=3)
+    params = _compiled_with(compiled, "mla_decode_combine")
+    assert {k: params[k] for k in res.best} == res.best
+    exp_out, exp_lse = M.reference(q, kv, table, lens, sink, 96 ** -0.5, 64)
+    M.assert_close(out, lse, exp_out, exp_lse, *M.tolerances(q, kv, 96 ** -0.5, max(seqlens), 64))
+
+
+# ---------------------------------------------------------------- split-KV counts
+
+SPLIT_SHAPE = dict(heads=8, heads_kv=1, seq_q=2, dim=96, dim_v=64, page_size=16, causal=True)  # "small"'s
+
+
+def _record_splits(rows, batch=2, pages=5):
+    """A finished sweep of ``mla_decode_splitkv`` at the catalogue's "small" shape and host
+    tiles, for ``batch`` requests over ``pages`` pages: ``rows`` maps a split count to its
+    median."""
+    params = dict(mla.choose.heuristic(B, **SPLIT_SHAPE), batch=batch, pages=pages)
+    space = {"num_splits": sorted(rows)}
+    key = sweep.make_key("mla_decode_splitkv", B, sweep.bind_params(_factory("mla_decode_splitkv"), params), space)
+    with Database() as db:
+        db.begin_sweep(key, space, "grid", {}, force=False)
+        for n, ms in rows.items():
+            db.record(key, Row(dict(num_splits=n), "timed", ms, 0.0, 3))
+        db.finish_sweep(key)
+    consult.reset()
+
+
+@pytest.mark.parametrize("backend", host_backends("cpu"))
+def test_tuned_split_count_op(compiled, monkeypatch, backend):
+    """The op splits as the database's fastest recorded count for its shape, batch and table
+    width says (the host heuristic never splits), and still matches the reference; another
+    batch, ``KERNFORGE_TUNE=0``, an explicit ``num_kv_splits`` and a schedule object's
+    ``kv_splits`` do not take it."""
+    from kernforge.kernels import mla_decode as M
+    from kernforge.ops import mla as mla_ops
+
+    _record_splits({1: 0.5, 3: 0.1, 4: 0.3})
+    g = torch.Generator().manual_seed(6)
+    sink = torch.randn(8, generator=g)
+
+    def run(seqlens, **kw):
+        """The split count the op compiled its decode kernel with; checks its output."""
+        kv, table = M.make_cache(seqlens, 16, 1, 96, g)
+        q = torch.randn(len(seqlens), 2, 8, 96, generator=g).bfloat16()
+        lens = torch.tensor(seqlens, dtype=torch.int32)
+        mla_ops._compiled.cache_clear()
+        del compiled[:]
+        out, lse = kernforge.ops.flash_mla_with_kvcache(q, kv, table, lens, 64, causal=True, attn_sink=sink,
+                                                        backend=backend, **kw)
+        exp_out, exp_lse = M.reference(q, kv, table, lens, sink, 96 ** -0.5, 64, causal=True)
+        M.assert_close(out, lse, exp_out, exp_lse, *M.tolerances(q, kv, 96 ** -0.5, max(seqlens), 64))
+        n = _compiled_with(compiled, "mla_decode").get("num_splits", 1)
+        if n > 1:
+            assert _compiled_with(compiled, "mla_decode_combine")["num_splits"] == n
+        return n
+
+    assert mla.split_count(backend, 2, 5, None) == 1
+    assert run([75, 33]) == 3                                # other lengths, the same 5-page table
+    assert run([75, 33, 50]) == 1                            # 3 requests: not what was tuned
+    assert run([75, 90]) == 1                                # a 6-page table: neither
+    assert run([75, 33], num_kv_splits=2) == 2               # the caller's count wins
+    meta, _ = kernforge.ops.get_mla_metadata()
+    assert run([75, 33], tile_scheduler_metadata=meta) == 3 and meta.kv_splits == 3
+    meta.kv_splits = 4                                       # the step's schedule wins over the database
+    assert run([75, 33], tile_scheduler_metadata=meta) == 4
+    meta.kv_splits = 0
+    with pytest.raises(ValueError, match="tile_scheduler_metadata.kv_splits must be a positive int"):
+        run([75, 33], tile_scheduler_metadata=meta)
+    monkeypatch.setenv("KERNFORGE_TUNE", "0")
+    assert run([75, 33]) == 1
+
+
+def _first_split_only(self, q, kv, table, lens, sink, scale, out, lse):
+    """A planted bug: split 0's partial as the answer, no combine."""
+    b, s_q, h_q, _ = q.shape
+    o_part = torch.empty(b, self.num_splits, s_q, h_q, out.shape[-1])
+    lse_part = torch.empty(b, self.num_splits, h_q, s_q)
+    self.split(q, kv, table, lens, sink, scale, o_part, lse_part)
+    out.copy_(o_part[:, 0])
+    lse.copy_(lse_part[:, 0])
+
+
+@pytest.mark.parametrize("backend", host_backends("cpu"))
+def test_split_count_sweep_verifies_the_merged_output(monkeypatch, backend):
+    """``kernforge tune mla_decode_splitkv`` builds each count as the op runs it (split kernel,
+    then the combine) and checks the merged output against the attention reference: every
+    count passes, the winner is a consulted choice; with the merge left out (split 0's
+    partial taken as the answer) the split counts are rejected as verify mismatches."""
+    from kernforge.kernels.mla_decode import split_kv
+
+    space = dict(num_splits=[1, 2, 4])                      # 4 of 5 tiles: one split empty
+    res = kt.tune("mla_decode_splitkv", backend=backend, problem="small", space=space, repeats=2, settle=0)
+    assert not res.rejected, [(r.config, r.reason) for r in res.rejected]
+    assert sorted(r.config["num_splits"] for r in res.ranked if r.status == "timed") == [1, 2, 4]
+    cfg = mla.choose.heuristic(backend, **SPLIT_SHAPE)
+    assert mla.choose_splits(backend, cfg, 2, 5) == dict(cfg, **res.best)
+    monkeypatch.setattr(split_kv.SplitKV, "__call__", _first_split_only)
+    res = kt.tune("mla_decode_splitkv", backend=backend, problem="small", space=space, repeats=2, settle=0,
+                  force=True)
+    assert [r.config["num_splits"] for r in res.ranked if r.status == "timed"] == [1]
+    assert sorted(r.config["num_splits"] for r in res.rejected) == [2, 4]
+    assert all(r.reason.startswith("verify: ") for r in res.rejected), [r.reason for r in res.rejected]
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc not on PATH")
+def test_split_count_fit_checks_both_launches():
+    """A split count's fit is its split kernel's and its combine's: at the "demo" shape the
+    split kernel fits sm_90a and the combine (block_R 8) spills, so the pair does not fit."""
+    from kernforge.kernels.mla_decode import split_kv
+    from kernforge.tune.fit import misfit
+
+    pair = split_kv.build("cuda-emu", dict(mla.choose.heuristic("cuda", 64, dim=576, dim_v=512), num_splits=4))
+    split, combine = pair.launches
+    assert misfit(split, "cuda", "sm_90a") is None
+    assert misfit(combine, "cuda", "sm_90a").startswith("fit: ")
+    assert misfit(pair, "cuda", "sm_90a") == misfit(combine, "cuda", "sm_90a")

@@ -89,6 +89,35 @@ def test_configuration_that_fails_to_trace_is_rejected_with_its_reason():
     assert bad.reason.startswith("compile: ValueError") and "block_N (48) must divide" in bad.reason
 
 
+def test_a_tunable_that_shapes_the_inputs_is_verified_on_inputs_made_for_it(monkeypatch):
+    """The mapping scan's ``chunk_offset`` has a row per ``chunk`` slots: each chunk is
+    verified on inputs sized for it (not the problem's chunk of 64, on which 256 and 1024
+    compute other offsets), and the reference runs once for each of the three input sets."""
+    from kernforge.kernels.moe_permute import problems as moe_problems
+
+    calls, real = [], moe_problems._scan_state
+    monkeypatch.setattr(moe_problems, "_scan_state", lambda idx, p: calls.append(p["chunk"]) or real(idx, p))
+    res = kt.tune("moe_mapping_scan", backend="interp", problem="small", space=dict(chunk=[64, 256, 1024]),
+                  repeats=2, settle=0)
+    assert not res.rejected, [(r.config, r.reason) for r in res.rejected]
+    assert sorted(r.config["chunk"] for r in res.ranked) == [64, 256, 1024]
+    assert sorted(calls) == [64, 256, 1024]
+    # independently: each kept chunk's offsets, counted slot by slot
+    params = registry.get("moe_mapping_scan").problems["small"].params
+    for r in res.ranked:
+        chunk, e = r.config["chunk"], params["num_experts"]
+        idx, offset, *_ = registry.get("moe_mapping_scan").make_inputs(dict(params, chunk=chunk), 3, "cpu")
+        kernforge.compile(registry.get("moe_mapping_scan").factory, backend="interp",
+                          **dict(params, chunk=chunk))(idx, offset, *_)
+        flat, want, run = idx.flatten().tolist(), [], [0] * e
+        for c in range(-(-len(flat) // chunk)):
+            want.append(list(run))
+            for x in flat[c * chunk:(c + 1) * chunk]:
+                if x >= 0:
+                    run[x] += 1
+        assert offset.tolist() == want, chunk
+
+
 def test_database_round_trip_cached_forced_exported(tmp_path, monkeypatch):
     builds = []
     real = sweep._compile

@@ -40,6 +40,7 @@ from kernforge.backends.ascend import copies
 from kernforge.codegen import ir
 from kernforge.codegen.passes import Analysis, buffer_bytes, nonneg_vars, plan_memory, simplify, simplify_expr
 from kernforge.codegen.passes import ranges
+from kernforge.codegen.passes.warps import has_shuffle, split_shuffles
 from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
@@ -271,7 +272,9 @@ class AscendRenderer(CRenderer, Renderer):
             raise AscendRenderError("ascend: checked mode is not supported (the ascend-emu shim checks every "
                                     "access itself)")
         arch = arch_info(target.arch)
-        return (simplify, copies.lower_other_copies, simplify,
+        # warp shuffles: Ascend runs a thread region as a loop over threads, split at each shuffle
+        shuffles = (split_shuffles,) if has_shuffle(kernel.body) else ()
+        return shuffles + (simplify, copies.lower_other_copies, simplify,
                 Analysis("names", lambda k, facts: NameTable.for_kernel(k)),
                 Analysis("nonneg_vars", lambda k, facts: nonneg_vars(k)),
                 Analysis("var_ranges", lambda k, facts: ranges.var_ranges(k)),

@@ -13,7 +13,7 @@ zeroed per call), and returns ``ERR_CHECK`` when a check failed; the launcher ra
 from __future__ import annotations
 
 import ctypes
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -87,6 +87,42 @@ class CpuLauncher:
             raise checks.violation(record, self.checks)
         if status != 0:
             raise CpuKernelError(self.kernel.name, status)
+
+    def bind(self, dims: Sequence[int], scalars: dict) -> Optional[Callable[[Sequence], None]]:
+        """A launch with ``dims`` and the scalar arguments (``{param index: value}``) fixed once:
+        the returned ``run(args)`` reads only the buffers' pointers (``args[i].data_ptr()``,
+        CPU torch tensors), so a repeated call skips re-checking and re-boxing what did not
+        change.  Why: at decode a kernel call is a few microseconds of work, and rebuilding the
+        scalar boxes and symbol array per call cost more than that.  For callers that have
+        already checked every argument against the kernel (``CompiledKernel``'s memoised plan:
+        dtypes, shapes, strides, device); the values here are checked as ``__call__`` checks
+        them.  Checked builds (a fresh violation record per call) get None: use ``__call__``."""
+        if self.checks is not None:
+            return None
+        if len(dims) != self.n_symbols:
+            raise TypeError(f"{self.kernel.name} needs {self.n_symbols} symbol values, got {len(dims)}")
+        template: list = [None] * len(self.params)
+        keep = []  # the boxes and the symbol array live as long as the bound launch
+        for i, p in enumerate(self.params):
+            if not isinstance(p, ir.Buffer):
+                box = self._scalar_box(p, scalars[i])
+                keep.append(box)
+                template[i] = box.ctypes.data
+        buffers = [i for i, p in enumerate(self.params) if isinstance(p, ir.Buffer)]
+        sym = np.array([int(d) for d in dims] or [0], dtype=np.int64)
+        keep.append(sym)
+        array, cfunc, sym_ptr, name = ctypes.c_void_p * max(1, len(template)), self.cfunc, sym.ctypes.data, \
+            self.kernel.name
+
+        def run(args: Sequence, keep=keep) -> None:
+            values = template.copy()
+            for i in buffers:
+                values[i] = args[i].data_ptr()
+            status = cfunc(array(*values), sym_ptr)
+            if status != 0:
+                raise CpuKernelError(name, status)
+
+        return run
 
     def _buffer_pointer(self, p: ir.Buffer, a) -> int:
         if is_torch(a):

@@ -34,6 +34,7 @@ from kernforge.backends.cpu import isa
 from kernforge.codegen.passes.checks import insert_checks
 from kernforge.codegen.passes.gemm_layout import NARROW, layout_for
 from kernforge.codegen.passes.ranges import statements
+from kernforge.codegen.passes.warps import has_shuffle, split_shuffles
 from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
@@ -94,7 +95,9 @@ class CpuRenderer(CRenderer, Renderer):
         transforms = self.transforms[:1] + (layout_for(widen, direct=True),) + self.transforms[1:]
         if target.checks:
             transforms = transforms[:2] + (insert_checks,) + transforms[2:]
-        return transforms + (
+        # warp shuffles first: the CPU runs a thread region as a loop, split at each shuffle
+        shuffles = (split_shuffles,) if has_shuffle(kernel.body) else ()
+        return shuffles + transforms + (
             Analysis("names", lambda k, facts: NameTable.for_kernel(k)),
             Analysis("nonneg_vars", lambda k, facts: nonneg_vars(k)),
             Analysis("memory", lambda k, facts: plan_memory(k, self.in_arena)),

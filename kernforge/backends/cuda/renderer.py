@@ -32,6 +32,7 @@ the output also compiles for host emulation (``-DKF_HOST_EMULATION``).
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from math import prod
@@ -216,6 +217,20 @@ class CudaRenderer(CRenderer, Renderer):
             return self.reg_ref(e.buffer, e.indices)
         return super().load(e)
 
+    def expr(self, e: ir.Expr) -> str:
+        if isinstance(e, ir.Shuffle):
+            # the thread map gives iteration tx to thread tx (one iteration each), so the
+            # calling lane is the shuffle's thread and the whole warp reaches the call; a map
+            # driven by a register fragment's layout, or run whole by every thread, would not
+            if not self.in_parallel or self.reg_ctx is not None:
+                raise CudaRenderError("a warp shuffle in a thread region that is not one iteration per "
+                                      "thread (a register fragment indexed by the thread drives it, or "
+                                      "it stores to a block-uniform local)", self.k.loc)
+            fn = {"xor": "__shfl_xor_sync", "down": "__shfl_down_sync", "up": "__shfl_up_sync",
+                  "idx": "__shfl_sync"}[e.kind]
+            return f"{fn}(0xffffffffu, ({self.ctype(e.dtype)})({self.expr(e.value)}), {self.expr(e.arg)}, {e.width})"
+        return super().expr(e)
+
     def reg_ref(self, b: ir.Buffer, indices) -> str:
         if self.reg_ctx is None:
             raise CudaRenderError(f"register fragment {self.cname(b)} accessed outside its owner's loop (planner bug)")
@@ -332,9 +347,7 @@ class CudaRenderer(CRenderer, Renderer):
         self.headers |= {"kf/reduce.cuh", "kf/atomic.cuh"} | ({"kf/check.cuh"} if self.checks else set())
         params = self.params()
         entry = entry_symbol(self.k)
-        env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
-                                 keep_trailing_newline=True)
-        source = env.get_template("kernel.cu.j2").render(
+        source = _environment().get_template("kernel.cu.j2").render(
             name=self.k.name, arch=self.arch.name, threads=self.k.threads, dynamic_smem=self.smem_bytes,
             headers=sorted(self.headers - {"kf/common.cuh"}), entry=entry,
             params=", ".join(f"{t} {n}" for n, t in params), body=self.lines)
@@ -355,6 +368,14 @@ HANDLERS: dict[type, Callable] = {
     # checked mode: every thread that reaches a failing check records it (the first one wins)
     ir.Check: lambda R, s: R.emit(R.check_call(s)),
 }
+
+
+@functools.lru_cache(maxsize=None)
+def _environment() -> jinja2.Environment:
+    """One environment for the process: it keeps its compiled templates (checking their files'
+    times), where a new one per kernel compiled ``kernel.cu.j2`` again at every render."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True)
 
 
 def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True, checks: bool = False) -> CudaProgram:

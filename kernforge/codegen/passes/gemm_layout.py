@@ -36,7 +36,7 @@ conflicts of a power-of-two row stride.
 """
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Optional
 
 from kernforge import dtypes
@@ -118,8 +118,8 @@ def _collect(kernel: ir.Kernel) -> dict[ir.Buffer, _Uses]:
             continue
         if isinstance(node, ir.Allocate):
             continue
-        for f in fields(node):
-            v = getattr(node, f.name)
+        for name in ir.field_names(node):
+            v = getattr(node, name)
             for x in v if isinstance(v, tuple) else (v,):
                 b = x.buffer if isinstance(x, ir.Region) else x
                 if not isinstance(b, ir.Buffer):
@@ -205,12 +205,12 @@ class _Rebuffer(ir.Mutator):
             return self.table.get(node, node)
         node = super().generic(node)
         changes = {}
-        for f in fields(node):
-            v = getattr(node, f.name)
+        for name in ir.field_names(node):
+            v = getattr(node, name)
             if isinstance(v, ir.Buffer) and v in self.table:
-                changes[f.name] = self.table[v]
+                changes[name] = self.table[v]
             elif isinstance(v, tuple) and any(isinstance(x, ir.Buffer) and x in self.table for x in v):
-                changes[f.name] = tuple(self.table.get(x, x) if isinstance(x, ir.Buffer) else x for x in v)
+                changes[name] = tuple(self.table.get(x, x) if isinstance(x, ir.Buffer) else x for x in v)
         return replace(node, **changes) if changes else node
 
 

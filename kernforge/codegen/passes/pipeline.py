@@ -65,6 +65,7 @@ def run_pipeline(kernel: ir.Kernel, pipeline: Sequence[Union[Pass, Analysis]], d
     expanded = lower_composites(kernel, native)
     steps = [("lower_composites", lambda k: expanded)] if expanded is not kernel else []
     analysed = None
+    verified = None  # the last kernel verified: a pass that changes nothing returns its input
     for name, p in steps + [(pass_name(p), p) for p in pipeline]:
         if isinstance(p, Analysis):
             facts[name] = result = p(kernel, facts)
@@ -78,10 +79,12 @@ def run_pipeline(kernel: ir.Kernel, pipeline: Sequence[Union[Pass, Analysis]], d
             raise PassError(f"pass {name} follows analysis {analysed}, whose result describes the IR "
                             f"before it; run transforms first", kernel.loc)
         kernel = p(kernel)
-        try:
-            verify(kernel)
-        except ir.KernelError as e:
-            raise PassError(f"pass {name} produced invalid IR: {e.message}", e.loc) from e
+        if kernel is not verified:  # the IR is immutable: the same object verifies the same
+            try:
+                verify(kernel)
+            except ir.KernelError as e:
+                raise PassError(f"pass {name} produced invalid IR: {e.message}", e.loc) from e
+            verified = kernel
         if dump is None:
             continue
         if callable(dump):

@@ -37,9 +37,11 @@ def choose(backend: str, N: int, K: int, m: int, **variant) -> dict:
 def choose_dense(backend: str, N: int, K: int, m: int, **variant) -> dict:
     """:func:`~kernforge.kernels.gemm.dense_gemm` parameters.  GPUs: bf16 as :func:`choose`,
     with 64-deep K tiles; float32 64x128x32 (sm_90a ptxas: 64x64x64 at 128 threads and
-    128x128x32 spill).  Host backends: 64x64x64 tiles in one stage, 16-row tiles when
-    ``m <= 16`` (decode: 25-40 against 45-55 us at M 1-8, N 128-512, K 128 on Zen 4, two
-    threads; the rest is the call's fixed cost).  Measured on Zen 4 at float32, M 37..2048,
+    128x128x32 spill).  Host backends: 64x64x64 tiles in one stage; at decode (``m <= 16``)
+    the row tile is the smallest power of two holding ``m`` (the micro-kernel computes every
+    row of its tile, so a 16-row tile at M = 1 does 16x the work): on Zen 3 (AVX2, one
+    thread, float32, MN-major B) 2-3 against 16-57 us at M = 1, N 64-128, K 128-192, and
+    28-40 against 45-65 us at M = 8, N 128-384.  Measured on Zen 4 at float32, M 37..2048,
     N 128..512, K 128..264: 64x64x64 was the fastest of block_N 64/128 x block_K 64/128/256.
     The CPU micro-kernel sums each output's K products in one order whatever the tile, so a
     row's bits do not depend on ``m`` (the engine's deterministic mode relies on it; tested).
@@ -51,5 +53,6 @@ def choose_dense(backend: str, N: int, K: int, m: int, **variant) -> dict:
         cfg = dict(block_M=64 if m <= 64 or variant.get("accumulate") else 128, block_N=128, block_K=64,
                    num_stages=3, threads=256)
     else:
-        cfg = dict(block_M=16 if m <= 16 else 64, block_N=64, block_K=64, num_stages=1)
+        cfg = dict(block_M=next(b for b in (1, 2, 4, 8, 16) if m <= b) if m <= 16 else 64, block_N=64, block_K=64,
+                   num_stages=1)
     return dict(N=N, K=K, **cfg, **variant)

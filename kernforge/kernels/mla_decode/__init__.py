@@ -4,8 +4,10 @@
   :func:`mla_decode_combine` (merges split-KV partials) and :func:`mla_decode_sparse`
   (index-selected, bf16 or V3.2 FP8 cache), built from shared macros;
 * :mod:`.reference`: float64 torch references and the V3.2 FP8 cache format;
-* :mod:`.problems`: the catalogue entries (``mla_decode``, ``mla_decode_sparse``), paged
-  cache inputs and tolerances;
+* :mod:`.problems`: the catalogue entries (``mla_decode``, ``mla_decode_sparse``,
+  ``mla_decode_combine``, ``mla_decode_splitkv``), paged cache inputs and tolerances;
+* :mod:`.split_kv`: the split kernel and the combine as one runnable (the op's split-KV
+  path, and what the tuner sweeps split counts on);
 * :mod:`.config`: the compile-time configuration choosers, used by
   :func:`kernforge.ops.flash_mla_with_kvcache` and the catalogue alike.
 """

@@ -44,6 +44,7 @@ def choose_sparse(backend: str, heads: int, topk: int, seq_q: int = 1, dim: int 
                 block_H=block_H)
 
 
+@tuned("mla_decode_combine")
 def choose_combine(backend: str, heads: int, num_splits: int, seq_q: int = 1, dim_v: int = 512) -> dict:
     """:func:`~kernforge.kernels.mla_decode.mla_decode_combine` parameters.  GPU: 8 rows
     per block (16 rows spill 1.6 KB of registers per ptxas at h=128); hosts: 16."""
@@ -51,14 +52,27 @@ def choose_combine(backend: str, heads: int, num_splits: int, seq_q: int = 1, di
                 block_R=8 if _gpu(backend) else 16)
 
 
-def choose_splits(backend: str, blocks: int, max_tiles: int, device) -> int:
-    """Split-KV factor (``num_splits``): when ``blocks`` (requests x row blocks) cannot
+@tuned("mla_decode_splitkv", keys=("batch", "pages"))
+def choose_splits(backend: str, config: dict, batch: int, pages: int, device=None) -> dict:
+    """``config`` (:func:`choose`'s result for the call) with the split-KV factor
+    ``num_splits``, for ``batch`` requests over a block table ``pages`` wide: the
+    parameters of the ``mla_decode_splitkv`` catalogue entry.  A sweep of that entry is
+    looked up with the tiles of ``config`` and this exact batch and table width (the
+    split count depends on both, unlike the tiles); without one, :func:`split_count` on
+    requests x row blocks and the table's KV tiles.  Both are known on the host, so one
+    decode step picks one value for every layer, as FlashMLA's schedule."""
+    rows = config["seq_q"] * (config["heads"] // config["heads_kv"])
+    blocks = batch * config["heads_kv"] * -(-rows // config["block_H"])
+    tiles = pages * config["page_size"] // config["block_N"]
+    return dict(config, num_splits=split_count(backend, blocks, tiles, device))
+
+
+def split_count(backend: str, blocks: int, max_tiles: int, device) -> int:
+    """The heuristic split-KV factor: when ``blocks`` (requests x row blocks) cannot
     occupy the GPU's SMs, cut each request's KV range into a power of two of splits,
-    keeping at least 4 KV tiles per split.  It depends only on shapes (``max_tiles``
-    comes from the block table's width), so one decode step picks one value for every
-    layer, as FlashMLA's schedule.  Backends whose buffers are not on a CUDA device
-    default to 1: on the 2-core development machine two splits measured slower than
-    one (docs/performance/kernels.md); ``num_kv_splits`` forces it."""
+    keeping at least 4 KV tiles per split.  Backends whose buffers are not on a CUDA
+    device default to 1: on the 2-core development machine two splits measured slower
+    than one (docs/performance/kernels.md); ``num_kv_splits`` forces it."""
     if backends.device(backend) != "cuda":
         return 1
     import torch

@@ -1,8 +1,10 @@
 """The MLA decode catalogue entries: problems, paged-cache inputs, references and tolerances."""
+import math
+
 import torch
 
-from kernforge.kernels.mla_decode import config
-from kernforge.kernels.mla_decode.kernel import mla_decode, mla_decode_sparse
+from kernforge.kernels.mla_decode import config, split_kv
+from kernforge.kernels.mla_decode.kernel import mla_decode, mla_decode_combine, mla_decode_sparse
 from kernforge.kernels.mla_decode.reference import reference, reference_sparse
 from kernforge.kernels.registry import KernelSpec, Problem, register
 
@@ -206,4 +208,125 @@ SPEC_SPARSE = register(KernelSpec(
     check=_check_sparse,
     flops=_flops_sparse,
     tags=("attention", "decode", "sparse"),
+))
+
+
+def make_inputs_combine(params: dict, seed: int, device: str = "cpu") -> list:
+    """Split-KV partials as the split kernel leaves them: per split a normalised float32
+    output and its lse, ``-inf`` (output 0) for a split that saw no key.  About one split in
+    four is empty, and the last request's first head is empty in every split (output 0,
+    lse ``+inf`` after the merge); lse values spread over +-8 so the weights differ by
+    orders of magnitude."""
+    g = torch.Generator().manual_seed(seed)
+    b, heads, splits = params["batch"], params["heads"], params["num_splits"]
+    seq_q, dim_v = params.get("seq_q", 1), params.get("dim_v", 512)
+    o_part = torch.randn(b, splits, seq_q, heads, dim_v, generator=g)
+    lse_part = torch.rand(b, splits, heads, seq_q, generator=g) * 16 - 8
+    empty = torch.rand(b, splits, heads, seq_q, generator=g) < 0.25
+    empty[-1, :, 0, :] = True
+    lse_part[empty] = -math.inf
+    o_part.masked_fill_(empty.permute(0, 1, 3, 2)[..., None], 0.0)
+    sink = torch.randn(heads, generator=g)
+    out = torch.full((b, seq_q, heads, dim_v), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((b, heads, seq_q), float("nan"))
+    return [t.to(device) for t in (o_part, lse_part, sink, out, lse)]
+
+
+def reference_combine(o_part: torch.Tensor, lse_part: torch.Tensor, sink: torch.Tensor) -> list:
+    """float64 merge: ``lse = logsumexp_s lse_s``, ``out = sum_s exp(lse_s - lse) out_s``,
+    times the sink factor ``1 / (1 + exp(sink - lse))``; rows with every split empty: 0
+    and ``+inf``."""
+    o, l = o_part.cpu().double(), lse_part.cpu().double()
+    lse = torch.logsumexp(l, dim=1)                                       # [b, h, s]
+    empty = torch.isneginf(lse)
+    w = torch.exp(l - lse[:, None]).masked_fill(empty[:, None], 0.0)      # [b, splits, h, s]
+    out = torch.einsum("bphs,bpshd->bshd", w, o)
+    out = out / (1 + torch.exp(sink.cpu().double()[None, :, None] - lse)).permute(0, 2, 1)[..., None]
+    return [out.masked_fill(empty.permute(0, 2, 1)[..., None], 0.0), lse.masked_fill(empty, math.inf)]
+
+
+def _check_combine(outputs: list, expected: list, inputs: list, params: dict) -> None:
+    """Bounds: the output is stored in bf16 (2^-8 of the largest partial) after float32
+    weights and sums (a few ulps of it each); the lse is a float32 log of a float32 sum
+    of ``num_splits`` exponentials (a few ulps of ``|lse|`` plus 2^-24 per split)."""
+    o_max = inputs[0].abs().max().item()
+    finite = expected[1][torch.isfinite(expected[1])]
+    l_max = finite.abs().max().item() if finite.numel() else 0.0
+    splits = params["num_splits"]
+    tol_out = (2.0 ** -8 + (splits + 4) * 2.0 ** -23) * o_max + 1e-6
+    tol_lse = 8 * 2.0 ** -24 * l_max + (splits + 4) * 2.0 ** -23
+    assert_close(outputs[0], outputs[1], expected[0], expected[1], tol_out, tol_lse)
+
+
+SPEC_COMBINE = register(KernelSpec(
+    name="mla_decode_combine",
+    family="mla_decode",
+    description="MLA decode split-KV combine: merge per-split outputs by their lse, then the sink",
+    factory=mla_decode_combine,
+    runtime_sizes=("batch",),
+    problems={
+        # 24 (token, head) rows: two blocks of the host's 16, the second ragged; three
+        # splits (not a power of two)
+        "small": Problem("small", dict(batch=3, **config.choose_combine.heuristic(
+            "cpu", heads=12, num_splits=3, seq_q=2, dim_v=64))),
+        "demo": Problem("demo", dict(batch=2, **config.choose_combine.heuristic(
+            "cuda", heads=64, num_splits=8, seq_q=1, dim_v=512))),
+        # the factor choose_splits gives 8 requests x 128 heads (16 row blocks of 64) with
+        # long contexts on a 132-SM Hopper: 16 splits
+        "bench": Problem("bench", dict(batch=8, **config.choose_combine.heuristic(
+            "cuda", heads=128, num_splits=16, seq_q=1, dim_v=512))),
+    },
+    make_inputs=make_inputs_combine,
+    outputs=(3, 4),
+    reference=lambda inputs, p: reference_combine(*inputs[:3]),
+    check=_check_combine,
+    bytes=lambda p: p["batch"] * p["heads"] * p.get("seq_q", 1) * (
+        p["num_splits"] * (p.get("dim_v", 512) + 1) * 4 + p.get("dim_v", 512) * 2 + 4),
+    tags=("attention", "decode", "split-kv"),
+))
+
+
+# ---------------------------------------------------------------- split-KV counts
+# The split count's sweep: ``num_splits`` is its only tunable, the tiles are problem
+# parameters at the op's heuristic (docs/tuning.md says why it is an entry of its own).
+# ``batch`` requests over a block table ``pages`` wide are the runtime sizes the op
+# keys its lookup on (:func:`config.choose_splits`); every request fills the table but
+# the last, half a page short, so the last KV tile is ragged.
+_SPLITKV_SIZES = ("batch", "pages")
+
+
+def _splitkv_lengths(params: dict) -> dict:
+    """``params`` with the ``seqlens`` the dense entry's helpers read."""
+    full, page = params["pages"] * params.get("page_size", 64), params.get("page_size", 64)
+    return dict(params, seqlens=[full] * (params["batch"] - 1) + [full - page // 2])
+
+
+SPEC_SPLITKV = register(KernelSpec(
+    name="mla_decode_splitkv",
+    family="mla_decode",
+    description="Dense paged MLA decode at a split-KV count (split kernel + combine, merged output checked)",
+    factory=split_kv.mla_decode_splitkv,
+    runtime_sizes=_SPLITKV_SIZES,
+    # one split in every problem, so the tools that compile the factory alone (emit, run,
+    # the emulator and checked-mode suites) run a complete kernel; the sweep builds each
+    # count through ``build`` (the kernel, then the combine)
+    problems={
+        # the dense "small" geometry over 5 KV tiles of 16: 4 splits leave one empty
+        "small": Problem("small", dict(batch=2, pages=5, **config.choose.heuristic(
+            "cpu", heads=8, heads_kv=1, seq_q=2, dim=96, dim_v=64, page_size=16, causal=True))),
+        "demo": Problem("demo", dict(batch=2, pages=16, **config.choose.heuristic(
+            "cuda", heads=64, seq_q=1, dim=576, dim_v=512))),
+        # a small batch with long contexts, the case split-KV is for (4 x 2 row blocks of
+        # 64 heads on 132 SMs; 4096 tokens)
+        "bench": Problem("bench", dict(batch=4, pages=64, **config.choose.heuristic(
+            "cuda", heads=128, seq_q=1, dim=576, dim_v=512))),
+    },
+    make_inputs=lambda params, seed, device="cpu": make_inputs(_splitkv_lengths(params), seed, device),
+    outputs=(6, 7),
+    reference=_reference,
+    check=lambda outputs, expected, inputs, params: _check(outputs, expected, inputs, _splitkv_lengths(params)),
+    flops=lambda p: _flops(_splitkv_lengths(p)),
+    bytes=lambda p: _bytes(_splitkv_lengths(p)),
+    tags=("attention", "decode", "paged", "split-kv"),
+    build=split_kv.build,
 ))

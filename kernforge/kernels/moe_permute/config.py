@@ -16,15 +16,26 @@ def num_chunks(num_slots: int, chunk: int = DEFAULT_CHUNK) -> int:
     return max(1, -(-num_slots // chunk))
 
 
-@tuned("moe_mapping_scan")  # its chunk serves the scatter too (one params dict)
+@tuned("moe_mapping_scan")
 def choose_mapping(backend: str, num_topk: int, num_experts: int, alignment: int) -> dict:
-    """:func:`~kernforge.kernels.moe_permute.moe_mapping_scan` /
-    :func:`~kernforge.kernels.moe_permute.moe_mapping_scatter` parameters.  256-slot
-    chunks everywhere: the scan's serial loop over chunks and the scatter's serial walk
-    inside one are then both short at V4 sizes (4096 tokens x 6 = 96 chunks); the
-    interpreter takes 64 (its cost is per statement, and tests route few tokens)."""
+    """:func:`~kernforge.kernels.moe_permute.moe_mapping_scan` parameters; its ``chunk``
+    is the scatter's too (:func:`choose_scatter`).  256-slot chunks everywhere: the
+    scan's serial loop over chunks and the scatter's serial walk inside one are then both
+    short at V4 sizes (4096 tokens x 6 = 96 chunks); the interpreter takes 64 (its cost is
+    per statement, and tests route few tokens)."""
     chunk = 64 if backends.lang(backend) == "ir" else DEFAULT_CHUNK
     return dict(num_topk=num_topk, num_experts=num_experts, alignment=alignment, chunk=chunk)
+
+
+@tuned("moe_mapping_scatter", pinned=("chunk",))
+def choose_scatter(backend: str, num_topk: int, num_experts: int, alignment: int, chunk: int) -> dict:
+    """:func:`~kernforge.kernels.moe_permute.moe_mapping_scatter` parameters for the scan
+    that ran with ``chunk`` slots per chunk: the scatter reads the scan's per-chunk
+    offsets, so ``chunk`` is pinned and the database's fastest row at that chunk supplies
+    the rest (``tail_tile``).  1024-row tail tiles: the rows past the last segment are
+    the worst-case buffer's slack (the padding not needed, plus the ``-1`` slots), which
+    a few such blocks clear."""
+    return dict(num_topk=num_topk, num_experts=num_experts, alignment=alignment, chunk=chunk, tail_tile=1024)
 
 
 def _block(backend: str, hidden: int) -> int:

@@ -29,3 +29,16 @@ def choose_block(backend: str, dtype: str, use_ue8m0: bool) -> dict:
 def choose_fp4(backend: str, dtype: str) -> dict:
     """:func:`~kernforge.kernels.quant.per_token_cast_fp4`: one warp per 32-element block."""
     return dict(dtype=dtype, threads=32)
+
+
+@tuned("fake_quant_fp8")
+def choose_fake_fp8(backend: str, dtype: str, block: int) -> dict:
+    """:func:`~kernforge.kernels.quant.fake_quant_e4m3`: one thread per value of a 64-value
+    block (the host backends run a block as one thread; one value shares their builds)."""
+    return dict(dtype=dtype, block=block, threads=64)
+
+
+@tuned("fake_quant_fp4")
+def choose_fake_fp4(backend: str, block: int) -> dict:
+    """:func:`~kernforge.kernels.quant.fake_quant_e2m1`: one warp per 32-value block."""
+    return dict(block=block, threads=32)

@@ -170,3 +170,108 @@ def per_token_cast_fp4(dtype: str = "bfloat16", threads: int = 32):
             scales[row, kb] = sf
 
     return per_token_cast_fp4_kernel
+
+
+#: ``fake_quant_fp8``'s scale block: the model's KV rounding (``kernforge.model.quant``)
+FAKE_FP8_BLOCK = 64
+_ROUND_MAGIC = 2.0 ** 23  # float32 values at or above it are integers; adding it rounds half to even
+
+
+def _frexp_ceil_pow2(amax, floor: float, qmax: float):
+    """The model's block scale ``_pow2_ceil_scale(amax, qmax, floor)`` (``amax`` from
+    :func:`_amax_nan_as_inf`): ``2^ceil(log2(max(amax, floor) / qmax))``, and 1 where the block
+    holds NaN or infinity (``torch.frexp`` gives exponent 0 for them, so the model's scale is
+    ``2^0``; NaN is read as infinity by the amax, so one comparison covers both)."""
+    v = T.max(amax, T.float32(floor)) / T.float32(qmax)
+    return T.where(amax == T.infinity("float32"), T.float32(1.0), ceil_pow2(v))
+
+
+def _amax_nan_as_inf(xt, mag, amax, block: int):
+    """``amax[0] = max |x|`` over the block with NaN counted as infinity (a reduction's NaN
+    handling need not be the model's, and the scale rule treats both alike)."""
+    for i, j in T.Parallel(1, block):
+        mag[i, j] = T.where(T.isnan(xt[i, j]), T.infinity("float32"), T.abs(xt[i, j]))
+    T.reduce_max(mag, amax, dim=1)
+
+
+@T.tunable(threads=[32, 64, 128])
+def fake_quant_e4m3(dtype: str = "float32", block: int = FAKE_FP8_BLOCK, threads: int = 64):
+    """``x [M, K]`` (``K % block == 0``) -> ``out [M, K]`` in x's dtype: the model's
+    ``fake_quant_fp8`` (QAT rounding to e4m3 and back), bit for bit.
+
+    Per block of ``block`` values: ``scale = 2^ceil(log2(max(amax, 1e-4) / 448))`` (1 for a
+    block with NaN or infinity), ``out = e4m3(x / scale) * scale``.  e4m3 saturates as torch's
+    conversion does (beyond +-448, infinity included, gives +-448; NaN stays NaN), which only
+    the scale-1 blocks reach.  At bf16 the model rounds its floor, ``amax / 448`` and
+    ``x / scale`` to bf16, which never changes a result, so the float32 steps here are its
+    bits too: ``amax / 448`` (8 significant bits over 7 * 2^6) lies above a power of two by
+    more than half a bf16 ulp or not at all (every finite bf16 amax is tested), the
+    floor's scale is 2^-22 either way, and ``x / scale`` is exact down to the subnormals,
+    which are e4m3 zeros.  The product ``e4m3 * scale`` is exact in both dtypes."""
+    _check_dtype("fake_quant_e4m3", dtype)
+    if block < 1:
+        raise ValueError(f"fake_quant_e4m3: block must be positive, got {block}")
+    M = T.symbolic("M")
+    K = T.symbolic("K")
+
+    @T.prim_func
+    def fake_quant_e4m3_kernel(x: T.Tensor((M, K), dtype), out: T.Tensor((M, K), dtype)):
+        with T.Kernel(M, T.ceildiv(K, block), threads=threads) as (row, kb):
+            xt = T.alloc_fragment((1, block), "float32")
+            mag = T.alloc_fragment((1, block), "float32")
+            amax = T.alloc_fragment((1,), "float32")
+            res = T.alloc_fragment((1, block), dtype)
+            T.copy(x[row, kb * block], xt)
+            _amax_nan_as_inf(xt, mag, amax, block)
+            sf = T.alloc_var("float32", _frexp_ceil_pow2(amax[0], FP8_AMAX_FLOOR, FP8_MAX))
+            for i, j in T.Parallel(1, block):
+                y = xt[i, j] / sf
+                y = T.where(T.isnan(y), y, T.min(T.max(y, T.float32(-FP8_MAX)), T.float32(FP8_MAX)))
+                res[i, j] = T.cast(T.cast(y, "float8_e4m3"), "float32") * sf
+            T.copy(res, out[row, kb * block])
+
+    return fake_quant_e4m3_kernel
+
+
+@T.tunable(threads=[32, 64])
+def fake_quant_e2m1(block: int = FP4_BLOCK, threads: int = 32):
+    """``x [M, K]`` float32 (``K % block == 0``) -> ``out [M, K]``: the model's
+    ``fake_quant_fp4`` (QAT rounding to e2m1 and back), bit for bit.
+
+    Per block: ``scale = 2^ceil(log2(max(amax, 6 * 2^-126) / 6))`` (1 for a block with NaN
+    or infinity); each magnitude ``a = |x| / scale`` is rounded as the model's
+    ``_round_e2m1_magnitude`` writes it, on a grid of ``step = clamp(2^floor(log2 a) / 2,
+    0.5, 2)`` with ties to even (``(y + 2^23) - 2^23``: one IEEE rounding, exact below
+    ``2^23``, where every larger float is an integer already), then times ``scale`` with
+    x's sign bit.  The formula is the model's, not a table of the eight codes, so the
+    scale-1 blocks (magnitudes beyond 6, infinity) round as there.  float32 only: the
+    model's rounding refuses other dtypes."""
+    if block < 1:
+        raise ValueError(f"fake_quant_e2m1: block must be positive, got {block}")
+    M = T.symbolic("M")
+    K = T.symbolic("K")
+    u32 = "uint32"
+
+    @T.prim_func
+    def fake_quant_e2m1_kernel(x: T.Tensor((M, K), "float32"), out: T.Tensor((M, K), "float32")):
+        with T.Kernel(M, T.ceildiv(K, block), threads=threads) as (row, kb):
+            xt = T.alloc_fragment((1, block), "float32")
+            mag = T.alloc_fragment((1, block), "float32")
+            amax = T.alloc_fragment((1,), "float32")
+            T.copy(x[row, kb * block], xt)
+            _amax_nan_as_inf(xt, mag, amax, block)
+            sf = T.alloc_var("float32", _frexp_ceil_pow2(amax[0], FP4_AMAX_FLOOR, FP4_MAX))
+            for i, j in T.Parallel(1, block):
+                a = T.abs(xt[i, j]) / sf
+                # the largest power of two <= a (0 below the normals; infinity for NaN/inf,
+                # which the clamp turns into step 2 as the model's does)
+                floor2 = T.reinterpret("float32", T.reinterpret(u32, a) & T.cast(0x7F800000, u32))
+                step = T.min(T.max(floor2 * T.float32(0.5), T.float32(0.5)), T.float32(2.0))
+                y = a / step
+                r = T.where(y < T.float32(_ROUND_MAGIC), (y + T.float32(_ROUND_MAGIC)) - T.float32(_ROUND_MAGIC), y)
+                v = r * step * sf
+                mag[i, j] = T.reinterpret("float32", (T.reinterpret(u32, v) & T.cast(0x7FFFFFFF, u32))
+                                          | (T.reinterpret(u32, xt[i, j]) & T.cast(0x80000000, u32)))
+            T.copy(mag, out[row, kb * block])
+
+    return fake_quant_e2m1_kernel

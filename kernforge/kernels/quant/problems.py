@@ -4,8 +4,10 @@ from __future__ import annotations
 import torch
 
 from kernforge.kernels.quant import config
-from kernforge.kernels.quant.kernel import FP4_BLOCK, FP8_BLOCK, per_block_cast, per_token_cast, per_token_cast_fp4
-from kernforge.kernels.quant.reference import per_block_cast_to_fp8, per_token_cast_to_fp4, per_token_cast_to_fp8
+from kernforge.kernels.quant.kernel import (FAKE_FP8_BLOCK, FP4_BLOCK, FP8_BLOCK, fake_quant_e2m1, fake_quant_e4m3,
+                                            per_block_cast, per_token_cast, per_token_cast_fp4)
+from kernforge.kernels.quant.reference import (fake_quant_fp4, fake_quant_fp8, per_block_cast_to_fp8,
+                                               per_token_cast_to_fp4, per_token_cast_to_fp8)
 from kernforge.kernels.registry import KernelSpec, Problem, register
 
 
@@ -122,4 +124,53 @@ SPEC_TOKEN_FP4 = register(KernelSpec(
     check=_check_fp4,
     bytes=lambda p: p["M"] * p["K"] * 2.5 + p["M"] * _cdiv(p["K"], FP4_BLOCK) * 4,
     tags=("quant", "fp4", "moe"),
+))
+
+
+def _fake_inputs(params, seed, device):
+    """x [M, K] with magnitudes per block from 2^-20 to 2^8 (scales differ, some at the floor),
+    and the output poisoned with NaN."""
+    m, k = params["M"], params["K"]
+    g = torch.Generator().manual_seed(seed)
+    shape = (m, k // params["block"], params["block"])
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-20, 8, shape[:-1] + (1,), generator=g).float())
+    x = x.view(m, k).to(getattr(torch, params.get("dtype", "float32")))
+    return [t.to(device) for t in (x, torch.full_like(x, float("nan")))]
+
+
+def _check_fake(outputs, expected, inputs, params):
+    assert_same_bits(("out",), outputs, expected)
+
+
+# the model's shapes: window KV nope dims (448 of 512) per token, indexer q (64 heads x 128) per token
+SPEC_FAKE_FP8 = register(KernelSpec(
+    name="fake_quant_fp8",
+    family="quant",
+    description="QAT e4m3 rounding, one power-of-two scale per 64 values (the model's fake_quant_fp8)",
+    factory=fake_quant_e4m3,
+    runtime_sizes=("M", "K"),
+    problems=_problems(dict(small=dict(M=5, K=192), demo=dict(M=512, K=448), bench=dict(M=8192, K=448)),
+                       **config.choose_fake_fp8.heuristic("cuda", "float32", FAKE_FP8_BLOCK)),
+    make_inputs=_fake_inputs,
+    outputs=(1,),
+    reference=lambda inputs, p: [fake_quant_fp8(inputs[0].cpu(), p["block"])],
+    check=_check_fake,
+    bytes=lambda p: p["M"] * p["K"] * 8,
+    tags=("quant", "fp8", "qat"),
+))
+
+SPEC_FAKE_FP4 = register(KernelSpec(
+    name="fake_quant_fp4",
+    family="quant",
+    description="QAT e2m1 rounding, one power-of-two scale per 32 values (the model's fake_quant_fp4)",
+    factory=fake_quant_e2m1,
+    runtime_sizes=("M", "K"),
+    problems=_problems(dict(small=dict(M=5, K=96), demo=dict(M=512, K=8192), bench=dict(M=4096, K=8192)),
+                       **config.choose_fake_fp4.heuristic("cuda", FP4_BLOCK)),
+    make_inputs=_fake_inputs,
+    outputs=(1,),
+    reference=lambda inputs, p: [fake_quant_fp4(inputs[0].cpu(), p["block"])],
+    check=_check_fake,
+    bytes=lambda p: p["M"] * p["K"] * 8,
+    tags=("quant", "fp4", "qat"),
 ))

@@ -4,16 +4,20 @@ The FP8 recipes are DeepGEMM's, as :mod:`kernforge.kernels.grouped_gemm.referenc
 writes them (re-exported here, so the family and its tests have one import).  The FP4 one
 is built from the model's own rounding (:mod:`kernforge.model.quant`), so the kernel, which
 derives codes from comparisons and scales from exponent bits, is checked against an
-independent formulation of the same format.
+independent formulation of the same format.  The fake-quant kernels' references are the
+model's QAT functions themselves (``fake_quant_fp8``, ``fake_quant_fp4``): the engine must
+reproduce the oracle's rounding bit for bit, so its own code is the test.
 """
 from __future__ import annotations
 
 import torch
 
 from kernforge.kernels.grouped_gemm.reference import per_block_cast_to_fp8, per_token_cast_to_fp8
-from kernforge.model.quant import FP4_BLOCK, FP4_MAX, FP4_VALUES, _pow2_ceil_scale, round_e2m1
+from kernforge.model.quant import (FP4_BLOCK, FP4_MAX, FP4_VALUES, _pow2_ceil_scale, fake_quant_fp4, fake_quant_fp8,
+                                   round_e2m1)
 
-__all__ = ["per_block_cast_to_fp8", "per_token_cast_to_fp4", "per_token_cast_to_fp8"]
+__all__ = ["fake_quant_fp4", "fake_quant_fp8", "per_block_cast_to_fp8", "per_token_cast_to_fp4",
+           "per_token_cast_to_fp8"]
 
 
 def per_token_cast_to_fp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 """MoE routing (TileKernels' gating, V4's hash routing): the kernel family as a package.
 
 * :mod:`.kernel`: the DSL factories :func:`topk_gate`, :func:`top2_sum_gate`,
-  :func:`normalize_weight`, :func:`hash_gate` (one token per block, rank-sort selection);
+  :func:`normalize_weight`, :func:`hash_gate` (one token per block, arg-max selection);
 * :mod:`.reference`: the torch references;
 * :mod:`.problems`: the catalogue entries;
 * :mod:`.config`: the launch choosers, used by :mod:`kernforge.ops.routing` and the catalogue.

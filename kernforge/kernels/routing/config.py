@@ -1,8 +1,8 @@
 """Routing's compile-time configuration: the thread count per token block.
 
-One block ranks one token's experts (:mod:`.kernel`), so the work per block is the
-``rows x E`` compare tiles of the rank sort: 128 threads (a 16 x 256 tile is 32 compares
-per thread on a GPU).  The host backends run a block as one thread, so the count does not
+One block selects one token's experts (:mod:`.kernel`): element-wise scoring over ``E``
+experts and ``k`` arg-max passes over an ``E/16 x 16`` key tile, 128 threads (two experts
+per thread for E = 256).  The host backends run a block as one thread, so the count does not
 matter there; keeping it the same everywhere lets the ops and the catalogue share builds.
 """
 from __future__ import annotations

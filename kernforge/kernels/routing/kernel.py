@@ -1,14 +1,20 @@
 """MoE routing (TileKernels' gating semantics), written once in the DSL.
 
-Every kernel runs one block per token.  Selection is a **rank sort**, not a sequence of
-arg-max steps: expert ``i``'s slot is the number of experts that beat it,
+Every kernel runs one block per token.  Selection is ``k`` passes of an arg-max over
+**unique integer keys**: expert ``e``'s float key becomes the int64
 
-    rank(i) = #{ j : key[j] > key[i]  or  (key[j] == key[i] and j < i) },
+    ordered(key[e]) * 2**B + (E - 1 - e)        (B bits hold an expert index),
 
-so the winners come out in descending key order with ties to the smaller index, and the
-result depends on the keys alone (no thread order, no reduction order), identically on
-every backend.  ``rows`` experts are ranked at a time (a ``rows x E`` compare tile and
-one row sum).
+where ``ordered`` is the float's bit pattern remapped so that integer order is float order
+(``-0.0`` first made ``+0.0``: the two compare equal).  Equal floats then differ in the low
+bits only, the smaller index being the larger key, so each pass's maximum is one expert: the
+next in descending key order with ties to the smaller index.  The winner's index is read
+off the maximum's low bits and its key set to ``-1`` (below every real key).  The result
+depends on the keys alone (no thread order, no reduction order), identically on every
+backend, in ``O(E k)`` per token (a rank sort, which counts the experts beating each one,
+is ``O(E^2)``).  Each pass is two tile reductions: the keys as a ``E/W x W`` tile
+(``W = gcd(E, 16)``) fold along the first axis into ``W`` lanes (vector lanes on a host,
+``W`` threads on a GPU), then those into one.
 
 * :func:`topk_gate`: the ``k`` largest scores of each row (indices only);
 * :func:`top2_sum_gate`: scoring (sigmoid, sqrt-softplus or softmax), a bias used for
@@ -40,21 +46,49 @@ MAX_GROUPS = 32
 MAX_EXPERTS_PER_GROUP = 32
 
 
-def _rows(n: int) -> int:
-    """Experts ranked per step: the largest of 16, 8, ... that divides ``n``."""
+def _lanes(n: int) -> int:
+    """The width ``W`` of the key tile: the largest of 16, 8, ... that divides ``n``."""
     return math.gcd(n, 16)
 
 
+def _index_bits(n: int) -> int:
+    """``B``: bits for an index below ``n`` (at least one); ``32 + B <= 63`` keeps the keys non-negative."""
+    return max(1, (n - 1).bit_length())
+
+
+def _select_key(v, e, n: int):
+    """The unique int64 key of float ``v`` at index ``e`` of ``n``: larger float, or equal
+    float and smaller index, is a larger key; every key is ``>= 0`` (a NaN, which the ops
+    refuse, would rank above ``+inf``)."""
+    raw = T.reinterpret("uint32", T.where(v == 0.0, T.float32(0.0), v))
+    # negative: flip every bit; positive: flip the sign bit (the flip mask is the sign spread
+    # by an arithmetic shift, with the sign bit set)
+    spread = T.reinterpret("uint32", T.reinterpret("int32", raw) >> 31)
+    ordered = raw ^ (spread | T.cast(0x80000000, "uint32"))
+    return T.cast(ordered, "int64") * (1 << _index_bits(n)) + T.cast(n - 1 - e, "int64")
+
+
 @T.macro
-def _rank(key, rank, better, count, n: int, rows: int):
-    """``rank[i]`` = how many of ``key[:n]`` beat ``key[i]`` (greater, or equal at a smaller index)."""
-    for c in T.serial(n // rows):
-        for r, j in T.Parallel(rows, n):
-            better[r, j] = T.cast((key[j] > key[c * rows + r])
-                                  | ((key[j] == key[c * rows + r]) & (j < c * rows + r)), "int32")
-        T.reduce_sum(better, count, dim=1)
-        for r in T.Parallel(rows):
-            rank[c * rows + r] = count[r]
+def _fill_keys(ck, value, n: int):
+    """``ck[c, w]`` <- the key of ``value(e)`` for ``e = c * W + w``."""
+    W = _lanes(n)
+    for c, w in T.Parallel(n // W, W):
+        ck[c, w] = _select_key(value(c * W + w), c * W + w, n)
+
+
+@T.macro
+def _select(ck, lane, best, sel, n: int, picks: int):
+    """``picks`` arg-max passes over the keys ``ck`` (``n // W x W``, from :func:`_fill_keys`):
+    ``sel[j]`` <- the index of the ``j``-th largest key (``sel`` None: not recorded); the
+    picked keys become ``-1``, so afterwards ``ck < 0`` marks the winners."""
+    W = _lanes(n)
+    for j in T.serial(picks):
+        T.reduce_max(ck, lane, dim=0)
+        T.reduce_max(lane, best, dim=0)
+        if sel is not None:
+            sel[j] = T.cast(n - 1 - (best[0] & ((1 << _index_bits(n)) - 1)), "int32")
+        for c, w in T.Parallel(n // W, W):
+            ck[c, w] = T.where(ck[c, w] == best[0], T.cast(-1, "int64"), ck[c, w])
 
 
 def _log1p(z):
@@ -63,28 +97,29 @@ def _log1p(z):
     return T.where(u == 1.0, z, T.log(u) * (z / (u - 1.0)))
 
 
-def score_of(x, scoring: str):
-    """The unbiased score of logit ``x`` for sigmoid / sqrt-softplus (softmax needs the row)."""
-    if scoring == "sigmoid":
-        return 1.0 / (1.0 + T.exp(-x))
-    # softplus(x) = max(x, 0) + log1p(exp(-|x|)): never overflows
-    return T.sqrt(T.max(x, T.float32(0.0)) + _log1p(T.exp(-T.abs(x))))
-
-
 @T.macro
 def _scores(logits, t, lg, ex, stat, scores, n: int, scoring: str):
-    """``scores[:n]`` (shared) <- the scores of token ``t``'s logits; ``lg`` keeps the logits."""
+    """``scores[:n]`` (shared) <- the scores of token ``t``'s logits; ``lg`` keeps the logits.
+
+    sqrt-softplus stores ``exp(-|x|)`` in ``ex`` first: written inline, the expression
+    repeats it four times, and a host compiler keeping ``errno`` calls ``expf`` four times."""
     T.copy(logits[t, 0], lg)
-    if scoring == "softmax":
+    if scoring == "sigmoid":
+        for i, e in T.Parallel(1, n):
+            scores[e] = 1.0 / (1.0 + T.exp(-lg[i, e]))
+    elif scoring == "sqrtsoftplus":
+        # softplus(x) = max(x, 0) + log1p(exp(-|x|)): never overflows
+        for i, e in T.Parallel(1, n):
+            ex[i, e] = T.exp(-T.abs(lg[i, e]))
+        for i, e in T.Parallel(1, n):
+            scores[e] = T.sqrt(T.max(lg[i, e], T.float32(0.0)) + _log1p(ex[i, e]))
+    else:
         T.reduce_max(lg, stat, dim=1)
         for i, e in T.Parallel(1, n):
             ex[i, e] = T.exp(lg[i, e] - stat[0])
         T.reduce_sum(ex, stat, dim=1)
         for i, e in T.Parallel(1, n):
             scores[e] = ex[i, e] / stat[0]
-    else:
-        for i, e in T.Parallel(1, n):
-            scores[e] = score_of(lg[i, e], scoring)
 
 
 def _check_scoring(name: str, scoring: str) -> None:
@@ -98,22 +133,20 @@ def topk_gate(num_experts: int, num_topk: int, threads: int = 128):
     E, k = num_experts, num_topk
     if not 1 <= k <= E:
         raise ValueError(f"topk_gate: num_topk must be in [1, num_experts={E}], got {k}")
-    rows = _rows(E)
+    W = _lanes(E)
     Tn = T.symbolic("num_tokens")
 
     @T.prim_func
     def topk_gate_kernel(scores: T.Tensor((Tn, E), "float32"), topk_idx: T.Tensor((Tn, k), "int64")):
         with T.Kernel(Tn, threads=threads) as t:
-            key = T.alloc_shared((E,), "float32")
-            rank = T.alloc_shared((E,), "int32")
-            better = T.alloc_fragment((rows, E), "int32")
-            count = T.alloc_fragment((rows,), "int32")
-            for e in T.Parallel(E):
-                key[e] = scores[t, e]
-            _rank(key, rank, better, count, E, rows)
-            for e in T.Parallel(E):
-                if rank[e] < k:
-                    topk_idx[t, rank[e]] = T.cast(e, "int64")
+            ck = T.alloc_shared((E // W, W), "int64")
+            lane = T.alloc_shared((W,), "int64")
+            best = T.alloc_shared((1,), "int64")
+            sel = T.alloc_shared((k,), "int32")
+            _fill_keys(ck, lambda e: scores[t, e], E)
+            _select(ck, lane, best, sel, E, k)
+            for j in T.Parallel(k):
+                topk_idx[t, j] = T.cast(sel[j], "int64")
 
     return topk_gate_kernel
 
@@ -148,8 +181,7 @@ def top2_sum_gate(num_experts: int, num_topk: int, num_groups: int = 0, num_topk
     G = num_groups if grouped else 1
     S = E // G
     P = k + s
-    rows = _rows(E)
-    grows = _rows(G)
+    W, GW = _lanes(E), _lanes(G)
     Tn = T.symbolic("num_tokens")
     TM = T.symbolic("mask_len")
     TF = T.symbolic("fix_len")
@@ -173,9 +205,9 @@ def top2_sum_gate(num_experts: int, num_topk: int, num_groups: int = 0, num_topk
             stat = T.alloc_fragment((1,), "float32")
             scores = T.alloc_shared((E,), "float32")
             key = T.alloc_shared((E,), "float32")
-            rank = T.alloc_shared((E,), "int32")
-            better = T.alloc_fragment((rows, E), "int32")
-            count = T.alloc_fragment((rows,), "int32")
+            ck = T.alloc_shared((E // W, W), "int64")
+            lane = T.alloc_shared((W,), "int64")
+            best = T.alloc_shared((1,), "int64")
             sel = T.alloc_shared((k,), "int32")
             w = T.alloc_fragment((k,), "float32")
             wsum = T.alloc_fragment((1,), "float32")
@@ -193,9 +225,8 @@ def top2_sum_gate(num_experts: int, num_topk: int, num_groups: int = 0, num_topk
                 top2 = T.alloc_fragment((G,), "float32")
                 ntop = T.alloc_fragment((G,), "int32")
                 gscore = T.alloc_shared((G,), "float32")
-                grank = T.alloc_shared((G,), "int32")
-                gbetter = T.alloc_fragment((grows, G), "int32")
-                gcount = T.alloc_fragment((grows,), "int32")
+                gck = T.alloc_shared((G // GW, GW), "int64")
+                glane = T.alloc_shared((GW,), "int64")
                 for g, j in T.Parallel(G, S):
                     gk[g, j] = key[g * S + j]
                 T.reduce_max(gk, top1, dim=1)
@@ -207,14 +238,13 @@ def top2_sum_gate(num_experts: int, num_topk: int, num_groups: int = 0, num_topk
                 T.reduce_max(lower, top2, dim=1)
                 for g in T.Parallel(G):
                     gscore[g] = top1[g] + T.where(ntop[g] >= 2, top1[g], top2[g])
-                _rank(gscore, grank, gbetter, gcount, G, grows)
+                _fill_keys(gck, lambda g: gscore[g], G)
+                _select(gck, glane, best, None, G, num_topk_groups)
                 for e in T.Parallel(E):
-                    if grank[e // S] >= num_topk_groups:
+                    if gck[e // S // GW, e // S % GW] >= 0:  # not a picked group
                         key[e] = -T.infinity("float32")
-            _rank(key, rank, better, count, E, rows)
-            for e in T.Parallel(E):
-                if rank[e] < k:
-                    sel[rank[e]] = e
+            _fill_keys(ck, lambda e: key[e], E)
+            _select(ck, lane, best, sel, E, k)
             if has_fix and has_unmapped:
                 if fix_routing_mask[t]:
                     for j in T.Parallel(k):

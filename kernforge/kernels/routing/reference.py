@@ -1,5 +1,5 @@
 """torch references for the routing kernels: TileKernels' semantics written with whole-tensor
-torch ops (stable sorts, gathers, masked fills), none of the kernel's rank-sort machinery."""
+torch ops (stable sorts, gathers, masked fills), none of the kernel's integer-key machinery."""
 from __future__ import annotations
 
 from typing import Optional

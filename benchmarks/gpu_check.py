@@ -122,9 +122,19 @@ def topk_peers(spec, inputs, params):
 
 
 def mla_peers(spec, inputs, params):
-    """The attention of the decode step in torch: gather the cache, scores, softmax, PV."""
+    """The attention of the decode step in torch: gather the cache, scores, softmax, PV;
+    for the split-KV combine, the lse-weighted merge of the partials."""
     import torch
 
+    if spec.name == "mla_decode_combine":
+        o_part, lse_part, sink = inputs[:3]
+
+        def merge():
+            lse = torch.logsumexp(lse_part, dim=1)
+            w = torch.exp(lse_part - lse[:, None]).nan_to_num(0.0)
+            out = torch.einsum("bphs,bpshd->bshd", w, o_part)
+            return out / (1 + torch.exp(sink[None, :, None] - lse)).permute(0, 2, 1)[..., None]
+        return {"torch merge (logsumexp + weighted sum)": merge}
     q, kv = inputs[0], inputs[1]
     dim_v = params.get("dim_v", 512)
     b, s_q, h, d = q.shape

@@ -3,7 +3,7 @@
 `Engine(model, backend="cpu")` runs `kernforge.model.Transformer`'s forward pass
 with its own paged caches (`cache.PagedKVCache`), calling kernforge kernels for
 the steps that have one; `Engine.steps()` says which those are (docs/engine.md); `steps` is the
-registry and `torch_steps` the fallbacks still to replace.
+registry (every step is a kernel now; a torch fallback would register as kind "torch").
 """
 
 from kernforge.engine.allocator import BlockAllocator, CacheFullError

@@ -11,7 +11,7 @@ all of them, and attention reads each token's candidates through flat slot ids.
 Kernel steps: `sparse_mla` (attention over window + compressed candidates with
 the sink, `kernforge.ops.flash_mla_with_kvcache` sparse path, bf16) and
 `indexer_topk` (`kernforge.ops.topk`) here; the layer, GEMM and MoE ops in
-`kernel_steps.py`. `torch_steps.py` lists the steps still in torch (none now);
+`kernel_steps.py`. No step is left in torch (tests/engine/test_dispatch.py holds that);
 `steps()` returns the table. The hyper-connection streams are one tensor [1, N, M, D].
 """
 

@@ -249,10 +249,10 @@ def test_deterministic_rows_are_batch_invariant():
     assert torch.equal(crowd.step({"b": b, "a": a, "c": c})["a"], want)
 
 
-def test_steps_introspection_lists_kernels_and_torch_steps():
+def test_steps_introspection_lists_every_step_as_a_kernel():
     table = Engine.steps()
     assert table["sparse_mla"] == "kernel" and table["indexer_topk"] == "kernel"
-    assert set(steps.torch_steps()) == {n for n, k in table.items() if k == "torch"}
+    assert set(table.values()) == {"kernel"} and not steps.torch_steps()
     moved = {"embedding", "rms_norm", "rope", "hadamard", "hc_pre", "hc_post", "hc_head", "routing",
              "moe_mapping", "moe_expand", "swiglu", "linear", "router_logits", "grouped_output",
              "attention_input", "expert_gemm", "moe_reduce", "indexer_scores", "fp8_kv_quantize",

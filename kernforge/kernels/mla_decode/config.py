@@ -46,10 +46,11 @@ def choose_sparse(backend: str, heads: int, topk: int, seq_q: int = 1, dim: int 
 
 @tuned("mla_decode_combine")
 def choose_combine(backend: str, heads: int, num_splits: int, seq_q: int = 1, dim_v: int = 512) -> dict:
-    """:func:`~kernforge.kernels.mla_decode.mla_decode_combine` parameters.  GPU: 8 rows
-    per block (16 rows spill 1.6 KB of registers per ptxas at h=128); hosts: 16."""
+    """:func:`~kernforge.kernels.mla_decode.mla_decode_combine` parameters.  GPU: 4 rows
+    per block (ptxas on sm_90a: 8 rows take 255 registers and spill 48 bytes at dim_v=512,
+    4 rows take 168 and none); hosts: 16."""
     return dict(heads=heads, num_splits=num_splits, seq_q=seq_q, dim_v=dim_v,
-                block_R=8 if _gpu(backend) else 16)
+                block_R=4 if _gpu(backend) else 16)
 
 
 @tuned("mla_decode_splitkv", keys=("batch", "pages"))

@@ -10,10 +10,14 @@ printed (ratio > 1: the engine is faster). Then the engine's per-step table
 `kernforge.engine.steps.record()`.
 
 Usage: python benchmarks/bench_engine.py [--threads 2] [--repeats 5] [--prompt 256] [--context 256 ...]
-       [--batch 1 8] [--cpu-time] [--json] [--rebuild 300 1000]
+       [--batch 1 8] [--cpu-time] [--json] [--rebuild 300 1000] [--deterministic]
 
 `--rebuild P ...` adds rows for `rebuild_cache` of a batch-1 sequence of P tokens (reference
 and engine): the full rebuild (a prefill) and the tail rebuild at `exact_rebuild_tail(P)`.
+
+`--deterministic` adds the cost of the engine's deterministic mode (`kernforge.model.deterministic()`:
+batch-invariant numerics, fixed reduction orders): the engine's own prefill and decode steps
+in the default mode and in deterministic mode, interleaved, as deterministic / default.
 
 `--cpu-time` times with the process's CPU time (`time.process_time`) instead of the wall
 clock: on a shared, overloaded machine the wall clock of a one-thread run mostly measures
@@ -32,6 +36,7 @@ import torch
 
 from kernforge.engine import Engine
 from kernforge.engine import steps
+from kernforge.model import numerics as nx
 from kernforge.model import random_model, tiny
 
 
@@ -67,6 +72,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--rebuild", type=int, nargs="*", default=[],
                     help="also time rebuild_cache of batch-1 sequences of these lengths: full, and the exact tail")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="also time the engine's deterministic mode against its default mode")
     args = ap.parse_args()
     global clock
     clock = time.process_time if args.cpu_time else time.perf_counter
@@ -95,6 +102,7 @@ def main() -> None:
                  "engine": lambda t=t: engine.rebuild_cache(ids, tail=t)}, args.repeats)))
     for r in rows:
         r["speedup"] = r["reference"] / r["engine"]
+    modes = deterministic_cost(engine, args) if args.deterministic else []
     profile = {}
     c0, b0 = contexts[0], max(args.batch)
     ctx = ids_for(b0, c0 + 2, 3)
@@ -111,13 +119,17 @@ def main() -> None:
         profile[label] = dict(wall_s=wall, steps={k: dict(calls=v[0], ms=v[1] * 1e3) for k, v in rec.items()})
     if args.json:
         print(json.dumps(dict(threads=args.threads, clock="cpu" if args.cpu_time else "wall", rows=rows,
-                              profile=profile), indent=1))
+                              deterministic=modes, profile=profile), indent=1))
         return
     print(f"tiny(), {args.threads} threads, medians of {args.repeats} interleaved repeats"
           f"{' (process CPU time)' if args.cpu_time else ''}")
     print(f"{'row':<22}{'reference ms':>14}{'engine ms':>12}{'ref/engine':>12}")
     for r in rows:
         print(f"{r['row']:<22}{r['reference'] * 1e3:>14.1f}{r['engine'] * 1e3:>12.1f}{r['speedup']:>12.2f}")
+    if modes:
+        print(f"\n{'engine row':<22}{'default ms':>12}{'determ. ms':>12}{'cost':>8}")
+        for r in modes:
+            print(f"{r['row']:<22}{r['default'] * 1e3:>12.1f}{r['deterministic'] * 1e3:>12.1f}{r['cost']:>7.2f}x")
     for label, p in profile.items():
         total = sum(s["ms"] for s in p["steps"].values())
         print(f"\nengine steps, {label} (wall {p['wall_s'] * 1e3:.1f} ms; steps {total:.1f} ms)")
@@ -125,6 +137,40 @@ def main() -> None:
         for name, s in sorted(p["steps"].items(), key=lambda kv: -kv[1]["ms"]):
             print(f"{name:<22}{steps.STEPS[name].kind:>8}{s['calls']:>7}{s['ms']:>10.2f}"
                   f"{s['ms'] / p['wall_s'] / 10:>7.1f}%")
+
+
+def deterministic_cost(engine, args) -> list[dict]:
+    """The engine's prefill, and one decode step after a prefill of the first --context, in
+    the default mode and under `deterministic()`, interleaved: medians and deterministic /
+    default (only the decode step itself is timed)."""
+    c = args.context[0]
+
+    def prefill(batch, prompt, det):
+        with nx.deterministic(det):
+            t0 = clock()
+            engine.forward(prompt, 0)
+            return clock() - t0
+
+    def decode(batch, ctx, det):
+        with nx.deterministic(det):
+            engine.forward(ctx[:, :c], 0)
+            t0 = clock()
+            engine.forward(ctx[:, c:], c)
+            return clock() - t0
+
+    rows = []
+    for batch in args.batch:
+        for label, run, ids in ((f"prefill {batch}x{args.prompt}", prefill, ids_for(batch, args.prompt, 30 + batch)),
+                                (f"decode {batch} @ {c}", decode, ids_for(batch, c + 1, 40 + batch))):
+            samples = {False: [], True: []}
+            for r in range(args.repeats + 1):  # repeat 0 warms both modes up
+                for det in ((False, True) if r % 2 == 0 else (True, False)):
+                    t = run(batch, ids, det)
+                    if r:
+                        samples[det].append(t)
+            default, determ = statistics.median(samples[False]), statistics.median(samples[True])
+            rows.append(dict(row=label, default=default, deterministic=determ, cost=determ / default))
+    return rows
 
 
 def decode_times(model, engine, ctx, c: int, args) -> dict[str, float]:

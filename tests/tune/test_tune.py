@@ -203,6 +203,58 @@ def test_interrupted_sweep_keeps_its_results_and_resumes(monkeypatch):
     assert kt.tune(GG, backend="interp", problem="small", space=space).cached
 
 
+def _timed_rows(path) -> int:
+    """Timed rows in the database at ``path`` (read-only: the writer may be mid-transaction)."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1) as conn:
+            return conn.execute("SELECT COUNT(*) FROM configs WHERE status='timed'").fetchone()[0]
+    except sqlite3.Error:  # not created yet, or the schema is being written
+        return 0
+
+
+def test_sigkilled_cli_sweep_keeps_its_results_and_resumes(_db, monkeypatch):
+    """A ``kernforge tune`` process killed with SIGKILL (no handler runs) after its first
+    timings: the database is intact, the recorded configurations are not built or timed
+    again, and the resumed sweep covers the whole space."""
+    import os
+    import signal
+    import time as _time
+
+    space = dict(block_M=[32], block_N=[32, 64], block_K=[32, 64, 128])
+    cmd = [sys.executable, "-m", "kernforge.cli", "tune", GG, "--backend", "interp", "--problem", "small",
+           "--repeats", "40", "--settle", "0", "--json"]
+    cmd += [f"--space={k}={','.join(map(str, v))}" for k, v in space.items()]
+    proc = subprocess.Popen(cmd, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = _time.monotonic() + 240
+    while _timed_rows(_db) < 1 and proc.poll() is None and _time.monotonic() < deadline:
+        _time.sleep(0.02)
+    assert proc.poll() is None, f"the sweep ended before it could be killed: {proc.stderr.read()[-2000:]}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+
+    with Database() as db:
+        (entry,) = db.entries(GG)
+        assert db._conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        recorded = db._conn.execute("SELECT config, median_ms FROM configs WHERE key=? AND status='timed'",
+                                    (entry["key"],)).fetchall()
+    before = {json.dumps({k: json.loads(c)[k] for k in space}, sort_keys=True): ms for c, ms in recorded}
+    assert not entry["complete"] and 1 <= len(before) < 6
+
+    builds = []
+    real_compile = sweep._compile
+    monkeypatch.setattr(sweep, "_compile", lambda *a: builds.append(json.dumps(
+        {k: a[2][k] for k in space}, sort_keys=True)) or real_compile(*a))
+    res = kt.tune(GG, backend="interp", problem="small", space=space, repeats=2, settle=0)
+    assert not res.cached and len(res.ranked) + len(res.rejected) == 6
+    assert not set(builds) & set(before), "a configuration recorded before the kill was built again"
+    assert len(builds) == 6 - len(before)
+    kept = {json.dumps({k: r.config[k] for k in space}, sort_keys=True): r.median_ms for r in res.ranked}
+    assert all(kept[c] == ms for c, ms in before.items())  # the killed run's timings, not new ones
+
+
 def test_random_is_seeded_and_halving_prunes_to_two_fully_timed():
     space = dict(block_M=[32], block_N=[32, 64], block_K=[32, 64, 128])
     a = kt.tune(GG, backend="interp", problem="small", space=space, strategy="random", samples=2, seed=3,

@@ -54,22 +54,33 @@ def _atomic_tile(op: ir.Op, dst, value: TensorHandle, loc) -> None:
     b.emit(ir.Parallel(vars_, ext, body, loc))
 
 
-def atomic_add(dst, value, return_prev: bool = False) -> None:
+def _memory_order(name: str, memory_order) -> None:
+    """TileLang's ``memory_order=``: kernforge's atomics are relaxed (they order nothing
+    else), so "relaxed" (or none) is what runs; a stronger order is refused, not weakened."""
+    if memory_order not in (None, "relaxed"):
+        raise B.error(f"T.{name}(memory_order={memory_order!r}): kernforge's atomics are relaxed; "
+                      "order other memory with a barrier (T.sync_threads) or a separate kernel block")
+
+
+def atomic_add(dst, value, return_prev: bool = False, memory_order=None) -> None:
     """``dst += value`` atomically, for blocks (or threads) that update one location.
 
     ``dst`` is an element of a global or shared buffer (``C[i, j]``) and ``value`` a scalar;
     or ``dst`` is a tile start and ``value`` a tile, added element-wise (elements outside
     ``dst``'s buffer are skipped, as ``T.copy`` does).  The dtype must be float32, float64,
     int32, int64 or uint32.  Float sums depend on the arrival order, so results agree to
-    rounding only.  ``return_prev=True`` (TileLang's fetch-and-add) is not supported."""
+    rounding only.  ``return_prev=True`` (TileLang's fetch-and-add) is not supported;
+    ``memory_order`` may be "relaxed" (what kernforge's atomics are)."""
+    _memory_order("atomic_add", memory_order)
     if return_prev:
         raise B.error("T.atomic_add(return_prev=True) is not supported")
     _atomic(ir.Op.ATOMIC_ADD, dst, value)
 
 
-def atomic_max(dst, value, return_prev: bool = False) -> None:
+def atomic_max(dst, value, return_prev: bool = False, memory_order=None) -> None:
     """``dst = max(dst, value)`` atomically; operands and dtypes as in :func:`atomic_add`.
     Being a max, the result does not depend on the arrival order."""
+    _memory_order("atomic_max", memory_order)
     if return_prev:
         raise B.error("T.atomic_max(return_prev=True) is not supported")
     _atomic(ir.Op.ATOMIC_MAX, dst, value)

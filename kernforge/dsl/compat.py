@@ -181,6 +181,13 @@ def Pipelined(start, stop=None, num_stages: int = 2, order=None, stage=None, syn
 Serial = _loop.serial
 
 
+def vectorized(start, stop=None):
+    """``T.vectorized(n)``: a loop whose iterations are independent by contract, so running
+    them in order (``T.serial``) gives TileLang's result; kernforge's backends vectorise
+    loops themselves."""
+    return _loop.serial(start, stop)
+
+
 # ---------------------------------------------------------------- hints
 
 

@@ -20,6 +20,34 @@ def truth(cond) -> bool:
     return bool(cond.value) if isinstance(cond, ir.Const) else bool(cond)
 
 
+def bool_and(*thunks):
+    """``a and b and ...`` in a rewritten ``if`` test (each operand a thunk): static operands
+    keep Python's meaning (a false one ends it), symbolic ones are combined with ``&``."""
+    return _combine(thunks, stop_when=False, join=lambda a, b: a & b)
+
+
+def bool_or(*thunks):
+    """``a or b or ...``: as :func:`bool_and`, a static true operand ends it, ``|`` joins."""
+    return _combine(thunks, stop_when=True, join=lambda a, b: a | b)
+
+
+def _combine(thunks, stop_when: bool, join):
+    acc = v = None
+    for t in thunks:
+        v = t()
+        if is_static(v):
+            if truth(v) == stop_when:
+                return v
+            continue
+        acc = v if acc is None else join(acc, v)
+    return v if acc is None else acc
+
+
+def bool_not(cond):
+    """``not c`` in a rewritten ``if`` test: Python's ``not`` when static, else ``~c``."""
+    return (not truth(cond)) if is_static(cond) else ~cond
+
+
 def branches(cond, has_else: bool):
     """The rewritten ``if``'s driver: ``for taken in branches(c, has_else): if taken: ...
     else: ...``.  Static: one pass with the condition's truth.  Symbolic: the then-body

@@ -4,7 +4,7 @@ from __future__ import annotations
 from kernforge.codegen import ir
 from kernforge.dsl import builder as B
 from kernforge.dsl import hints as _hints
-from kernforge.dsl.handles import TensorHandle, to_region, unwrap_expr
+from kernforge.dsl.handles import TensorHandle, VarHandle, to_region, unwrap_expr
 
 
 def _shape_of(x):
@@ -40,12 +40,26 @@ def copy(src, dst, **hints) -> None:
     B.current().emit(ir.Copy(s, d, loc, **fields))
 
 
+def _one_element(x):
+    """The tile shape of an element operand of fill/clear (one element), else None."""
+    return (1,) * len(x.indices) if isinstance(x, ir.Load) else None
+
+
+def _fill_region(x, what: str) -> ir.Region:
+    """fill/clear's destination: a tile, an element (a one-element tile, as in TileLang) or a
+    ``T.alloc_var`` variable (its one element: ``T.clear(acc)``)."""
+    if isinstance(x, VarHandle):
+        return ir.whole(x.buffer)
+    return to_region(x, _one_element(x), what)
+
+
 def fill(buffer, value) -> None:
     """Set every element of a tile (a buffer, or a slice ``A[r0:r1, :]``) to ``value``, cast
     to the tile's dtype: ``T.fill(m, -T.infinity("float32"))``.  Elements of a slice that
-    fall outside its buffer are skipped, as in :func:`copy`."""
+    fall outside its buffer are skipped, as in :func:`copy`.  An element (``T.fill(s[0], 0)``)
+    is a one-element tile, as in TileLang."""
     loc = B.user_loc(2)
-    r = to_region(buffer, None, "fill destination")
+    r = _fill_region(buffer, "fill destination")
     v = ir.cast(unwrap_expr(value, r.buffer.dtype), r.buffer.dtype)
     B.current().emit(ir.Fill(r, v, loc))
 
@@ -54,5 +68,5 @@ def clear(buffer) -> None:
     """Zero a tile: ``T.fill(tile, 0)``, spelled as TileLang does before accumulating into
     it (``T.clear(C_f)`` then ``T.gemm(..., C_f)``)."""
     loc = B.user_loc(2)
-    r = to_region(buffer, None, "clear destination")
+    r = _fill_region(buffer, "clear destination")
     B.current().emit(ir.Fill(r, ir.cast(0, r.buffer.dtype), loc))

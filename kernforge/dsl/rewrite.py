@@ -5,7 +5,9 @@ it by rewriting the function's AST (keeping its file name and line numbers, so
 errors still point at the author's lines):
 
 * ``if cond:`` -- when ``cond`` is symbolic, both branches are traced into an
-  ``If`` node; when it is a Python value, the branch is chosen at trace time.
+  ``If`` node; when it is a Python value, the branch is chosen at trace time.  ``and``,
+  ``or`` and ``not`` in the condition work on symbolic operands too (``&``, ``|``, ``~``,
+  keeping Python's short-circuit for static ones).
 * ``x = value`` where ``x`` holds a ``T.alloc_var`` -- a store, not a rebinding;
   and ``x = T.alloc_*(...)`` names the buffer ``x``.
 * ``for i, j in T.Parallel(...)`` -- loop variables take the author's names.
@@ -49,6 +51,7 @@ class _Rewriter(ast.NodeTransformer):
         ``break``s or ``continue``s the author's loop would act on the synthetic loop
         instead; such an ``if`` keeps the two-dispatch form below."""
         self.generic_visit(node)
+        node.test = _logic(node.test)
         self.n += 1
         if not _jumps_out(node.body + node.orelse):
             taken = f"__kf_taken{self.n}"
@@ -146,6 +149,19 @@ def _located(new, like):
             ast.copy_location(n, like)
         stack.extend(ast.iter_child_nodes(n))
     return new
+
+
+def _logic(e):
+    """An ``if`` test with its ``and``/``or``/``not`` made symbolic-safe: ``a and b`` becomes
+    ``__kf_and(lambda: a, lambda: b)`` (operands stay lazy, so a static operand still
+    short-circuits), ``not a`` becomes ``__kf_not(a)``."""
+    if isinstance(e, ast.BoolOp):
+        fn = "__kf_and" if isinstance(e.op, ast.And) else "__kf_or"
+        thunks = [ast.Lambda(ast.arguments([], [], None, [], [], None, []), _logic(v)) for v in e.values]
+        return _located(_call(fn, *thunks), e)
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+        return _located(_call("__kf_not", _logic(e.operand)), e)
+    return e
 
 
 def _call(fn, *args):

@@ -9,14 +9,29 @@ names, so the real TileLang stays usable side by side.  docs/tilelang.md has the
 TileLang constructs and what kernforge does with each.
 """
 from kernforge.dsl.compat import UnsupportedError, unsupported
-from kernforge.tilelang import cuda, language, profiler, tvm  # noqa: F401
+from kernforge.tilelang import cuda, language, layout, math, profiler, tvm, utils  # noqa: F401
 from kernforge.tilelang.autotune import autotune
 from kernforge.tilelang.jit import ENV, BackendChoiceError, JITKernel, compile, jit, select_backend
+from kernforge.tilelang.math import cdiv
 from kernforge.tilelang.profiler import TensorSupplyType
 
-__all__ = ["ENV", "BackendChoiceError", "JITKernel", "TensorSupplyType", "UnsupportedError", "autotune",
-           "compile", "cuda", "disable_cache", "enable_cache", "jit", "language", "profiler",
-           "select_backend", "tvm"]
+
+class _PassConfigKeys:
+    """``tilelang.PassConfigKey.TL_*``: keys of TileLang's ``pass_configs``, which configure
+    its own compiler passes; ``compile``/``jit`` accept and ignore them, so any key is its
+    name (``tl.disable_tma_lower`` for ``TL_DISABLE_TMA_LOWER``)."""
+
+    def __getattr__(self, name: str) -> str:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return "tl." + name[3:].lower() if name.startswith("TL_") else name
+
+
+PassConfigKey = _PassConfigKeys()
+
+__all__ = ["ENV", "BackendChoiceError", "JITKernel", "PassConfigKey", "TensorSupplyType", "UnsupportedError", "autotune",
+           "cdiv", "compile", "cuda", "disable_cache", "enable_cache", "jit", "language", "layout", "math", "profiler",
+           "select_backend", "tvm", "utils"]
 
 
 def disable_cache() -> None:

@@ -1,7 +1,14 @@
-"""``tilelang.cuda``: present so that ``import tilelang.cuda`` works unchanged.  TileLang's CUDA
-helpers (pass pipelines, arch queries) have no kernforge counterpart; using one raises
+"""``tilelang.cuda``: present so that ``import tilelang.cuda`` works unchanged.  Its layout
+makers (``tilelang.cuda.intrinsics.make_mma_swizzle_layout``) are hint markers
+(:mod:`kernforge.tilelang.layout`); TileLang's other CUDA helpers (pass pipelines, arch
+queries) have no kernforge counterpart, and using one raises
 :class:`kernforge.dsl.compat.UnsupportedError`."""
+import sys
+
 from kernforge.dsl.compat import unsupported
+from kernforge.tilelang.layout import make_mma_swizzle_layout  # noqa: F401
+
+intrinsics = sys.modules[__name__]
 
 
 def __getattr__(name: str):

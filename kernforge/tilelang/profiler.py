@@ -100,6 +100,11 @@ class Profiler:
             return torch.rand(shape, device=dev).to(dt)
         return torch.randn(shape, device=dev).to(dt)
 
+    @property
+    def func(self):
+        """The kernel itself (TileLang's ``profiler.func(*tensors)`` runs it)."""
+        return self.kernel
+
     def get_inputs(self):
         """The generated inputs (made once, then reused)."""
         if self._inputs is None:

@@ -116,8 +116,7 @@ def test_mistakes_report_the_kernel_line(case):
                     T.fill(u, 0)  # MARK scope
                 if case == "bool":
                     x = A[0, 0] > 0
-                    if x and True:  # MARK bool
-                        pass
+                    y = x and True  # MARK bool
                 if case == "reduce":
                     T.reduce_max(c, r, dim=1)  # MARK reduce
                 if case == "parallel_alloc":

@@ -196,3 +196,116 @@ def test_profiler_assert_allclose_catches_a_wrong_reference():
     with pytest.raises(AssertionError, match="mismatch"):
         prof.assert_allclose(lambda a: a + 1)
     assert prof.do_bench(warmup=0, rep=1) > 0
+
+
+# ---------------------------------------------------------------- host mapping of "cuda" tensors
+
+
+def test_host_cuda_maps_cuda_tensors_to_host_and_does_not_leak():
+    import torch
+
+    from kernforge.tilelang.host_cuda import host_cuda
+
+    sync = torch.cuda.synchronize
+    with host_cuda():
+        a = torch.randn(3, 4, device="cuda", dtype=torch.float16)
+        b = torch.zeros(2, device=torch.device("cuda", 0))
+        c = torch.arange(5, device="cuda:0").cuda().to("cuda", torch.float32)
+        d = torch.empty(2, device=0)
+        e = torch.ones(2).to(torch.device("cuda"))
+        f = torch.ones(2).to(dtype=torch.float16, device="cuda")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda.synchronize()
+        end.record()
+        assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
+        assert torch.cuda.synchronize is not sync
+    for t in (a, b, c, d, e, f):
+        assert t.device.type == "cpu"
+    assert c.dtype == torch.float32 and f.dtype == torch.float16 and a.shape == (3, 4)
+    assert torch.cuda.synchronize is sync
+    if not torch.cuda.is_available():
+        with pytest.raises((RuntimeError, AssertionError)):
+            torch.zeros(1, device="cuda")  # outside the block nothing is mapped any more
+
+
+def test_runner_maps_cuda_only_for_host_backends(monkeypatch, tmp_path):
+    import torch
+
+    from kernforge.tilelang.__main__ import run
+
+    script = tmp_path / "s.py"
+    (tmp_path / "helper_mod_kf.py").write_text("X = 1\n")
+    script.write_text("import torch, helper_mod_kf\nt = torch.ones(2, device='cuda')\n")
+    monkeypatch.setenv("KERNFORGE_TILELANG_BACKEND", "interp")
+    g = run(str(script))
+    assert g["t"].device.type == "cpu"
+    import sys
+
+    assert "helper_mod_kf" not in sys.modules  # the script's sibling modules are dropped again
+    assert not torch.overrides._get_current_function_mode_stack()
+
+
+def test_tilelang_helper_names():
+    import kernforge.tilelang as tl
+
+    assert tl.math.next_power_of_2(1) == 1 and tl.math.next_power_of_2(17) == 32
+    assert tl.math.next_power_of_2(64) == 64 and tl.cdiv(65, 64) == 2
+    assert tl.PassConfigKey.TL_DISABLE_TMA_LOWER == "tl.disable_tma_lower"
+    assert tl.cuda.intrinsics.make_mma_swizzle_layout("s").kind == "mma_swizzle"
+    import torch
+
+    tl.utils.tensor.torch_assert_close(torch.ones(1000), torch.ones(1000).index_fill(0, torch.tensor([3]), 2.0))
+    with pytest.raises(AssertionError, match="mismatch"):
+        tl.utils.tensor.torch_assert_close(torch.ones(100), torch.zeros(100))
+
+
+def test_boolean_ops_on_symbolic_if_tests_fill_elements_and_vectorized(monkeypatch):
+    """`and`/`or`/`not` over symbolic comparisons in an `if` (per element, against numpy),
+    T.fill / T.clear of one element or an alloc_var, T.vectorized, memory_order="relaxed"."""
+    monkeypatch.setenv("KERNFORGE_TILELANG_BACKEND", "interp")
+
+    @tilelang.jit
+    def pick(X, Z, lo: int, hi: int):
+        N = T.const("N")
+        X: T.Tensor((N,), "float32")
+        Z: T.Tensor((1,), "float32")
+        Y = T.empty((N,), "float32")
+        S = T.empty((2,), "float32")
+        with T.Kernel(1, threads=32) as bx:
+            acc = T.alloc_var("float32")
+            cnt = T.alloc_shared((2,), "float32")
+            T.clear(acc)
+            T.fill(cnt[1], 7)
+            T.fill(cnt[0], 0)
+            for i in T.vectorized(N):
+                if (X[i] > lo and X[i] < hi) or not X[i] > -hi:
+                    Y[i] = X[i]
+                else:
+                    Y[i] = 0.0
+            for i in T.serial(N):
+                acc += X[i]
+            T.atomic_add(Z[0], acc, memory_order="relaxed")
+            S[0] = acc
+            S[1] = cnt[1] + cnt[0]
+        return Y, S
+
+    x = torch.randn(64) * 3
+    z = torch.full((1,), 0.5)
+    y, s = pick(x, z, -1, 2)
+    xn = x.numpy()
+    want = np.where(((xn > -1) & (xn < 2)) | ~(xn > -2), xn, 0.0)
+    np.testing.assert_array_equal(y.numpy(), want)
+    assert s[1].item() == 7.0
+    np.testing.assert_allclose(s[0].item(), xn.sum(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(z.item(), xn.sum() + 0.5, rtol=1e-5, atol=1e-5)
+
+    @tilelang.jit
+    def strong(X):
+        N = T.const("N")
+        X: T.Tensor((N,), "float32")
+        with T.Kernel(1) as bx:
+            T.atomic_add(X[0], 1.0, memory_order="seq_cst")
+
+    with pytest.raises(ir.KernelError, match="memory_order"):
+        strong(torch.zeros(4))

@@ -193,15 +193,19 @@ _TENSOR_MAP_DATA_TYPE = {1: "CU_TENSOR_MAP_DATA_TYPE_UINT8", 2: "CU_TENSOR_MAP_D
                          4: "CU_TENSOR_MAP_DATA_TYPE_UINT32", 8: "CU_TENSOR_MAP_DATA_TYPE_UINT64"}
 
 
-def encode_tensor_map(*, rank: int, elem_bytes: int, address: int, dims, strides_bytes, box):
+def encode_tensor_map(*, rank: int, elem_bytes: int, address: int, dims, strides_bytes, box, swizzle: int = 0):
     """``cuTensorMapEncodeTiled`` for one tiled map (dimension 0 innermost): no interleave,
-    no swizzle, 128-byte L2 promotion, out-of-bounds elements read as zero
-    (``FLOAT_OOB_FILL_NONE``); the data type only sets the element size (the copy moves bits)."""
+    ``swizzle`` bytes 0 (none) or 128 (``SWIZZLE_128B``), 128-byte L2 promotion, out-of-bounds
+    elements read as zero (``FLOAT_OOB_FILL_NONE``); the data type only sets the element size
+    (the copy moves bits)."""
     d = _driver()
+    mode = {0: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE, 128: d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}
+    if swizzle not in mode:
+        raise LaunchError(f"tensor map swizzle of {swizzle} bytes: kernforge uses 0 or 128")
     u64, u32 = d.cuuint64_t, d.cuuint32_t  # cuda-bindings takes its own integer wrappers in these lists
     return _check(d.cuTensorMapEncodeTiled(
         getattr(d.CUtensorMapDataType, _TENSOR_MAP_DATA_TYPE[elem_bytes]), rank, address,
         [u64(x) for x in dims], [u64(x) for x in strides_bytes], [u32(x) for x in box], [u32(1)] * rank,
-        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, mode[swizzle],
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")

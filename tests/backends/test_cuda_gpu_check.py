@@ -63,3 +63,27 @@ def test_every_peer_runs_on_small_inputs(gpu_check):
         assert peers
         for fn in peers.values():
             fn()
+
+
+def test_grouped_gemms_are_set_against_the_measured_peak(gpu_check):
+    """Issue 14: every grouped GEMM (bf16, FP8, FP8 x FP4; contiguous and masked) timed at its
+    bench size is reported as a fraction of the dense peak of its operand type, against the 70%
+    target, with DeepGEMM's published numbers beside it; other kernels are not."""
+    from kernforge.kernels import registry
+
+    specs = registry.all_specs()
+    grouped = sorted(n for n, s in specs.items() if {"moe", "gemm"} <= set(s.tags))
+    assert {f"m_grouped_{kind}gemm_nt_{layout}" for kind in ("", "fp8_", "fp8_fp4_")
+            for layout in ("contiguous", "masked")} <= set(grouped)
+    rows = [{"kernel": n, "tflops": 600.0} for n in grouped] + [{"kernel": "topk", "tflops": 1.0}]
+    out = gpu_check.grouped_gemm_against_peak(rows, specs, {"bf16": 800.0, "fp8": 1000.0})
+    assert [r["kernel"] for r in out] == grouped
+    by_name = {r["kernel"]: r for r in out}
+    bf16 = by_name["m_grouped_gemm_nt_contiguous"]
+    assert bf16["fraction"] == 0.75 and bf16["meets_target"]
+    assert by_name["m_grouped_fp8_fp4_gemm_nt_masked"]["fraction"] == 0.6
+    assert not by_name["m_grouped_fp8_fp4_gemm_nt_masked"]["meets_target"]
+    assert "masked grouped" in by_name["m_grouped_fp8_gemm_nt_masked"]["published"]
+    # a GPU where the fp8 peak could not be measured: the fp8 rows say so instead of a fraction
+    no_fp8 = gpu_check.grouped_gemm_against_peak(rows, specs, {"bf16": 800.0})
+    assert "no fp8 peak measured" in gpu_check.peak_table(no_fp8)

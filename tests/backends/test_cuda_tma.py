@@ -19,7 +19,9 @@ def test_only_sm_90a_pipelines_load_through_tma():
     kernel = gemm().ir
     hopper = render_cuda(kernel, "sm_90a")
     assert hopper.variant == "tma"
-    assert [(t.buffer, t.box) for t in hopper.tensor_maps] == [("A", (8, 8)), ("B", (8, 8))]
+    # A (64 x 32 bf16: 64-byte rows) keeps core-matrix boxes; B (32 x 64, MN-major, one warpgroup
+    # column of 64) is 128B-swizzled and loads as one 32 x 64 box
+    assert [(t.buffer, t.box, t.swizzle) for t in hopper.tensor_maps] == [("A", (8, 8), 0), ("B", (32, 64), 128)]
     assert hopper.params[-2:] == [("kf_tmap_A_0", TENSOR_MAP_CTYPE), ("kf_tmap_B_1", TENSOR_MAP_CTYPE)]
     src = hopper.source
     assert "kf::tma_load_2d(" in src and "kf::mbarrier_wait_parity(" in src and "cp_async_cg_16" not in src
@@ -52,7 +54,9 @@ def test_encode_args_reverse_the_axes_and_check_16_byte_rules():
     args = encode_args(spec, b)
     assert (args.rank, args.elem_bytes, args.address) == (3, 2, b.data_ptr())
     assert args.dims == (64, 40, 3) and args.strides_bytes == (128, 40 * 128) and args.box == (8, 8, 1)
-    assert list(args.packed()) == [3, 2, b.data_ptr(), 64, 40, 3, 128, 5120, 8, 8, 1]
+    assert list(args.packed()) == [3, 2, b.data_ptr(), 64, 40, 3, 128, 5120, 8, 8, 1, 0]
+    swizzled = encode_args(TensorMapSpec("kf_tmap_B_0", 1, "B", (1, 8, 64), 2, 128), b)
+    assert swizzled.swizzle == 128 and list(swizzled.packed())[-4:] == [64, 8, 1, 128]
     assert "stride of 36 elements" in encode_args(spec, torch.randn(3, 40, 36).bfloat16())
     assert "innermost stride is 2" in encode_args(spec, torch.randn(3, 40, 128).bfloat16()[:, :, ::2])
     off = torch.randn(3 * 40 * 64 + 1).bfloat16()[1:].view(3, 40, 64)
@@ -127,11 +131,12 @@ def test_launch_encodes_one_map_per_tma_buffer_and_passes_them_after_the_plain_p
     assert launch.last_variant == "tma"
     u64 = lambda *v: [("u64", x) for x in v]  # noqa: E731
     u32 = lambda *v: [("u32", x) for x in v]  # noqa: E731
-    common = (u32(1, 1), "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_NONE",
-              "CU_TENSOR_MAP_L2_PROMOTION_L2_128B", "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")
+    tail = ("CU_TENSOR_MAP_L2_PROMOTION_L2_128B", "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")
     assert driver.encoded == [
-        ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, a.data_ptr(), u64(72, 96), u64(144), u32(8, 8), *common),
-        ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, b.data_ptr(), u64(80, 72), u64(160), u32(8, 8), *common),
+        ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, a.data_ptr(), u64(72, 96), u64(144), u32(8, 8), u32(1, 1),
+         "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_NONE", *tail),
+        ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, b.data_ptr(), u64(80, 72), u64(160), u32(64, 32), u32(1, 1),
+         "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_128B", *tail),
     ]
     (config, handle, slots, values), = driver.launches
     assert handle == "function-handle"

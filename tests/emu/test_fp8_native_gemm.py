@@ -5,7 +5,8 @@ and the kernel's own float64-bounded check; and bugs planted in that path must b
 The library's "small" problems use tiles under 64 rows (mma.sync, bf16 shadow), so these cases
 pin 64-row tiles: one TMA case (K = 256: 256-byte rows) and one cp.async case (K = 200: rows
 not a multiple of 16 bytes, the launch falls back), both with a ragged last K block and an
-expert without rows.
+expert without rows.  Both tiles are 128-byte swizzled (128-element fp8 K blocks): written by
+the swizzled TMA map in one case and by cp.async chunks at the swizzled offsets in the other.
 """
 from __future__ import annotations
 
@@ -57,19 +58,19 @@ def test_native_fp8_path_matches_interpreter_and_reference(variant):
 
 
 def _swap_k_halves(src):
-    # each k32 descriptor starts at the wrong 16-byte core matrix: the K halves exchanged
-    return src.replace("((kf_kk * 32) >> 4)) * 128", "(((kf_kk * 32) >> 4) ^ 1)) * 128")
+    # each k32 descriptor starts at the wrong 16-byte piece of its 128-byte row: K halves exchanged
+    return src.replace("((kf_kk * 32) & 127)", "(((kf_kk * 32) & 127) ^ 16)")
 
 
 def _k16_steps(src):
     # a k16-style step (16 bytes of K per instruction instead of 32): half of K never read
-    return src.replace("((kf_kk * 32) >> 4)", "((kf_kk * 16) >> 4)")
+    return src.replace("(kf_kk * 32)", "(kf_kk * 16)")
 
 
 def _wrong_sbo(src):
-    # rows of core matrices 128 bytes too close: rows 8.. read the next row block's K
-    return re.sub(r"(make_smem_desc\(B_shared[^;]*, 128, )(\d+)\);", lambda m: f"{m.group(1)}{int(m.group(2)) - 128});",
-                  src)
+    # 8-row groups 128 bytes too close: rows 8.. read the wrong (and unswizzled) rows
+    return re.sub(r"(make_smem_desc\(B_shared[^;]*, 16, )(\d+)(, 1\);)",
+                  lambda m: f"{m.group(1)}{int(m.group(2)) - 128}{m.group(3)}", src)
 
 
 BUGS = {"swap_k_halves": _swap_k_halves, "k16_steps": _k16_steps, "wrong_sbo": _wrong_sbo}

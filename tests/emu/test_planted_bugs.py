@@ -2,8 +2,10 @@
 
 Each case mutates the renderer's output for one of the DSL kernels of
 ``dsl_kernels.py`` (a wrong fragment layout, a missing barrier, an off-by-one
-edge mask, a wrong shuffle lane, a wrong wgmma descriptor, a wrong TMA expect_tx
-byte count, a missing mbarrier wait) and checks that the
+edge mask, a wrong shuffle lane, a wrong wgmma descriptor, a descriptor that
+declares no swizzle over a 128B-swizzled TMA tile, a swizzled stage off its
+1024-byte alignment, a wrong TMA expect_tx byte count, a missing mbarrier wait) and
+checks that the
 emulated run disagrees with the interpreter or stops with an error.  The
 unmutated copies run through the same harness first, so a failure can only
 come from the planted bug.  All variants share one emulation module (one
@@ -42,7 +44,10 @@ def _drop_pipeline_barrier(src):
 
 
 def _wrong_expect_tx_bytes(src):
-    return re.sub(r"(mbarrier_arrive_expect_tx\([^;]*, )(\d+)u\)", lambda m: f"{m.group(1)}{int(m.group(2)) - 128}u)",
+    # 128 bytes more than the stage's boxes bring: the phase can never complete.  (Fewer bytes
+    # than delivered lets a phase complete early and spill the rest into the next phase, on the
+    # GPU as here: whether that shows depends on thread timing, so it is not planted.)
+    return re.sub(r"(mbarrier_arrive_expect_tx\([^;]*, )(\d+)u\)", lambda m: f"{m.group(1)}{int(m.group(2)) + 128}u)",
                   src, count=1)
 
 
@@ -50,8 +55,19 @@ def _drop_tma_wait(src):
     return re.sub(r"\n\s*kf::mbarrier_wait_parity\([^;]*;", "", src, count=1)
 
 
-def _swap_b_descriptor_strides(src):
-    return re.sub(r"(make_smem_desc\(B_s[^;]*), 1024, 128\);", r"\1, 128, 1024);", src, count=1)
+def _swap_a_descriptor_strides(src):
+    # A_s (64 x 32 bf16: 64-byte rows) stays in core-matrix order: LBO 128 (next 8 K), SBO 512
+    return re.sub(r"(make_smem_desc\(A_s[^;]*), 128, 512\);", r"\1, 512, 128);", src, count=1)
+
+
+def _descriptor_declares_no_swizzle(src):
+    # B_s (32 x 64, MN-major) is 128B-swizzled by its TMA map; its descriptor says layout type 0
+    return re.sub(r"(make_smem_desc\(B_s[^;]*, 1024), 1\);", r"\1, 0);", src, count=1)
+
+
+def _unaligned_swizzled_stage(src):
+    # the swizzled ring 512 bytes off its 1024-byte atoms
+    return re.sub(r"(B_s_ring = reinterpret_cast<kf_bf16\*>\(kf_smem \+ \d+)\)", r"\1 + 512)", src, count=1)
 
 
 def _store_mask_off_by_one(src):
@@ -98,7 +114,10 @@ BASES = {  # name -> (prim_func, arch)
 }
 BUGS = {
     "mma_fragment_layout": Case("gemm80", _swap_a_registers),
-    "wgmma_descriptor_layout": Case("gemm90", _swap_b_descriptor_strides),
+    "wgmma_descriptor_layout": Case("gemm90", _swap_a_descriptor_strides),
+    "wgmma_descriptor_declares_no_swizzle": Case("gemm90", _descriptor_declares_no_swizzle),
+    "tma_swizzled_stage_unaligned": Case("gemm90", _unaligned_swizzled_stage,
+                                         r"shared destination must be .*1024 with a swizzle"),
     "missing_pipeline_barrier": Case("gemm80", _drop_pipeline_barrier),
     "tma_wrong_expect_tx_bytes": Case("gemm90", _wrong_expect_tx_bytes,
                                       r"deadlock: mbarrier wait .* tx bytes outstanding"),

@@ -194,7 +194,8 @@ class CudaLauncher(TensorMapLaunch):
         if maps is None:
             return
         encoded = [cuda_module.encode_tensor_map(rank=m.rank, elem_bytes=m.elem_bytes, address=m.address, dims=m.dims,
-                                                 strides_bytes=m.strides_bytes, box=m.box) for m in maps]
+                                                 strides_bytes=m.strides_bytes, box=m.box, swizzle=m.swizzle)
+                   for m in maps]
         self.function.launch(values, grid=grid, block=block, smem_bytes=self.program.dynamic_smem,
                              tensor_maps=encoded)
         self.last_variant = "tma"

@@ -1,6 +1,6 @@
 """CUDA lowering of ``T.gemm``: wgmma (sm_90a), mma.sync m16n8k16 with ldmatrix, or a scalar loop.
 
-Operand tiles are in core-matrix order (``kf/wgmma.cuh`` documents it), the
+Operand tiles are 128B-swizzled or in core-matrix order (:mod:`smem_layouts`), the
 accumulator in :class:`~kernforge.backends.cuda.layouts.AccumLayout`; the layout
 planner decided which gemm takes which path (``LayoutPlan.gemm_kind``).
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kernforge import dtypes
 from kernforge.codegen import ir
+from kernforge.backends.cuda import smem_layouts
 from kernforge.backends.cuda.layouts import AccumLayout
 from kernforge.backends.cuda.ops import I32, _add, _vars, _zero
 
@@ -51,13 +52,10 @@ def render_gemm(R, g: ir.Gemm) -> None:
         R.emit(f"const int kf_row0 = kf_mi * {16 * lay.wm} + (kf_wr & ~3) * 16;")
         R.emit(f"const int kf_col0 = kf_wc * {lay.n // lay.wn};")
         # A (M x K, or K x M when trans_a) and B (K x N, or N x K when trans_b): a descriptor at the
-        # core matrix holding (mn0, k); a K-major operand steps 128 bytes along K (LBO) and a row
-        # of core matrices along MN (SBO), an MN-major one the other way round
-        for var, name, cols, mn0, k_major in (("kf_da", an, a_cols, "kf_row0", not g.trans_a),
-                                               ("kf_db", bn, b_cols, "kf_col0", g.trans_b)):
+        # instruction's first element (mn0, k) in the tile's layout (smem_layouts)
+        for var, op, mn0, k_major in (("kf_da", a, "kf_row0", not g.trans_a), ("kf_db", b, "kf_col0", g.trans_b)):
             r, col = (mn0, "kf_kk * 16") if k_major else ("kf_kk * 16", mn0)
-            lbo, sbo = (128, cols // 8 * 128) if k_major else (cols // 8 * 128, 128)
-            R.emit(f"const uint64_t {var} = kf::make_smem_desc({core(name, cols, r, col)}, {lbo}, {sbo});")
+            R.emit(f"const uint64_t {var} = {smem_desc(R, op, r, col, k_major)};")
         n = lay.nt * 8
         R.emit(f"kf::wgmma_m64nNk16_f32_{ab}<{n}, {int(g.trans_a)}, {int(not g.trans_b)}>("
                f"*reinterpret_cast<float(*)[{n // 2}]>(&{cn}[kf_mi * {lay.nt * 4}]), kf_da, kf_db, 1);")
@@ -109,15 +107,11 @@ def render_gemm(R, g: ir.Gemm) -> None:
 
 def render_wgmma_fp8(R, g: ir.Gemm, lay: AccumLayout, K: int) -> None:
     """Native fp8: ``wgmma m64nNk32 .e4m3`` (``QGMMA``) on the fp8 tiles themselves, both K-major
-    (``layout_plan.native_fp8_gemm``), in 8 x 16-byte core-matrix order: a descriptor at the core
-    matrix holding (mn0, 32 kk), LBO 128 bytes (next 16 K), SBO (K / 16) * 128 bytes (next 8 rows).
-    Called inside the warp scope ``render_gemm`` opened (and closes)."""
+    (``layout_plan.native_fp8_gemm``), 128B-swizzled or in 8 x 16-byte core-matrix order
+    (:mod:`smem_layouts`): a descriptor at (mn0, 32 kk).  Called inside the warp scope
+    ``render_gemm`` opened (and closes)."""
     a, b, c = g.a.buffer, g.b.buffer, g.c.buffer
-    cn, an, bn = R.buffer_name(c), R.buffer_name(a), R.buffer_name(b)
-
-    def core8(name, r):
-        return f"{name} + (((({r}) >> 3) * {K // 16} + ((kf_kk * 32) >> 4)) * 128 + (({r}) & 7) * 16)"
-
+    cn = R.buffer_name(c)
     R.emit(f"kf::wgmma_fence_operand({cn});")
     R.emit("kf::wgmma_fence();")
     R.emit("#pragma unroll")
@@ -126,8 +120,8 @@ def render_wgmma_fp8(R, g: ir.Gemm, lay: AccumLayout, K: int) -> None:
     R.open(f"for (int kf_mi = 0; kf_mi < {lay.mt}; ++kf_mi)")
     R.emit(f"const int kf_row0 = kf_mi * {16 * lay.wm} + (kf_wr & ~3) * 16;")
     R.emit(f"const int kf_col0 = kf_wc * {lay.n // lay.wn};")
-    R.emit(f"const uint64_t kf_da = kf::make_smem_desc({core8(an, 'kf_row0')}, 128, {K // 16 * 128});")
-    R.emit(f"const uint64_t kf_db = kf::make_smem_desc({core8(bn, 'kf_col0')}, 128, {K // 16 * 128});")
+    R.emit(f"const uint64_t kf_da = {smem_desc(R, a, 'kf_row0', 'kf_kk * 32', True)};")
+    R.emit(f"const uint64_t kf_db = {smem_desc(R, b, 'kf_col0', 'kf_kk * 32', True)};")
     n = lay.nt * 8
     R.emit(f"kf::wgmma_m64nNk32_f32_e4m3<{n}>(*reinterpret_cast<float(*)[{n // 2}]>(&{cn}[kf_mi * {lay.nt * 4}]), "
            f"kf_da, kf_db, 1);")
@@ -136,6 +130,16 @@ def render_wgmma_fp8(R, g: ir.Gemm, lay: AccumLayout, K: int) -> None:
     R.emit("kf::wgmma_commit();")
     R.emit("kf::wgmma_wait<0>();")
     R.emit(f"kf::wgmma_fence_operand({cn});")
+
+
+def smem_desc(R, tile: ir.Buffer, r: str, c: str, k_major: bool) -> str:
+    """``kf::make_smem_desc`` of ``tile`` for the instruction whose first element is ``(r, c)``, in
+    the tile's layout (:mod:`smem_layouts`: 128B-swizzled or core-matrix order)."""
+    shape, size, swizzled = tile.static_shape(), tile.dtype.itemsize, tile in R.plan.swizzled
+    lbo, sbo, layout = smem_layouts.descriptor_strides(shape, size, swizzled, k_major)
+    start = smem_layouts.descriptor_start(shape, size, swizzled, r, c)
+    mode = f", {layout}" if layout != smem_layouts.LAYOUT_INTERLEAVE else ""
+    return f"kf::make_smem_desc({R.buffer_name(tile)} + {start}, {lbo}, {sbo}{mode})"
 
 
 def render_scalar_gemm(R, g: ir.Gemm) -> None:

@@ -11,6 +11,10 @@ conversion: a staged fragment is an ordinary shared-memory tile, so any
 thread may read any element after a barrier.  The renderer then never has to
 guess: each fragment access is either ``frag[register]`` or a shared load.
 
+Gemm operand tiles get a shared layout here too (``core_tiles``, ``swizzled``): the
+128-byte swizzle where only wgmma reads a tile of whole 128-byte rows (TMA then loads it in
+whole-tile boxes), core-matrix order otherwise (``smem_layouts`` has both).
+
 The result is a :class:`LayoutPlan` (analysis, not a rewrite: the IR keeps
 saying "fragment"); ``kernel`` itself is not changed.
 """
@@ -24,6 +28,8 @@ from kernforge.backends.cuda.layouts import (AccumLayout, Layout, RowLayout, Str
                                        striped_layout)
 
 TENSOR_CORE_DTYPES = (dtypes.bfloat16, dtypes.float16)
+SWIZZLE_BYTES = 128  # the swizzled layout's row: CU_TENSOR_MAP_SWIZZLE_128B, wgmma layout type 1
+SWIZZLE_ALIGN = 1024  # its atom (8 rows x 128 bytes): every swizzled tile (each ring stage) starts on one
 
 
 @dataclass
@@ -34,6 +40,8 @@ class LayoutPlan:
     staged: set[ir.Buffer] = field(default_factory=set)  # fragments living in shared memory
     # shared tiles in core-matrix order (8 rows x 16 bytes per core matrix: 8x8 16-bit, 8x16 fp8)
     core_tiles: set[ir.Buffer] = field(default_factory=set)
+    # the core tiles stored in the 128-byte-swizzled layout instead (``smem_layouts``; sm_90a wgmma)
+    swizzled: set[ir.Buffer] = field(default_factory=set)
     gemm_kind: dict[ir.Gemm, str] = field(default_factory=dict)  # "wgmma" | "mma" | "scalar"
 
 
@@ -163,6 +171,28 @@ class _Planner:
             self.plan.gemm_kind[g] = self._gemm_kind(g)
             if self.plan.gemm_kind[g] != "scalar":
                 self.plan.core_tiles |= {g.a.buffer, g.b.buffer}
+        self.plan.swizzled = {b for b in self.plan.core_tiles if self._swizzle_128b(b)}
+
+    def _swizzle_128b(self, b: ir.Buffer) -> bool:
+        """Whether core tile ``b`` can take the 128-byte-swizzled layout (``smem_layouts``): only
+        wgmma reads it (ldmatrix/mma.sync address core matrices), it is whole 128-byte rows of
+        whole 8-row atoms, and every wgmma that reads it MN-major starts each warp's slice at a
+        whole 128-byte chunk (so a descriptor never starts inside a swizzled row)."""
+        if not self.wgmma or b.ndim != 2 or b.dtype.itemsize not in (1, 2):
+            return False
+        rows, cols = b.static_shape()
+        if rows % 8 or (cols * b.dtype.itemsize) % SWIZZLE_BYTES:
+            return False
+        chunk = SWIZZLE_BYTES // b.dtype.itemsize
+        for g in self._nodes(ir.Gemm):
+            if b not in (g.a.buffer, g.b.buffer):
+                continue
+            if self.plan.gemm_kind[g] != "wgmma":
+                return False
+            lay = self.plan.registers[g.c.buffer]
+            if g.b.buffer is b and not g.trans_b and (lay.n // lay.wn) % chunk:
+                return False
+        return True
 
     def _gemm_kind(self, g: ir.Gemm) -> str:
         lay = self.plan.registers.get(g.c.buffer)

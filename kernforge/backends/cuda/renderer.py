@@ -12,8 +12,9 @@ How the tile program maps onto a thread block (DESIGN.md §1-2):
   fragment (an unrolled loop over constant register indices); with no
   register fragment involved, the block's threads share the iterations.
 * shared tiles -> one dynamic shared-memory arena; gemm operand tiles are
-  stored in 8x8 core-matrix order (see ``kf/wgmma.cuh``) so ``ldmatrix`` and
-  ``wgmma`` read them without bank conflicts and without swizzle.
+  stored 128-byte swizzled (sm_90a wgmma operands in whole 128-byte rows, each tile
+  1024-byte aligned) or in 8x8 core-matrix order (:mod:`smem_layouts`), so ``ldmatrix``
+  and ``wgmma`` read them without bank conflicts.
 * copies global -> shared -> 16-byte ``cp.async`` chunks (scalar loads at
   edges); ``T.Pipelined`` -> a ``num_stages``-deep ring of those tiles
   (:mod:`kernforge.backends.cuda.pipeline_plan`), filled on sm_90a by TMA
@@ -47,8 +48,9 @@ from kernforge.codegen.passes import Analysis, simplify
 from kernforge.codegen.passes.checks import insert_checks
 from kernforge.backends.cuda.barriers import barrier_pass
 from kernforge.backends.cuda.fp8_operands import cuda_fp8_operands, cuda_fp8_operands_wgmma
-from kernforge.backends.cuda.layout_plan import LayoutPlan, plan_layouts
+from kernforge.backends.cuda.layout_plan import SWIZZLE_ALIGN, LayoutPlan, plan_layouts
 from kernforge.backends.cuda.pipeline_plan import PipelinePlan, plan_pipelines
+from kernforge.backends.cuda import smem_layouts
 from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tma as cuda_tma
 from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol, safe_identifier
 
@@ -204,12 +206,10 @@ class CudaRenderer(CRenderer, Renderer):
 
     # -- element access -------------------------------------------------------
     def offset(self, buf: ir.Buffer, indices) -> str:
-        if self.is_smem(buf) and buf in self.plan.core_tiles:
+        if self.is_smem(buf) and buf in self.plan.core_tiles:  # core-matrix or 128B-swizzled order
             r, c = (self.expr(i) for i in indices)
-            cols = buf.static_shape()[1]
-            if buf.dtype.itemsize == 1:  # fp8: core matrices of 8 rows x 16 elements (kf/wgmma.cuh)
-                return f"(((({r}) >> 3) * {cols // 16} + (({c}) >> 4)) * 128 + (({r}) & 7) * 16 + (({c}) & 15))"
-            return f"(((({r}) >> 3) * {cols // 8} + (({c}) >> 3)) * 64 + (({r}) & 7) * 8 + (({c}) & 7))"
+            return smem_layouts.element_offset(buf.static_shape(), buf.dtype.itemsize, buf in self.plan.swizzled,
+                                               r, c)
         return super().offset(buf, indices)
 
     def load(self, e: ir.Load) -> str:
@@ -267,6 +267,8 @@ class CudaRenderer(CRenderer, Renderer):
         for n in ir.nodes(self.k.body):
             if isinstance(n, ir.Allocate) and self.is_smem(n.buffer) and n.buffer not in self.smem_offsets:
                 b = n.buffer
+                if b in self.plan.swizzled:  # each stage is a whole number of 1024-byte atoms
+                    off = -(-off // SWIZZLE_ALIGN) * SWIZZLE_ALIGN
                 self.smem_offsets[b] = off
                 off += -(-prod(b.static_shape()) * b.dtype.itemsize * self.pipes.stages.get(b, 1)
                          // SMEM_ALIGN) * SMEM_ALIGN
@@ -318,7 +320,8 @@ class CudaRenderer(CRenderer, Renderer):
         for s in self.k.symbols:
             self.emit(f"const {self.ctype(s.dtype)} {self.cname(s)} = ({self.ctype(s.dtype)})kf_dim_{self.cname(s)};")
         if self.smem_bytes:
-            self.emit("extern __shared__ __align__(128) unsigned char kf_smem[];")
+            self.emit(f"extern __shared__ __align__({SWIZZLE_ALIGN if self.plan.swizzled else SMEM_ALIGN}) "
+                      "unsigned char kf_smem[];")
         for b, off in self.smem_offsets.items():
             ring = "_ring" if b in self.pipes.stages else ""
             self.emit(f"{self.ctype(b.dtype)}* const {self.cname(b)}{ring} = "

@@ -14,11 +14,27 @@ A loop goes through TMA only when every copy it prefetches qualifies:
   keeps its whole loop on the cp.async ring;
 * global source whose innermost stride is the constant 1, same dtype as the
   shared tile, a 2-D tile spanning the source's last axis and one other axis,
-  rows of a multiple of 16 bytes, each stage 128-byte aligned, source rank <= 4;
-* gemm operand tiles (core-matrix order, ``kf/wgmma.cuh``) of 16-bit types and fp8
-  load one box of 8 rows x 16 bytes (8x8 or 8x16 elements, 128 contiguous bytes) per core
-  matrix; other tiles load
-  row-major boxes of at most 256 x 256 elements.
+  rows of a multiple of 16 bytes, each stage 128-byte aligned, source rank <= 4.
+
+How a tile is loaded follows its shared layout (``layout_plan``, ``smem_layouts``):
+
+* **128-byte-swizzled** gemm operand tiles (``LayoutPlan.swizzled``): one box of
+  ``min(rows, 256)`` rows x 128 bytes per 128-byte column chunk, through a
+  ``CU_TENSOR_MAP_SWIZZLE_128B`` map (so one box per tile when its rows are 128 bytes: a
+  64-column bf16 or 128-column fp8 K tile);
+* other (row-major) tiles: row-major boxes of at most 256 x 256 elements, no swizzle;
+  whole-tile boxes are issued by one thread (thread 0, which also arms the stage's
+  mbarrier with the stage's byte count);
+* core-matrix-order gemm operand tiles (tiles the swizzle does not take): one box of
+  8 rows x 16 bytes per core matrix, the block's threads sharing the boxes.
+
+L2 cache hint (:func:`streamed`): a tile whose source position depends on every block
+index, counting a gather through an index tensor that the pipelined loop walks (a page
+table), is read by one CTA only, once: it is loaded with an ``EVICT_FIRST`` policy.
+Tiles that other CTAs read again (a GEMM's A across N blocks, its weights B across M
+blocks: a block index is missing, or only selects through a loop-invariant lookup such as
+an expert map) keep the default policy; no ``EVICT_LAST`` is applied (without timings,
+pinning weights that may exceed L2 is not obviously a win).
 
 Out-of-bounds elements of a box are written as 0 by the copy engine, which is
 the IR's copy semantics.  What cannot be known before the launch (the data
@@ -36,6 +52,7 @@ import numpy as np
 
 from kernforge.codegen import arith, ir
 from kernforge.codegen.renderer import safe_identifier
+from kernforge.backends.cuda.layout_plan import SWIZZLE_BYTES
 
 MAX_BOX = 256
 MAX_RANK = 4  # kf/tma.cuh has tma_load_{2,3,4}d
@@ -51,12 +68,13 @@ class TensorMapSpec:
     buffer: str
     box: tuple[int, ...]
     elem_bytes: int
+    swizzle: int = 0  # bytes: 0 (CU_TENSOR_MAP_SWIZZLE_NONE) or 128 (CU_TENSOR_MAP_SWIZZLE_128B)
 
 
 @dataclass(frozen=True)
 class TensorMapArgs:
     """``cuTensorMapEncodeTiled``'s arguments, dimension 0 innermost (tile mode, no
-    interleave, no swizzle, zero fill)."""
+    interleave, zero fill; ``swizzle`` bytes 0 or 128)."""
 
     rank: int
     elem_bytes: int
@@ -64,16 +82,18 @@ class TensorMapArgs:
     dims: tuple[int, ...]
     strides_bytes: tuple[int, ...]  # dimensions 1..rank-1
     box: tuple[int, ...]
+    swizzle: int = 0
 
     def packed(self) -> np.ndarray:
         """The int64 vector the emulation's host entry decodes (``kf_emu::encode_tensor_map_packed``)."""
-        return np.array([self.rank, self.elem_bytes, self.address, *self.dims, *self.strides_bytes, *self.box],
-                        dtype=np.int64)
+        return np.array([self.rank, self.elem_bytes, self.address, *self.dims, *self.strides_bytes, *self.box,
+                         self.swizzle], dtype=np.int64)
 
 
 @dataclass(frozen=True)
 class TmaTile:
-    """How one prefetched copy is loaded: boxes of ``box_rows x box_cols`` elements."""
+    """How one prefetched copy is loaded: boxes of ``box_rows x box_cols`` elements, placed in the
+    tile's layout (``layout``: "swizzled", "rows" (row-major) or "core" (one box per core matrix))."""
 
     copy: ir.Copy
     spec: TensorMapSpec
@@ -82,7 +102,8 @@ class TmaTile:
     cols: int
     box_rows: int
     box_cols: int
-    core: bool
+    layout: str
+    evict_first: bool
 
     @property
     def boxes(self) -> int:
@@ -92,9 +113,17 @@ class TmaTile:
     def bytes(self) -> int:
         return self.rows * self.cols * self.spec.elem_bytes
 
+    def box_offset(self, rb: str, cb: str) -> str:
+        """Element offset in the stage of box (row block ``rb``, column block ``cb``)."""
+        if self.layout == "swizzled":  # column chunk cb, rows rb * box_rows.. of it
+            return f"({cb}) * {self.rows * self.box_cols} + ({rb}) * {self.box_rows * self.box_cols}"
+        if self.layout == "core":  # core matrix (rb, cb), in order
+            return f"(({rb}) * {self.cols // self.box_cols} + ({cb})) * {self.box_rows * self.box_cols}"
+        return f"({rb}) * {self.box_rows * self.cols}"
 
-def _tile(core_tiles, c: ir.Copy, params: Sequence) -> Optional[tuple]:
-    """(param index, row axis, rows, cols, box_rows, box_cols, core) when ``c`` can be a TMA load."""
+
+def _tile(layouts, c: ir.Copy, params: Sequence) -> Optional[tuple]:
+    """(param index, row axis, rows, cols, box_rows, box_cols, layout) when ``c`` can be a TMA load."""
     src, dst = c.src.buffer, c.dst.buffer
     if c.disable_tma or src.scope != ir.Scope.GLOBAL or src.dtype != dst.dtype or src not in params:
         return None
@@ -110,14 +139,49 @@ def _tile(core_tiles, c: ir.Copy, params: Sequence) -> Optional[tuple]:
     e = src.dtype.itemsize
     if (cols * e) % 16 or (rows * cols * e) % 128:
         return None
-    if dst in core_tiles:  # one box per core matrix: 8 rows of 16 bytes
+    box_rows = rows if rows <= MAX_BOX else MAX_BOX
+    if dst in layouts.swizzled:  # planned: rows % 8 == 0, whole 128-byte column chunks
+        if rows % box_rows:
+            return None
+        return params.index(src), row_axes[0], rows, cols, box_rows, SWIZZLE_BYTES // e, "swizzled"
+    if dst in layouts.core_tiles:  # one box per core matrix: 8 rows of 16 bytes
         if e not in (1, 2) or rows % 8 or cols % (16 // e):
             return None
-        return params.index(src), row_axes[0], rows, cols, 8, 16 // e, True
-    box_rows = rows if rows <= MAX_BOX else MAX_BOX
+        return params.index(src), row_axes[0], rows, cols, 8, 16 // e, "core"
     if cols > MAX_BOX or rows % box_rows:
         return None
-    return params.index(src), row_axes[0], rows, cols, box_rows, cols, False
+    return params.index(src), row_axes[0], rows, cols, box_rows, cols, "rows"
+
+
+def _position_vars(e: ir.Expr, loop: ir.For, out: set) -> None:
+    """The variables that select the position ``e`` reads from: every variable outside index loads,
+    and those inside an index load only when the load also depends on ``loop``'s variable (a
+    table the loop walks, such as a page table); a loop-invariant lookup (an expert map) may send
+    many blocks to one place, so it does not tell blocks apart."""
+    if isinstance(e, ir.Var):
+        out.add(e)
+        return
+    if isinstance(e, ir.Load):
+        inner = {n for i in e.indices for n in ir.nodes(i) if isinstance(n, ir.Var)}
+        if loop.var in inner:
+            out |= inner
+        return
+    for child in ir.children(e):
+        if isinstance(child, ir.Expr):
+            _position_vars(child, loop, out)
+
+
+def streamed(kernel: ir.Kernel, loop: ir.For, c: ir.Copy) -> bool:
+    """Whether every block index of ``kernel`` selects which data ``c`` loads across ``loop``
+    (directly, through the loop's bounds, or through a table the loop walks): then each block
+    reads its own data once and the L2 lines can go first (``EVICT_FIRST``)."""
+    found: set = set()
+    for s in c.src.starts:
+        _position_vars(s, loop, found)
+    if loop.var in found:
+        for bound in (loop.start, loop.extent):
+            _position_vars(bound, loop, found)
+    return set(kernel.block_vars) <= found
 
 
 def plan_tma(kernel: ir.Kernel, layouts, pipes) -> tuple[dict, list[TensorMapSpec]]:
@@ -127,17 +191,19 @@ def plan_tma(kernel: ir.Kernel, layouts, pipes) -> tuple[dict, list[TensorMapSpe
     loops: dict[ir.For, list[TmaTile]] = {}
     specs: dict[tuple, TensorMapSpec] = {}
     for loop, copies in pipes.prefetch.items():
-        found = [_tile(layouts.core_tiles, c, params) for c in copies]
+        found = [_tile(layouts, c, params) for c in copies]
         if not all(found):
             continue
         tiles = []
-        for c, (pi, row_axis, rows, cols, br, bc, core) in zip(copies, found):
+        for c, (pi, row_axis, rows, cols, br, bc, layout) in zip(copies, found):
             src = c.src.buffer
             box = tuple(bc if i == len(src.shape) - 1 else br if i == row_axis else 1 for i in range(len(src.shape)))
-            key = (pi, box)
+            swizzle = SWIZZLE_BYTES if layout == "swizzled" else 0
+            key = (pi, box, swizzle)
             if key not in specs:
-                specs[key] = TensorMapSpec(f"kf_tmap_{safe_identifier(src.name)}_{len(specs)}", pi, src.name, box, src.dtype.itemsize)
-            tiles.append(TmaTile(c, specs[key], row_axis, rows, cols, br, bc, core))
+                specs[key] = TensorMapSpec(f"kf_tmap_{safe_identifier(src.name)}_{len(specs)}", pi, src.name, box,
+                                           src.dtype.itemsize, swizzle)
+            tiles.append(TmaTile(c, specs[key], row_axis, rows, cols, br, bc, layout, streamed(kernel, loop, c)))
         loops[loop] = tiles
     return loops, list(specs.values())
 
@@ -165,32 +231,45 @@ def render_inval(R, bars: str, stages: int) -> None:
 
 
 def render_issue(R, tiles: list[TmaTile], stage_expr: str, bar: str) -> None:
-    """Thread 0 expects the stage's bytes; the block's threads share the boxes."""
-    R.emit(f"if ({R.tid} == 0) kf::mbarrier_arrive_expect_tx({bar}, {sum(t.bytes for t in tiles)}u);")
+    """Thread 0 arms the stage's barrier with its bytes and issues the whole-tile boxes (swizzled and
+    row-major tiles, unrolled); the block's threads share a core-matrix tile's boxes."""
+    policy = R.fresh("pol") if any(t.evict_first for t in tiles) else None
+    if policy:
+        R.emit(f"const uint64_t {policy} = kf::l2_policy_evict_first();")
+    R.open(f"if ({R.tid} == 0)")
+    R.emit(f"kf::mbarrier_arrive_expect_tx({bar}, {sum(t.bytes for t in tiles)}u);")
     for t in tiles:
-        c = t.copy
-        src = c.src.buffer
-        ct = R.ctype(src.dtype)
-        base = f"({R.cname(c.dst.buffer)}_ring + ({stage_expr}) * {prod(c.dst.buffer.static_shape())})"
-        q = R.fresh("q")
-        per_row = t.cols // t.box_cols
-        R.open(f"for (int {q} = {R.tid}; {q} < {t.boxes}; {q} += {R.k.threads})")
-        R.emit(f"const int kf_rb = {q} / {per_row}, kf_cb = {q} % {per_row};")
-        if t.core:
-            R.emit(f"{ct}* kf_dst = {base} + ({q}) * {t.box_rows * t.box_cols};")
-        else:
-            R.emit(f"{ct}* kf_dst = {base} + kf_rb * {t.box_rows * t.cols};")
-        coords = []
-        last = len(src.shape) - 1
-        for axis in reversed(range(len(src.shape))):
-            start = f"(int32_t)({R.expr(c.src.starts[axis])})"
-            if axis == last:
-                start += f" + kf_cb * {t.box_cols}"
-            elif axis == t.row_axis:
-                start += f" + kf_rb * {t.box_rows}"
-            coords.append(start)
-        R.emit(f"kf::tma_load_{len(coords)}d(kf_dst, &{t.spec.name}, {', '.join(coords)}, {bar});")
-        R.close()
+        if t.layout != "core":
+            _issue_boxes(R, t, stage_expr, bar, policy, R.fresh("q"), 1, "#pragma unroll")
+    R.close()
+    for t in tiles:
+        if t.layout == "core":
+            _issue_boxes(R, t, stage_expr, bar, policy, R.fresh("q"), R.k.threads, None, start=R.tid)
+
+
+def _issue_boxes(R, t: TmaTile, stage_expr: str, bar: str, policy, q: str, step, pragma, start="0") -> None:
+    c = t.copy
+    src = c.src.buffer
+    ct = R.ctype(src.dtype)
+    base = f"({R.cname(c.dst.buffer)}_ring + ({stage_expr}) * {prod(c.dst.buffer.static_shape())})"
+    per_row = t.cols // t.box_cols
+    if pragma:
+        R.emit(pragma)
+    R.open(f"for (int {q} = {start}; {q} < {t.boxes}; {q} += {step})")
+    R.emit(f"const int kf_rb = {q} / {per_row}, kf_cb = {q} % {per_row};")
+    R.emit(f"{ct}* kf_dst = {base} + {t.box_offset('kf_rb', 'kf_cb')};")
+    coords = []
+    last = len(src.shape) - 1
+    for axis in reversed(range(len(src.shape))):
+        start_ = f"(int32_t)({R.expr(c.src.starts[axis])})"
+        if axis == last:
+            start_ += f" + kf_cb * {t.box_cols}"
+        elif axis == t.row_axis:
+            start_ += f" + kf_rb * {t.box_rows}"
+        coords.append(start_)
+    hint = f", {policy}" if policy and t.evict_first else ""
+    R.emit(f"kf::tma_load_{len(coords)}d(kf_dst, &{t.spec.name}, {', '.join(coords)}, {bar}{hint});")
+    R.close()
 
 
 # ---------------------------------------------------------------- launch time
@@ -225,7 +304,8 @@ def encode_args(spec: TensorMapSpec, tensor) -> Union[TensorMapArgs, str]:
         out_strides.append(b)
     if any(d >= 1 << 32 for d in dims):
         return f"{spec.buffer} has a dimension of 2^32 elements or more"
-    return TensorMapArgs(len(shape), esize, int(address), dims, tuple(out_strides), tuple(reversed(spec.box)))
+    return TensorMapArgs(len(shape), esize, int(address), dims, tuple(out_strides), tuple(reversed(spec.box)),
+                         spec.swizzle)
 
 
 class TensorMapLaunch:

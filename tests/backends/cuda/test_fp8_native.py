@@ -50,11 +50,23 @@ def test_native_or_shadow(case, native):
 
 
 def test_native_descriptors_step_32_k_per_instruction():
-    src = render_cuda(_gemm(k=128), "sm_90a").source
-    # 4 k32 instructions; LBO 128 bytes (next 16 K), SBO (K/16) * 128 = 1024 bytes (next 8 rows)
-    assert "kf_kk < 4;" in src
-    assert re.search(r"make_smem_desc\(A_s \+ \(\(\(\(kf_row0\) >> 3\) \* 8 \+ \(\(kf_kk \* 32\) >> 4\)\) \* 128 "
-                     r"\+ \(\(kf_row0\) & 7\) \* 16\), 128, 1024\)", src)
+    # K = 96: 96-byte rows, not whole 128-byte chunks, so core-matrix order (8 rows x 16 bytes):
+    # 3 k32 instructions; LBO 128 bytes (next 16 K), SBO (K/16) * 128 = 768 bytes (next 8 rows)
+    src = render_cuda(_gemm(k=96), "sm_90a").source
+    assert "kf_kk < 3;" in src
+    assert re.search(r"make_smem_desc\(A_s \+ \(\(\(\(kf_row0\) >> 3\) \* 6 \+ \(\(kf_kk \* 32\) >> 4\)\) \* 128 "
+                     r"\+ \(\(kf_row0\) & 7\) \* 16 \+ \(\(kf_kk \* 32\) & 15\)\), 128, 768\)", src)
     # outside a pipeline the fp8 tiles are filled by 16-byte cp.async chunks, one core-matrix row
     # each, at the 8 x 16-element core-matrix offset
     assert "kf::cp_async_cg_16" in src and ">> 4)) * 128 + ((" in src
+
+
+def test_native_descriptors_on_128b_swizzled_tiles():
+    # K = 256: two 128-byte chunks of 64 rows (8192 bytes each); a k32 step moves 32 bytes inside
+    # a row, then to the next chunk; SBO 1024 (next 8 rows), layout type 1 (128B swizzle)
+    src = render_cuda(_gemm(k=256), "sm_90a").source
+    assert "kf_kk < 8;" in src and "__align__(1024)" in src
+    assert re.search(r"make_smem_desc\(A_s \+ \(\(\(kf_kk \* 32\) >> 7\) \* 8192 \+ \(kf_row0\) \* 128 "
+                     r"\+ \(\(kf_kk \* 32\) & 127\)\), 16, 1024, 1\)", src)
+    # cp.async chunks land at the swizzled 16-byte piece: piece ^ (row % 8)
+    assert ">> 4) ^ ((" in src

@@ -114,6 +114,31 @@ def test_no_serialized_wgmma_in_library_kernels(bench_reports, name):
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("name", ("m_grouped_fp8_gemm_nt_contiguous", "m_grouped_gemm_nt_contiguous",
+                                  "m_grouped_gemm_nt_masked", "mla_decode"))
+def test_tma_moves_whole_swizzled_tiles(bench_reports, name):
+    """Issue 21 item 2 in the SASS: every TMA tile of the bench problem is 128B-swizzled and moves
+    as one box per 128-byte chunk, so the kernel holds at most one UTMALDG per box per ring issue
+    site (num_stages sites: the prologue's S-1 and the loop's), not a per-core-matrix loop in
+    every thread; streamed tiles (MLA's KV) carry the L2 cache-policy operand."""
+    from kernforge.backends.cuda.renderer import CudaRenderer
+    from kernforge.codegen.renderer import Target
+
+    spec = registry.get(name)
+    _, facts = CudaRenderer().lower(spec.factory(**spec.problems["bench"].params).ir,
+                                    Target("cuda", "sm_90a", "", False))
+    loops = facts["tma"][0]
+    tiles = [t for ts in loops.values() for t in ts]
+    assert tiles and all(t.layout == "swizzled" and t.boxes == t.cols * t.spec.elem_bytes // 128 for t in tiles)
+    rep = bench_reports[name]
+    assert 0 < rep["sass"]["tma_load"] <= sum(loop.num_stages * sum(t.boxes for t in ts) for loop, ts in loops.items())
+    loads = [line for line in cuda_backend.disassemble(rep["path"]).splitlines() if "UTMALDG" in line]
+    hinted = [line for line in loads if "desc[" in line]  # UTMALDG ... [smem], [map], desc[policy]
+    assert len(hinted) == (len(loads) if any(t.evict_first for t in tiles) else 0)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_report_counts_are_the_disassemblys(bench_reports):
     """The report's counts and model come from the real SASS: recount it independently."""
     rep = bench_reports["mla_decode"]

@@ -25,6 +25,13 @@
 //    box order, dimension 0 innermost.  Elements outside the tensor are written as 0.
 //    The full box size in bytes (zero-filled elements included) is delivered to `bar`.
 //    `map` is the address of a `const __grid_constant__ CUtensorMap` kernel parameter.
+//    With a 128-byte-swizzle tensor map (CU_TENSOR_MAP_SWIZZLE_128B) the box's inner extent is
+//    at most 128 bytes, `dst` must be 1024-byte aligned, and the 16-byte piece p of box row r
+//    lands at piece p ^ (r % 8) (shared address bits [4:6] ^= [7:9]; kf/wgmma.cuh).
+//  * tma_load_<N>d(dst, map, c0..c{N-1}, bar, policy): the same with `.L2::cache_hint` and the
+//    64-bit L2 cache policy `policy` (an eviction priority for the lines this copy reads).
+//  * l2_policy_evict_first(): `createpolicy.fractional.L2::evict_first.b64 p, 1.0;` a policy
+//    that makes every line it is used on first in line for eviction (streamed data read once).
 // Host emulation (kf/emu/mbarrier.h, kf/emu/tma.h) implements the same signatures:
 // a copy is attached to its barrier and performed when a thread waits on it; a wait
 // whose arrivals or bytes never come fails the launch with a deadlock report.
@@ -87,6 +94,41 @@ KF_DEVICE void tma_load_4d(void* dst, const CUtensorMap* map, int32_t c0, int32_
       : "memory");
 }
 
+KF_DEVICE uint64_t l2_policy_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+KF_DEVICE void tma_load_2d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n"
+      ::"r"(tma_smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(tma_smem_addr(bar)),
+      "l"(policy)
+      : "memory");
+}
+
+KF_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2, uint64_t* bar,
+                           uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+      ::"r"(tma_smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(tma_smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
+KF_DEVICE void tma_load_4d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2, int32_t c3,
+                           uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n"
+      ::"r"(tma_smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(tma_smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
 }  // namespace kf
 #else
 #include "kf/emu/tma.h"
@@ -110,6 +152,19 @@ KF_DEVICE void tma_load_4d(void* dst, const CUtensorMap* map, int32_t c0, int32_
                            uint64_t* bar) {
   const int32_t c[4] = {c0, c1, c2, c3};
   kf_emu::tma_load(dst, map, c, bar);
+}
+// the L2 policy steers a cache the host does not have: same copy, policy unused
+KF_DEVICE uint64_t l2_policy_evict_first() { return kf_emu::kL2PolicyEvictFirst; }
+KF_DEVICE void tma_load_2d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint64_t* bar, uint64_t) {
+  tma_load_2d(dst, map, c0, c1, bar);
+}
+KF_DEVICE void tma_load_3d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2, uint64_t* bar,
+                           uint64_t) {
+  tma_load_3d(dst, map, c0, c1, c2, bar);
+}
+KF_DEVICE void tma_load_4d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2, int32_t c3,
+                           uint64_t* bar, uint64_t) {
+  tma_load_4d(dst, map, c0, c1, c2, c3, bar);
 }
 
 }  // namespace kf

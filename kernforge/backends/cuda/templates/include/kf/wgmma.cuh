@@ -4,9 +4,16 @@
 // A warpgroup is 4 consecutive warps whose first warp index is a multiple of 4;
 // every wgmma_* call below is executed by all 128 threads of the warpgroup.
 //
-// make_smem_desc(ptr, lbo_bytes, sbo_bytes): descriptor of a no-swizzle
-//   ("interleave") canonical layout.  Bits 0-13: (shared address of ptr) >> 4;
-//   16-29: LBO >> 4; 32-45: SBO >> 4; 49-51 base offset 0; 62-63 swizzle 0 (none).
+// make_smem_desc(ptr, lbo_bytes, sbo_bytes, layout = 0): descriptor of a canonical layout.
+//   Bits 0-13: (shared address of ptr) >> 4; 16-29: LBO >> 4; 32-45: SBO >> 4; 49-51 base
+//   offset 0; 62-63 layout type: 0 no swizzle ("interleave", below), 1 128-byte swizzle.
+//   128-byte swizzle (kernforge/backends/cuda/smem_layouts.py): rows of 128 bytes whose
+//   16-byte pieces are stored at piece index ^ (row % 8), i.e. shared address bits [4:6] ^= [7:9];
+//   every 8-row, 1024-byte atom starts on a 1024-byte boundary (base offset 0).  ptr is the
+//   *unswizzled* address of the instruction's first element (a K step inside a row adds
+//   its byte offset to ptr).  K-major: 8 rows 128 bytes apart, SBO = 1024 (next 8 rows), LBO
+//   unused.  MN-major: 128-byte rows along M/N, 8 K-rows 128 bytes apart, SBO = 1024 (next
+//   8 K-rows), LBO = byte distance to the next 128 bytes of M/N (the next column chunk).
 //   kernforge stores every gemm operand tile in "core-matrix" order: a tile of
 //   R x C 16-bit elements (R, C multiples of 8) is cut into 8x8 core matrices;
 //   element (r, c) sits at element offset ((r/8) * (C/8) + c/8) * 64 + (r%8) * 8 + c%8
@@ -52,12 +59,13 @@
 #ifndef KF_HOST_EMULATION
 namespace kf {
 
-KF_DEVICE uint64_t make_smem_desc(const void* ptr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+KF_DEVICE uint64_t make_smem_desc(const void* ptr, uint32_t lbo_bytes, uint32_t sbo_bytes, uint32_t layout = 0) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
   uint64_t desc = 0;
   desc |= static_cast<uint64_t>((addr >> 4) & 0x3FFF);
   desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
   desc |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  desc |= static_cast<uint64_t>(layout & 3) << 62;
   return desc;
 }
 

@@ -7,10 +7,11 @@
 //
 // A load copies a box of the global tensor, elements outside the tensor read as
 // zero, into shared memory in box order (dimension 0 innermost).  With a
-// swizzle mode the 16-byte chunk index inside each 128/64/32-byte row segment
-// is XORed with bits 7.. of the shared address, exactly as the hardware does
-// (address bits [4:6] ^= [7:9] for 128B; [4:5] ^= [7:8] for 64B; [4] ^= [7]
-// for 32B), which is why the destination must be 1024-byte aligned then.
+// swizzle mode each element goes to kf_emu::swizzle_addr of its box-order address
+// (kf/emu/swizzle.h: the 16-byte chunk index XOR bits 7.. of the shared address, as
+// the hardware does), which is why the destination must be 1024-byte aligned then.
+// The L2 cache-policy operand of the .L2::cache_hint form is accepted and has no
+// effect here (there is no cache to steer).
 // The copy completes on its mbarrier (kf/emu/mbarrier.h): it is performed when
 // a thread waits on that barrier, and its bytes count against expect_tx.
 #pragma once
@@ -18,11 +19,14 @@
 #include <cstring>
 
 #include "kf/emu/mbarrier.h"
+#include "kf/emu/swizzle.h"
 #include "sys/cuda.h"
 
 namespace kf_emu {
 
 constexpr uint32_t kTensorMapMagic = 0x4b46544d;  // "KFTM"
+// what kf::l2_policy_evict_first() returns here: an opaque value, as on the GPU
+constexpr uint64_t kL2PolicyEvictFirst = 0x12F0000000000000ull;
 
 struct TensorMapDesc {
   uint32_t magic, rank, elem_bytes, swizzle_bytes;
@@ -63,15 +67,6 @@ inline const char* encode_tensor_map(CUtensorMap* out, uint32_t rank, uint32_t e
   std::memset(out, 0, sizeof(CUtensorMap));
   std::memcpy(out, &d, sizeof d);
   return nullptr;
-}
-
-inline uint32_t swizzle_addr(uint32_t a, uint32_t swizzle_bytes) {
-  switch (swizzle_bytes) {
-    case 128: return a ^ (((a >> 7) & 7u) << 4);
-    case 64: return a ^ (((a >> 7) & 3u) << 4);
-    case 32: return a ^ (((a >> 7) & 1u) << 4);
-    default: return a;
-  }
 }
 
 struct TmaCopy {
@@ -121,8 +116,8 @@ inline void tma_load(void* dst, const CUtensorMap* map, const int32_t* coords, c
 namespace kf_emu {
 
 // The host entry's form of encode_tensor_map: `packed` is {rank, elem_bytes, address,
-// dims[rank] (innermost first), strides_bytes[rank - 1], box[rank]} (kernforge's
-// cuda_tma.TensorMapArgs.packed()).  Returns false with the reason in launch_error().
+// dims[rank] (innermost first), strides_bytes[rank - 1], box[rank], swizzle_bytes}
+// (kernforge's cuda_tma.TensorMapArgs.packed()).  Returns false with the reason in launch_error().
 inline bool encode_tensor_map_packed(CUtensorMap* out, const int64_t* packed) {
   const int64_t rank = packed[0];
   if (rank < 1 || rank > 5) {
@@ -136,7 +131,8 @@ inline bool encode_tensor_map_packed(CUtensorMap* out, const int64_t* packed) {
   for (int64_t i = 0; i + 1 < rank; ++i) strides[i] = uint64_t(packed[3 + rank + i]);
   for (int64_t i = 0; i < rank; ++i) box[i] = uint32_t(packed[3 + 2 * rank - 1 + i]);
   const char* err = encode_tensor_map(out, uint32_t(rank), uint32_t(packed[1]),
-                                      reinterpret_cast<const void*>(packed[2]), dims, strides, box, 0);
+                                      reinterpret_cast<const void*>(packed[2]), dims, strides, box,
+                                      uint32_t(packed[3 + 3 * rank - 1]));
   if (err) {
     snprintf(launch_error().message, sizeof launch_error().message, "tensor map: %s", err);
     return false;

@@ -8,7 +8,13 @@
 // fp8 e4m3 (m64nNk32, K-major only; core matrices of 8 rows x 16 one-byte elements):
 //   elem(mn, k) at start + (mn/8)*SBO + (k/16)*LBO + (mn%8)*16 + k%16
 // (LBO: distance between core matrices adjacent along K; SBO: along M or N.)
-// Swizzled layouts and a nonzero base offset are not emulated and fail loudly.
+// Swizzled layouts (descriptor layout type 1/2/3 = 128/64/32-byte swizzle, S bytes per row,
+// E = S / element bytes elements per row): the unswizzled address
+//   K-major:  start + (mn/8)*SBO + (mn%8)*S + k*bytes            (LBO unused)
+//   MN-major: start + (mn/E)*LBO + (mn%E)*bytes + (k/8)*SBO + (k%8)*S
+// is then swizzled with kf_emu::swizzle_addr (kf/emu/swizzle.h), as TMA's writes are.  A swizzled
+// start must lie in row 0 of its 8-row atom (base offset 0, the atom 8*S-byte aligned); a nonzero
+// base offset is not emulated and fails loudly.
 //
 // Accumulator layout (PTX ISA "wgmma .m64nNk16 register fragment D"): thread
 // in warp w of the warpgroup, g = lane/4, t = lane%4, holds
@@ -24,33 +30,52 @@
 #include <cstdint>
 
 #include "kf/emu/shared.h"
+#include "kf/emu/swizzle.h"
 #include "kf/emu/types.h"
 
 namespace kf_emu {
 
 struct SmemDesc {
   uint32_t start, lbo, sbo;
+  uint32_t swizzle;  // bytes per swizzled row: 0 (none), 128, 64, 32
 };
 
 inline SmemDesc decode_desc(uint64_t desc, const char* which) {
-  const unsigned swizzle = unsigned(desc >> 62) & 3u, base = unsigned(desc >> 49) & 7u;
-  if (swizzle) fail("wgmma: swizzled descriptor for %s (mode %u) is not emulated", which, swizzle);
+  static const uint32_t kSwizzleBytes[4] = {0, 128, 64, 32};  // layout type 0..3
+  const unsigned layout = unsigned(desc >> 62) & 3u, base = unsigned(desc >> 49) & 7u;
   if (base) fail("wgmma: nonzero matrix base offset in the descriptor for %s is not emulated", which);
-  return SmemDesc{uint32_t(desc & 0x3fff) << 4, uint32_t((desc >> 16) & 0x3fff) << 4, uint32_t((desc >> 32) & 0x3fff) << 4};
+  const SmemDesc s{uint32_t(desc & 0x3fff) << 4, uint32_t((desc >> 16) & 0x3fff) << 4,
+                   uint32_t((desc >> 32) & 0x3fff) << 4, kSwizzleBytes[layout]};
+  if (s.swizzle && (s.start / s.swizzle) % 8)
+    fail("wgmma: the %u-byte-swizzled operand %s starts at shared address %u, inside its 8-row atom "
+         "(row %u): the atom is not %u-byte aligned (base offset 0)", s.swizzle, which, s.start,
+         (s.start / s.swizzle) % 8, 8 * s.swizzle);
+  return s;
+}
+
+// The unswizzled byte address of element (mn, k) of a swizzled operand (see the header comment).
+inline uint32_t swizzled_elem_addr(const SmemDesc& s, int mn, int k, bool mn_major, uint32_t bytes) {
+  if (!mn_major) return s.start + uint32_t(mn / 8) * s.sbo + uint32_t(mn % 8) * s.swizzle + uint32_t(k) * bytes;
+  const uint32_t per_row = s.swizzle / bytes;
+  return s.start + uint32_t(mn) / per_row * s.lbo + uint32_t(mn) % per_row * bytes + uint32_t(k / 8) * s.sbo +
+         uint32_t(k % 8) * s.swizzle;
 }
 
 enum WgmmaType { WG_F16, WG_BF16, WG_E4M3 };
 
 inline float desc_elem(const SmemDesc& s, int mn, int k, bool mn_major, WgmmaType type) {
   if (type == WG_E4M3) {
-    const uint32_t addr = s.start + uint32_t(mn / 8) * s.sbo + uint32_t(k / 16) * s.lbo + uint32_t(mn % 8) * 16 +
-                          uint32_t(k % 16);
+    const uint32_t addr =
+        s.swizzle ? swizzle_addr(swizzled_elem_addr(s, mn, k, false, 1), s.swizzle)
+                  : s.start + uint32_t(mn / 8) * s.sbo + uint32_t(k / 16) * s.lbo + uint32_t(mn % 8) * 16 + uint32_t(k % 16);
     if (addr + 1 > smem_size()) fail("wgmma: operand element at shared address %u is outside shared memory", addr);
     return e4m3_bits_to_float(smem_base()[addr]);
   }
   const bool bf16 = type == WG_BF16;
-  const uint32_t addr = s.start + uint32_t(mn / 8) * s.sbo + uint32_t(k / 8) * s.lbo +
-                        (mn_major ? uint32_t(k % 8) * 16 + uint32_t(mn % 8) * 2 : uint32_t(mn % 8) * 16 + uint32_t(k % 8) * 2);
+  const uint32_t addr =
+      s.swizzle ? swizzle_addr(swizzled_elem_addr(s, mn, k, mn_major, 2), s.swizzle)
+                : s.start + uint32_t(mn / 8) * s.sbo + uint32_t(k / 8) * s.lbo +
+                      (mn_major ? uint32_t(k % 8) * 16 + uint32_t(mn % 8) * 2 : uint32_t(mn % 8) * 16 + uint32_t(k % 8) * 2);
   if (addr + 2 > smem_size()) fail("wgmma: operand element at shared address %u is outside shared memory", addr);
   uint16_t bits;
   std::memcpy(&bits, smem_base() + addr, 2);
@@ -111,7 +136,7 @@ static RegisterHook wgmma_reset_hook(hooks().thread_start, wgmma_reset);
 
 namespace kf {
 
-KF_DEVICE uint64_t make_smem_desc(const void* ptr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+KF_DEVICE uint64_t make_smem_desc(const void* ptr, uint32_t lbo_bytes, uint32_t sbo_bytes, uint32_t layout = 0) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
   if (addr >= (1u << 18))
     kf_emu::fail("make_smem_desc: emulated shared address %u does not fit the descriptor's 14-bit start field "
@@ -120,6 +145,7 @@ KF_DEVICE uint64_t make_smem_desc(const void* ptr, uint32_t lbo_bytes, uint32_t 
   desc |= static_cast<uint64_t>((addr >> 4) & 0x3FFF);
   desc |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
   desc |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
+  desc |= static_cast<uint64_t>(layout & 3) << 62;
   return desc;
 }
 

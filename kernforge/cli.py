@@ -394,7 +394,7 @@ def cmd_demo(args) -> int:
         for name, spec in specs:
             for b in wanted:
                 problem = args.problem or default_problem(spec, b)
-                # a backend that cannot lower a kernel says why (ascend-emu: no cube path yet)
+                # a backend that cannot lower a kernel says why (ascend-emu on dav-c220: no fp8 buffers)
                 unsupported = getattr(backends.get(b), "unsupported", None)
                 why = unsupported(spec.factory(**get_problem(spec, problem).params).ir) if unsupported else None
                 if why:

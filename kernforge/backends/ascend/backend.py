@@ -79,14 +79,22 @@ class AscendBackend(Backend):
                            "compiles and reports, `--backend ascend-emu` runs the source on the CPU shim")
 
     def build_report(self, kernel: ir.Kernel, arch: Optional[str] = None) -> dict:
-        """The UB plan buffer by buffer (L1/L0 are unused: AIV-only kernels), and the bisheng object
-        when bisheng is installed (else why it was not compiled)."""
+        """The on-chip plan buffer by buffer: the AIV's UB plan and, for kernels with ``T.gemm``
+        (MIX: one AIC + two AIV per group), the AIC's L1/L0A/L0B/L0C pools per gemm and the GM
+        workspace; then the bisheng object when bisheng is installed (else why it was not compiled)."""
         info = arch_info(arch or DEFAULT_ARCH)
         program = self.render(kernel, self.target(info.name))
-        report = {"arch": f"{info.name} (__NPU_ARCH__ {info.npu_arch})", "kernel type": "AIV only",
-                  "UB used": f"{program.ub_bytes} / {info.ub} bytes",
-                  "L1 used": f"0 / {info.l1} bytes", "L0A used": f"0 / {info.l0a} bytes",
-                  "L0B used": f"0 / {info.l0b} bytes", "L0C used": f"0 / {info.l0c} bytes"}
+        used = {m: 0 for m in ("L1", "L0A", "L0B", "L0C")}
+        for memory, _, offset, size in program.usage:
+            if memory in used:
+                used[memory] = max(used[memory], offset + size)
+        report = {"arch": f"{info.name} (__NPU_ARCH__ {info.npu_arch})",
+                  "kernel type": "MIX (1 AIC + 2 AIV per group)" if program.mix else "AIV only",
+                  "UB used": f"{program.ub_bytes} / {info.ub} bytes"}
+        for memory in used:
+            report[f"{memory} used"] = f"{used[memory]} / {info.capacity(memory)} bytes"
+        if program.mix:
+            report["GM workspace"] = f"{program.workspace_group_bytes} bytes per group"
         for memory, name, offset, size in program.usage:
             report[f"{memory} {name}"] = f"{size} bytes at {offset}"
         binary = bisheng_available()

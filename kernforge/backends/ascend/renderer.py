@@ -1,6 +1,7 @@
-"""The Ascend C renderer: tile IR -> one AIV kernel in Ascend C (docs/backends/ascend.md).
+"""The Ascend C renderer: tile IR -> an AIV kernel (or a MIX kernel for ``T.gemm``) in Ascend C
+(docs/backends/ascend.md).
 
-How each construct maps onto an AI Core's vector side (dav-c220 = 910B/A3 and dav-3510 = 950):
+How each construct maps onto an AI Core (dav-c220 = 910B/A3 and dav-3510 = 950):
 
 * the kernel is ``extern "C" __global__ __aicore__ void kf_<name>(GM_ADDR ..., scalars, int64_t
   symbols)`` of type ``KERNEL_TYPE_AIV_ONLY``; the grid is flattened and strided over the
@@ -14,17 +15,20 @@ How each construct maps onto an AI Core's vector side (dav-c220 = 910B/A3 and da
   and columns clamped and zero-filled); other copies are element loops;
 * ``T.fill`` of a whole tile is ``Duplicate``; ``T.reduce_max/min/sum`` of float/half rows
   whose length is a whole number of 32-byte blocks is ``ReduceMax/ReduceMin/ReduceSum`` per
-  row; other reductions and every ``T.Parallel`` body run on the scalar unit
-  (``GetValue``/``SetValue``): Ascend has no vector op for the integer key arithmetic, the
-  gathers and the compactions of the library kernels, so the scalar form is the fallback
-  (docs/backends/ascend.md lists what is vectorised);
-* the pipes are synchronised explicitly around every DMA and vector instruction
+  row; float ``T.Parallel`` maps of whole tiles are vector instructions (:func:`vector_map`);
+  other reductions and maps run on the scalar unit (``GetValue``/``SetValue``): Ascend has no
+  vector op for the integer key arithmetic, the gathers and the compactions of the library
+  kernels, so the scalar form is the fallback (docs/backends/ascend.md lists what is vectorised);
+* ``T.gemm`` makes the kernel ``KERNEL_TYPE_MIX_AIC_1_2`` (:mod:`.cube`, ``kf/cube.h``): the AIVs
+  run the body above and hand each gemm's UB tiles to their group's AIC through a GM workspace
+  (the last parameter, ``kf_gm_workspace``); the AIC serves the requests with Nd2Nz DataCopy,
+  LoadData, Mmad and Fixpipe; L1/L0A/L0B/L0C capacities are checked at render time;
+* the pipes are synchronised explicitly around every DMA, vector and cube instruction
   (``SetFlag``/``WaitFlag`` pairs, ``kf/sync.h``), so the ascend-emu shim's hazard tracking can
   check them; scalar stores to GM are flushed with ``DataCacheCleanAndInvalid`` at the end.
 
-Not lowered (a typed :class:`AscendRenderError` at the author's line): ``T.gemm`` (the cube
-path LoadData + Mmad + Fixpipe, which needs an AIC kernel and a GM workspace on 2201), atomics
-on global buffers, fp8 tiles.
+Not lowered (a typed :class:`AscendRenderError` at the author's line): gemms off the cube path
+(:func:`cube.gemm_problem`), atomics on global buffers, fp8 tiles.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ from typing import Optional
 import jinja2
 
 from kernforge import dtypes
-from kernforge.backends.ascend import copies
+from kernforge.backends.ascend import copies, cube, stages
 from kernforge.codegen import ir
 from kernforge.codegen.passes import Analysis, buffer_bytes, nonneg_vars, plan_memory, simplify, simplify_expr
 from kernforge.codegen.passes import ranges
@@ -60,6 +64,7 @@ class Arch:
     l0a: int
     l0b: int
     l0c: int
+    fp8: bool = False  # fp8 e4m3 tiles, buffers and cube operands (950 only)
 
     def capacity(self, memory: str) -> int:
         return getattr(self, memory.lower())
@@ -69,7 +74,7 @@ ARCHS = {
     "dav-c220": Arch("dav-c220", 2201, "dav-2201", "dav-c220", ub=192 * 1024, l1=512 * 1024 - 128,
                      l0a=64 * 1024, l0b=64 * 1024, l0c=128 * 1024),
     "dav-3510": Arch("dav-3510", 3510, "dav-3510", "dav-c310", ub=248 * 1024, l1=512 * 1024,
-                     l0a=64 * 1024, l0b=64 * 1024, l0c=256 * 1024),
+                     l0a=64 * 1024, l0b=64 * 1024, l0c=256 * 1024, fp8=True),
 }
 ALIASES = {"2201": "dav-c220", "dav-2201": "dav-c220", "910b": "dav-c220", "a3": "dav-c220",
            "3510": "dav-3510", "950": "dav-3510", "dav-c310": "dav-3510"}
@@ -108,6 +113,8 @@ class AscendProgram(Program):
     ub_bytes: int = 0
     usage: list = field(default_factory=list)  # (memory, buffer, offset, bytes) per placed buffer
     kernel_name: str = ""
+    mix: bool = False  # T.gemm: a MIX kernel (1 AIC + 2 AIV per group) with a GM workspace
+    workspace_group_bytes: int = 0  # workspace bytes per group (the last parameter, kind "workspace")
 
 
 @dataclass(frozen=True)
@@ -117,10 +124,16 @@ class UbPlan:
     memory: object  # passes.allocate.MemoryPlan
     scratch_offset: int
     scratch_bytes: int
+    stages: tuple = ()  # stages.Stage: tiles in double-buffered TQues, carved after the TBuf
 
     @property
     def total(self) -> int:
+        """Bytes of the TBuf (the arena plus the work area)."""
         return self.scratch_offset + self.scratch_bytes
+
+    @property
+    def queue_bytes(self) -> int:
+        return sum(2 * s.bytes for s in self.stages)
 
 
 def _round32(n: int) -> int:
@@ -214,14 +227,25 @@ def vector_map(s: ir.Parallel) -> Optional[list]:
     return [(op, first, other) for op, other in steps]
 
 
-def plan_ub(kernel: ir.Kernel, arch: Arch) -> UbPlan:
-    """The UB plan; :class:`AscendCapacityError` naming the first buffer past the arch's UB."""
-    mem = plan_memory(kernel, copies.in_ub, align=32)
-    scratch = 0
+def plan_ub(kernel: ir.Kernel, arch: Arch, cube_plan: Optional[cube.CubePlan] = None, staged: tuple = ()) -> UbPlan:
+    """The UB plan; :class:`AscendCapacityError` naming the first buffer past the arch's UB.
+    The work area at the end serves the vector reductions and the gemms' fp32 products; the
+    staged tiles' double buffers (``staged``) follow the TBuf."""
+    queued = {id(s.tile) for s in staged}
+    mem = plan_memory(kernel, lambda b: copies.in_ub(b) and id(b) not in queued, align=32)
+    scratch = cube_plan.product_bytes if cube_plan else 0
     for n in ranges.statements(kernel.body):
         if isinstance(n, ir.Reduce) and vector_reduce(n):
             scratch = max(scratch, _round32(n.src.static_shape()[-1] * n.src.dtype.itemsize) + 32)
-    plan = UbPlan(mem, mem.total, scratch)
+    plan = UbPlan(mem, mem.total, scratch, tuple(staged))
+    end = plan.total
+    for s in staged:
+        end += 2 * s.bytes
+        if end > arch.ub:
+            raise AscendCapacityError(
+                f"ascend {arch.name}: the tiles need {plan.total + plan.queue_bytes} bytes of UB, {arch.ub} exist; "
+                f"the double buffer of T.Pipelined tile {s.tile.name!r} ends past the end of UB",
+                buffer=s.tile.name, memory="UB", needed=plan.total + plan.queue_bytes, capacity=arch.ub, loc=s.loop.loc)
     if plan.total > arch.ub:
         over = [s for s in mem.slots if s.offset + s.size > arch.ub]
         name = over[0].buffer.name if over else "reduction work area"
@@ -246,15 +270,17 @@ class AscendRenderer(CRenderer, Renderer):
 
     def __init__(self):
         super().__init__()
+        self.arch = ARCHS[DEFAULT_ARCH]
         self.names = NameTable()
         self.plan: Optional[UbPlan] = None
         self.gm_written: set = set()
         self.n_scalars = 0  # loop-invariant scalar operands of vector maps (kf_vs<n>)
 
     def ctype(self, dt: dtypes.DType) -> str:
+        if dt == dtypes.float8_e4m3:  # fp8_e4m3fn_t on dav-3510; scalar bytes on dav-c220 (kf/scalar.h)
+            return "kf_fp8_e4m3"
         if dt.is_float and dt.bits == 8:
-            raise AscendRenderError(f"ascend: {dt} tiles are not supported (no fp8 on 910B; the 950 path is not "
-                                    f"written yet)")
+            raise AscendRenderError(f"ascend {self.arch.name}: {dt} is not supported (only float8_e4m3)")
         return self.type_map[dt]
 
     def var_name(self, v: ir.Var) -> str:
@@ -271,21 +297,25 @@ class AscendRenderer(CRenderer, Renderer):
         if target.checks:
             raise AscendRenderError("ascend: checked mode is not supported (the ascend-emu shim checks every "
                                     "access itself)")
-        arch = arch_info(target.arch)
+        arch = self.arch = arch_info(target.arch)
+        check_fp8(kernel, arch)
         # warp shuffles: Ascend runs a thread region as a loop over threads, split at each shuffle
         shuffles = (split_shuffles,) if has_shuffle(kernel.body) else ()
         return shuffles + (simplify, copies.lower_other_copies, simplify,
                 Analysis("names", lambda k, facts: NameTable.for_kernel(k)),
                 Analysis("nonneg_vars", lambda k, facts: nonneg_vars(k)),
                 Analysis("var_ranges", lambda k, facts: ranges.var_ranges(k)),
-                Analysis("ub_plan", lambda k, facts: plan_ub(k, arch)))
+                Analysis("cube_plan", lambda k, facts: cube.plan_cube(k, arch, AscendCapacityError, AscendRenderError)),
+                Analysis("stages", lambda k, facts: stages.plan_stages(k, facts["var_ranges"])),
+                Analysis("ub_plan", lambda k, facts: plan_ub(k, arch, facts["cube_plan"], facts["stages"])))
 
     def emit_program(self, k: ir.Kernel, facts: dict, target: Target) -> AscendProgram:
-        arch = arch_info(target.arch)
+        arch = self.arch = arch_info(target.arch)
         self.names = facts["names"]
         self.nonneg_vars = facts["nonneg_vars"]
         self.table = facts["var_ranges"]
         self.plan = facts["ub_plan"]
+        self.cube = facts["cube_plan"]
         self.gm_written = {n.buffer for n in ranges.statements(k.body)
                            if isinstance(n, (ir.Store, ir.Atomic)) and n.buffer.scope == ir.Scope.GLOBAL}
         body: list[str] = []
@@ -302,12 +332,22 @@ class AscendRenderer(CRenderer, Renderer):
                 params.append((n, self.ctype(p.dtype), "scalar"))
         for s in k.symbols:
             params.append((f"kf_sym_{self.names[s]}", "int64_t", "symbol"))
+        if self.cube:
+            params.append(("kf_gm_workspace", "GM_ADDR", "workspace"))
         symbol_lines = [f"const {self.ctype(s.dtype)} {self.names[s]} = static_cast<{self.ctype(s.dtype)}>"
                         f"(kf_sym_{self.names[s]});" for s in k.symbols]
         grid = [f"kf_grid{d}" for d in range(len(k.grid))]
         usage = [("UB", s.buffer.name, s.offset, s.size) for s in self.plan.memory.slots]
         if self.plan.scratch_bytes:
-            usage.append(("UB", "(reduction work area)", self.plan.scratch_offset, self.plan.scratch_bytes))
+            usage.append(("UB", "(reduction / gemm product work area)", self.plan.scratch_offset,
+                          self.plan.scratch_bytes))
+        offset = _round32(self.plan.total)
+        for st in self.plan.stages:
+            for half in (0, 1):
+                usage.append(("UB", f"{st.tile.name} (T.Pipelined buffer {half})", offset, st.bytes))
+                offset += st.bytes
+        if self.cube:
+            usage += cube.usage(self.cube)
         flush = [f"AscendC::DataCacheCleanAndInvalid<{self.ctype(b.dtype)}, AscendC::CacheLine::ENTIRE_DATA_CACHE, "
                  f"AscendC::DcciDst::CACHELINE_OUT>({self.names[b]});"
                  for b in k.params if isinstance(b, ir.Buffer) and b in self.gm_written]
@@ -323,12 +363,35 @@ class AscendRenderer(CRenderer, Renderer):
         source = _environment().get_template("kernel.cpp.j2").render(
             kernel_name=k.name, entry=entry_symbol(k), arch=arch, attrs=repr(dict(sorted(k.attrs.items()))),
             params=", ".join(f"{t} {n}" for n, t, _ in params), gm_lines=gm_lines, symbol_lines=symbol_lines,
-            ub_bytes=max(32, self.plan.total), grid_lines=[f"const int64_t {g} = static_cast<int64_t>({self.expr(e)});"
-                                                           for g, e in zip(grid, k.grid)],
+            ub_bytes=max(32, self.plan.total), queue_lines=self.queue_lines(),
+            grid_lines=[f"const int64_t {g} = static_cast<int64_t>({self.expr(e)});" for g, e in zip(grid, k.grid)],
             grid_total=" * ".join(grid) or "1", block_lines=block_lines, body_lines=body, flush_lines=flush,
-            usage=usage)
+            usage=usage, cube=self.cube, cube_lines=self.cube_server() if self.cube else [])
         return AscendProgram(source, entry_symbol(k), arch=arch.name, npu_arch=arch.npu_arch, params=params,
-                             ub_bytes=self.plan.total, usage=usage, kernel_name=k.name)
+                             ub_bytes=self.plan.total + self.plan.queue_bytes, usage=usage, kernel_name=k.name,
+                             mix=self.cube is not None,
+                             workspace_group_bytes=self.cube.group_bytes if self.cube else 0)
+
+    def queue_lines(self) -> list[str]:
+        """A TQue of two buffers per staged T.Pipelined tile, carved after the TBuf."""
+        out = []
+        for st in self.plan.stages:
+            out.append(f"AscendC::TQue<AscendC::TPosition::VECIN, 1> kf_q{st.queue};")
+            out.append(f"kf_pipe.InitBuffer(kf_q{st.queue}, 2, {st.bytes});")
+        return out
+
+    def cube_server(self) -> list[str]:
+        """The AIC's loop: each round (both AIVs asked, mode 2) serve each AIV's op, then
+        write the group's done word (1 when both were idle) and answer."""
+        p = self.cube
+        lines = [f"switch (kf::gm_load_word(kf_slot)) {{"]
+        for s in p.sites:
+            lines.append(f"  case {s.op}: kf::cube_gemm<{self.ctype(s.dtype)}, {s.m}, {s.n}, {s.k}, "
+                         f"{str(s.stmt.trans_a).lower()}, {str(s.stmt.trans_b).lower()}>(kf_slot, {p.a_off}, "
+                         f"{p.b_off}, {p.c_off}, kf_cb); kf_live = true; break;")
+        lines.append("  default: break;")
+        lines.append("}")
+        return lines
 
     # ------------------------------------------------------------------ memory access
     def on_stack(self, b: ir.Buffer) -> bool:
@@ -369,6 +432,8 @@ class AscendRenderer(CRenderer, Renderer):
 
     def stmt_Allocate(self, s: ir.Allocate, out, pad, depth):
         b, t = s.buffer, self.ctype(s.buffer.dtype)
+        if any(st.tile is b for st in self.plan.stages):
+            return  # a T.Pipelined stage: each iteration's tensor comes from its queue's DeQue
         if self.on_stack(b):
             out.append(f"{pad}{t} {self.names[b]}[{buffer_bytes(b) // b.dtype.itemsize}];")
         else:
@@ -381,10 +446,52 @@ class AscendRenderer(CRenderer, Renderer):
         v, t = self.names[s.var], self.ctype(s.var.dtype)
         end = simplify_expr(ir.binary(ir.Op.ADD, s.start, s.extent))
         out.append(f"{pad}const {t} kf_end_{v} = {self.cast_to(end, s.var.dtype)};")
+        staged = [st for st in self.plan.stages if st.loop is s]
+        if staged:
+            self.emit_staged_loop(s, staged, out, pad, depth)
+            return
         if s.kind == ir.LoopKind.PIPELINED:
             out.append(f"{pad}// T.Pipelined(num_stages={s.num_stages}): stages run in order (each copy waits)")
         out.append(f"{pad}for ({t} {v} = {self.cast_to(s.start, s.var.dtype)}; {v} < kf_end_{v}; ++{v}) {{")
         self.block(s.body, out, depth + 1)
+        out.append(pad + "}")
+
+    def emit_staged_loop(self, s: ir.For, staged: list, out: list[str], pad: str, depth: int) -> None:
+        """A T.Pipelined loop with double-buffered TQue stages (:mod:`.stages`): the first
+        iteration's copies before the loop; in iteration k, DeQue k's tiles, issue k + 1's copies
+        into the other buffers, run the rest of the body, FreeTensor."""
+        v, t = self.names[s.var], self.ctype(s.var.dtype)
+        inner = pad + "  "
+
+        def issue(lines_pad: str, copy_of) -> None:
+            for st in staged:
+                tt = self.ctype(st.tile.dtype)
+                out.append(f"{lines_pad}{{")
+                out.append(f"{lines_pad}  AscendC::LocalTensor<{tt}> kf_next = kf_q{st.queue}.AllocTensor<{tt}>();")
+                out.append(f"{lines_pad}  " + self.copy_line(copy_of(st), "kf_next", wait=False))
+                out.append(f"{lines_pad}  kf_q{st.queue}.EnQue(kf_next);")
+                out.append(f"{lines_pad}}}")
+
+        out.append(f"{pad}// T.Pipelined(num_stages={s.num_stages}): double-buffered TQue stages for "
+                   + ", ".join(st.tile.name for st in staged))
+        out.append(f"{pad}if ({self.cast_to(s.start, s.var.dtype)} < kf_end_{v}) {{")
+        issue(inner, stages.first_copy)
+        out.append(pad + "}")
+        out.append(f"{pad}for ({t} {v} = {self.cast_to(s.start, s.var.dtype)}; {v} < kf_end_{v}; ++{v}) {{")
+        for st in staged:
+            tt = self.ctype(st.tile.dtype)
+            out.append(f"{inner}AscendC::LocalTensor<{tt}> {self.names[st.tile]} = kf_q{st.queue}.DeQue<{tt}>();")
+        out.append(f"{inner}kf::sync<AscendC::HardEvent::MTE2_S>();  // scalar readers of the stages")
+        out.append(f"{inner}if ({v} + 1 < kf_end_{v}) {{")
+        issue(inner + "  ", stages.next_copy)
+        out.append(inner + "}")
+        copies_ = {id(st.copy) for st in staged}
+        body = s.body.body if isinstance(s.body, ir.Seq) else (s.body,)
+        for x in body:
+            if id(x) not in copies_:
+                self.stmt(x, out, depth + 1)
+        for st in staged:
+            out.append(f"{inner}kf_q{st.queue}.FreeTensor({self.names[st.tile]});")
         out.append(pad + "}")
 
     def stmt_Parallel(self, s: ir.Parallel, out, pad, depth):
@@ -449,17 +556,21 @@ class AscendRenderer(CRenderer, Renderer):
         out.append(pad + self.store(s.buffer, s.indices, new))
 
     def stmt_Copy(self, s: ir.Copy, out, pad, depth):
+        out.append(pad + self.copy_line(s))
+
+    def copy_line(self, s: ir.Copy, ub_name: Optional[str] = None, wait: bool = True) -> str:
+        """``kf::copy_in/copy_out`` of a DMA copy (``ub_name``: the UB tensor to use instead of
+        the tile's; ``wait`` False: a staged copy, ordered by its queue instead of flags)."""
         p = copies.dma_plan(s, self.table)
         if p is None:
             raise AscendRenderError("internal: a non-DMA Copy reached the Ascend renderer", s.loc)
-        gm, ub = self.names[p.gm.buffer], self.names[p.ub.buffer]
+        gm, ub = self.names[p.gm.buffer], ub_name or self.names[p.ub.buffer]
         gm_off = self.offset(p.gm.buffer, p.gm_start)
         args = (f"{p.rows}, {p.cols}, {p.ub_pitch}, {self.expr(p.valid_rows)}, {self.expr(p.valid_cols)}, "
                 f"static_cast<uint64_t>({self.expr(p.gm_pitch)})")
         if p.direction == "in":
-            out.append(f"{pad}kf::copy_in({ub}[{p.ub_start}], {gm}[{gm_off}], {args});")
-        else:
-            out.append(f"{pad}kf::copy_out({gm}[{gm_off}], {ub}[{p.ub_start}], {args});")
+            return f"kf::copy_in({ub}[{p.ub_start}], {gm}[{gm_off}], {args}{'' if wait else ', false'});"
+        return f"kf::copy_out({gm}[{gm_off}], {ub}[{p.ub_start}], {args});"
 
     def stmt_Fill(self, s: ir.Fill, out, pad, depth):
         if not copies.duplicate_fill(s):
@@ -506,23 +617,52 @@ class AscendRenderer(CRenderer, Renderer):
                    f"{self.names[s.src]}, {self.names[s.dst]});")
 
     def stmt_Gemm(self, s: ir.Gemm, out, pad, depth):
-        raise AscendRenderError("ascend: T.gemm (LoadData + Mmad + Fixpipe on the cube core, with a GM workspace "
-                                "between AIC and AIV on dav-c220) is not lowered yet", s.loc)
+        """A request to the group's AIC through this AIV's workspace slot (kf/cube.h)."""
+        site, p = self.cube.site(s), self.cube
+        pitch = _round32(site.n * 4) // 4  # the product's UB rows are whole 32-byte blocks
+        product = f"kf_ub.GetWithOffset<float>({site.m * pitch}, {self.plan.scratch_offset})"
+        out.append(f"{pad}kf::gemm<{self.ctype(site.dtype)}, {site.m}, {site.n}, {site.k}, "
+                   f"{str(s.trans_a).lower()}, {str(s.trans_b).lower()}, {str(s.clear_accum).lower()}>("
+                   f"kf_slot, {p.a_off}, {p.b_off}, {p.c_off}, {site.op}, {self.names[s.a.buffer]}, "
+                   f"{self.names[s.b.buffer]}, {self.names[s.c.buffer]}, {product});")
 
 
-def unsupported(kernel: ir.Kernel) -> Optional[str]:
-    """Why the Ascend renderer cannot lower ``kernel`` (None: it can), for tools that run every
-    library kernel (``kernforge demo``) and must skip rather than fail what is not written yet."""
-    for n in ranges.statements(kernel.body):
-        if isinstance(n, ir.Gemm):
-            return "T.gemm needs the cube path (LoadData + Mmad + Fixpipe), not lowered yet"
-        if isinstance(n, ir.Atomic) and n.buffer.scope == ir.Scope.GLOBAL:
-            return "atomics on global buffers are not lowered yet"
-        if isinstance(n, ir.Allocate) and n.buffer.dtype.is_float and n.buffer.dtype.bits == 8:
-            return f"{n.buffer.dtype} tiles are not supported"
+def _fp8_buffers(kernel: ir.Kernel):
+    """``(buffer, loc)`` of every fp8 parameter and tile of ``kernel``."""
     for p in kernel.buffer_params:
         if p.dtype.is_float and p.dtype.bits == 8:
-            return f"{p.dtype} buffers are not supported"
+            yield p, None
+    for n in ranges.statements(kernel.body):
+        if isinstance(n, ir.Allocate) and n.buffer.dtype.is_float and n.buffer.dtype.bits == 8:
+            yield n.buffer, n.loc
+
+
+def check_fp8(kernel: ir.Kernel, arch: Arch) -> None:
+    """fp8 buffers need an arch with fp8 (dav-3510) and the e4m3 format: else a typed error
+    naming the first such buffer."""
+    for b, loc in _fp8_buffers(kernel):
+        if not arch.fp8:
+            raise AscendRenderError(f"ascend {arch.name}: buffer {b.name!r} is {b.dtype}: 910B/A3 (dav-c220) has no "
+                                    f"fp8 data type; render for dav-3510 (950)", loc)
+        if b.dtype != dtypes.float8_e4m3:
+            raise AscendRenderError(f"ascend {arch.name}: buffer {b.name!r} is {b.dtype}: only float8_e4m3 "
+                                    f"(fp8_e4m3fn_t) is lowered", loc)
+
+
+def unsupported(kernel: ir.Kernel, arch: Optional[str] = None) -> Optional[str]:
+    """Why the Ascend renderer cannot lower ``kernel`` for ``arch`` (None: it can), for tools
+    that run every library kernel (``kernforge demo``) and must skip rather than fail what is
+    not written yet."""
+    info = arch_info(arch)
+    try:
+        check_fp8(kernel, info)
+    except AscendRenderError as e:
+        return str(e).split(": ", 1)[-1] if e.loc else str(e)
+    for n in ranges.statements(kernel.body):
+        if isinstance(n, ir.Gemm) and cube.gemm_problem(n, info):
+            return cube.gemm_problem(n, info)
+        if isinstance(n, ir.Atomic) and n.buffer.scope == ir.Scope.GLOBAL:
+            return "atomics on global buffers are not lowered yet"
     return None
 
 

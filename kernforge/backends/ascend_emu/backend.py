@@ -69,6 +69,8 @@ def call_args(params: Sequence[tuple[str, str, str]]) -> str:
         if kind == "gm":
             out.append(f"static_cast<GM_ADDR>(args[{arg}])")
             arg += 1
+        elif kind == "workspace":
+            out.append("kf_workspace.data()")
         elif kind == "scalar":
             out.append(f"*static_cast<{ctype}*>(args[{arg}])")
             arg += 1
@@ -82,7 +84,8 @@ def emu_source(program: AscendProgram, kernel: ir.Kernel) -> str:
     """The kernel's Ascend C source, unchanged, followed by its generated host entry."""
     gm = [(i, p.name) for i, p in enumerate(kernel.params) if isinstance(p, ir.Buffer)]
     entry = _ENV.get_template("emu_launch.cpp.j2").render(name=kernel.name, entry=program.entry, gm=gm,
-                                                          call_args=call_args(program.params))
+                                                          call_args=call_args(program.params),
+                                                          group_bytes=program.workspace_group_bytes)
     return program.source.rstrip() + "\n" + entry
 
 

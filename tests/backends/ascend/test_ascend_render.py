@@ -100,23 +100,24 @@ def test_copies_are_dma_only_where_the_32_byte_rules_hold():
     assert "t.SetValue(" in unaligned and "X.GetValue(" in unaligned
 
 
-def test_gemm_and_global_atomics_are_typed_errors_at_the_author_line():
+def test_a_gemm_off_the_cube_path_is_a_typed_error_at_the_author_line():
     M = T.symbolic("M")
 
     @T.prim_func
-    def mm(A: T.Tensor((M, 16), "float16"), B: T.Tensor((16, 16), "float16"), C: T.Tensor((M, 16), "float32")):
+    def mm(A: T.Tensor((M, 8), "float16"), B: T.Tensor((8, 16), "float16"), C: T.Tensor((M, 16), "float32")):
         with T.Kernel(T.ceildiv(M, 16), threads=128) as bx:
-            a = T.alloc_shared((16, 16), "float16")
-            bb = T.alloc_shared((16, 16), "float16")
+            a = T.alloc_shared((16, 8), "float16")
+            bb = T.alloc_shared((8, 16), "float16")
             c = T.alloc_fragment((16, 16), "float32")
             T.copy(A[bx * 16, 0], a)
             T.copy(B[0, 0], bb)
-            T.gemm(a, bb, c, clear_accum=True)
+            T.gemm(a, bb, c, clear_accum=True)  # K = 8: half a fractal row
             T.copy(c, C[bx * 16, 0])
 
-    with pytest.raises(AscendRenderError, match="T.gemm .*not lowered") as e:
+    with pytest.raises(AscendRenderError, match="K=8: the cube path needs K a multiple of 16") as e:
         backends.get("ascend").render(mm.ir)
     assert e.value.loc is not None and e.value.loc.file.endswith("test_ascend_render.py")
+    assert "K a multiple of 16" in backends.get("ascend-emu").unsupported(mm.ir)
 
 
 def test_the_ascend_backend_renders_but_does_not_launch():

@@ -13,6 +13,7 @@
 
 #include "kf_emu/half.h"
 #include "kf_emu/state.h"
+#include "kf_emu/cross_core.h"
 
 #define __global__
 #define __aicore__
@@ -28,6 +29,11 @@ namespace kf_emu {
 inline void declare_task_type(KernelMetaType t) {
   const bool aiv = t == KERNEL_TYPE_AIV_ONLY || t == KERNEL_TYPE_MIX_AIV_1_0;
   const bool aic = t == KERNEL_TYPE_AIC_ONLY || t == KERNEL_TYPE_MIX_AIC_1_0;
+  const bool mix = t == KERNEL_TYPE_MIX_AIC_1_2;
+  if (t == KERNEL_TYPE_MIX_AIC_1_1) fail("task type", "MIX_AIC_1_1 is not modelled (the shim runs 1 AIC + 2 AIV groups)");
+  if (mix != ctx().mix)
+    fail("task type", mix ? "a MIX_AIC_1_2 kernel launched without AIC + 2 AIV groups"
+                          : "a single-core kernel type launched in MIX mode");
   if ((aiv && ctx().core != Core::AIV) || (aic && ctx().core != Core::AIC))
     fail("task type", "KERNEL_TASK_TYPE_DEFAULT does not match the core the block was launched on");
 }
@@ -400,6 +406,14 @@ class TPipe {
 inline int64_t GetBlockIdx() { return kf_emu::ctx().block_idx; }
 inline int64_t GetBlockNum() { return kf_emu::ctx().block_num; }
 inline int64_t GetSubBlockIdx() { return kf_emu::ctx().sub_idx; }
+
+// Cross-core flags between the AIC and its two AIVs of a MIX group (kf_emu/cross_core.h).
+template <uint8_t modeId, pipe_t pipe>
+inline void CrossCoreSetFlag(uint16_t flagId) {
+  kf_emu::cross_core_set(modeId, flagId);
+}
+
+inline void CrossCoreWaitFlag(uint16_t flagId) { kf_emu::cross_core_wait(flagId); }
 
 template <HardEvent E>
 inline void SetFlag(int32_t id) {

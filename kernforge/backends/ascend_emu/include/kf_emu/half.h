@@ -1,5 +1,8 @@
-// ascend-emu: software half and bfloat16_t (the CPU debug flow models half with a class too).
-// Conversions from float round to nearest even; NaN stays NaN.
+// ascend-emu: software half and bfloat16_t (the CPU debug flow models half with a class too),
+// and on dav-3510 only fp8_e4m3fn_t (the 950 has fp8; 910B has none, so on 2201 the type does
+// not exist and using it is a g++ error).  Conversions from float round to nearest even; NaN
+// stays NaN; e4m3fn has no infinities (S.1111.111 is NaN, 448 the largest finite value), and a
+// float past 464 (half-way to the next binade step) becomes NaN, as kernforge's IR converts.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +51,44 @@ inline uint16_t float_to_bf16_bits(float f) {
   return uint16_t((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 
+inline uint8_t float_to_e4m3_bits(float f) {
+  const uint32_t u = f2u(f);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x43E80000u) return uint8_t(sign | 0x7Fu);  // NaN, inf, > 464: NaN
+  if (a < 0x3C800000u) {                              // subnormal (step 2^-9) or zero
+    const float v = u2f(a) * 512.0f;
+    const uint32_t m = uint32_t(v);
+    const float r = v - float(m);
+    return uint8_t(sign | (m + ((r > 0.5f || (r == 0.5f && (m & 1))) ? 1u : 0u)));
+  }
+  const uint32_t odd = (a >> 20) & 1u;
+  return uint8_t(sign | ((a - 0x3C000000u + 0x7FFFFu + odd) >> 20));
+}
+
+inline float e4m3_bits_to_float(uint8_t b) {
+  const uint32_t sign = uint32_t(b & 0x80u) << 24;
+  const uint32_t e = (b >> 3) & 0xFu, m = b & 0x7u;
+  if (e == 0xF && m == 0x7) return u2f(sign | 0x7FC00000u);
+  if (e == 0) {
+    const float v = float(m) / 512.0f;
+    return sign ? -v : v;
+  }
+  return u2f(sign | ((e + 120u) << 23) | (m << 20));
+}
+
 }  // namespace kf_emu
+
+#if __NPU_ARCH__ == 3510
+struct fp8_e4m3fn_t {
+  uint8_t bits = 0;
+  fp8_e4m3fn_t() = default;
+  fp8_e4m3fn_t(float f) : bits(kf_emu::float_to_e4m3_bits(f)) {}
+  fp8_e4m3fn_t(double f) : bits(kf_emu::float_to_e4m3_bits(float(f))) {}
+  fp8_e4m3fn_t(int v) : bits(kf_emu::float_to_e4m3_bits(float(v))) {}
+  operator float() const { return kf_emu::e4m3_bits_to_float(bits); }
+};
+#endif
 
 struct half {
   uint16_t bits = 0;

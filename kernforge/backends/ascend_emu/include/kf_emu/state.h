@@ -14,6 +14,9 @@
 // records the last writer (and DMA reader) pipe of each block with the pipe's
 // epoch: an access by another pipe to a block whose writer has not been retired by
 // a WaitFlag is the missing-synchronisation error the NPU would turn into a race.
+// Retirement is per pipe pair (a vector clock): WaitFlag<SRC_DST> orders only DST after
+// SRC's earlier work (plus what SRC itself had waited for when it set the flag), so
+// WaitFlag<M_MTE1> does not let FIX read what M wrote.
 #pragma once
 
 #include <algorithm>
@@ -142,15 +145,20 @@ struct QueueBuf {
   BufState state;
 };
 
+struct Group;  // the cross-core flag counters of one AIC + 2 AIV group (MIX launches, cross_core.h)
+
 struct Ctx {
   Core core = Core::AIV;
   int64_t block_idx = 0, block_num = 1, sub_idx = 0;
+  bool mix = false;       // launched as one AIC + two AIV per group (KERNEL_TYPE_MIX_AIC_1_2)
+  Group* group = nullptr;  // MIX only
   std::vector<uint8_t> mem[static_cast<int>(Mem::COUNT)];
   // hazard shadows per 32-byte block: (pipe << 28) | epoch, 0 = none
   std::vector<uint32_t> writer[static_cast<int>(Mem::COUNT)];
   std::vector<uint32_t> reader[static_cast<int>(Mem::COUNT)];
   uint32_t epoch[P_COUNT];
-  uint32_t retired[P_COUNT];
+  uint32_t retired[P_COUNT][P_COUNT];  // [reader pipe][writer pipe]: epochs the reader has waited for
+  uint32_t flag_known[kMaxEvents][kEventIds][P_COUNT];  // the source pipe's knowledge at SetFlag
   bool flag_set[kMaxEvents][kEventIds];
   uint32_t flag_epoch[kMaxEvents][kEventIds];
   // the TPipe
@@ -172,7 +180,8 @@ struct Ctx {
       reader[m].assign(cap / 32 + 1, 0);
       used[m] = 0;
     }
-    for (int p = 0; p < P_COUNT; ++p) epoch[p] = 1, retired[p] = 0;
+    for (int p = 0; p < P_COUNT; ++p) epoch[p] = 1;
+    std::memset(retired, 0, sizeof retired);
     std::memset(flag_set, 0, sizeof flag_set);
     std::memset(flag_epoch, 0, sizeof flag_epoch);
     pipe_live = false;
@@ -192,7 +201,7 @@ struct Ctx {
       const uint32_t w = wr[b];
       if (w != 0) {
         const int q = w >> 28;
-        if (q != p && (w & 0x0FFFFFFF) > retired[q])
+        if (q != p && (w & 0x0FFFFFFF) > retired[p][q])
           fail("missing SetFlag/WaitFlag",
                "pipe %s %s %s bytes [%u, %u) while pipe %s's write there is not waited for "
                "(SetFlag/WaitFlag<HardEvent::%s_%s> missing)",
@@ -203,7 +212,7 @@ struct Ctx {
         const uint32_t r = reader[mi][b];
         if (r != 0) {
           const int q = r >> 28;
-          if (q != p && (r & 0x0FFFFFFF) > retired[q])
+          if (q != p && (r & 0x0FFFFFFF) > retired[p][q])
             fail("missing SetFlag/WaitFlag",
                  "pipe %s overwrites %s bytes [%u, %u) that pipe %s still reads "
                  "(SetFlag/WaitFlag<HardEvent::%s_%s> missing)",
@@ -230,6 +239,7 @@ struct Ctx {
            pipe_name(src), pipe_name(dst), id);
     flag_set[ev][id] = true;
     flag_epoch[ev][id] = epoch[src]++;
+    for (int q = 0; q < P_COUNT; ++q) flag_known[ev][id][q] = retired[src][q];
   }
 
   void wait_flag(int src, int dst, int ev, int id) {
@@ -238,11 +248,15 @@ struct Ctx {
       fail("unbalanced SetFlag/WaitFlag", "WaitFlag<HardEvent::%s_%s>(%d) without a SetFlag (hangs on the NPU)",
            pipe_name(src), pipe_name(dst), id);
     flag_set[ev][id] = false;
-    retired[src] = std::max(retired[src], flag_epoch[ev][id]);
+    for (int q = 0; q < P_COUNT; ++q) retired[dst][q] = std::max(retired[dst][q], flag_known[ev][id][q]);
+    retired[dst][src] = std::max(retired[dst][src], flag_epoch[ev][id]);
   }
 
   void barrier_all() {
-    for (int p = 0; p < P_COUNT; ++p) retired[p] = epoch[p]++;
+    for (int q = 0; q < P_COUNT; ++q) {
+      const uint32_t e = epoch[q]++;
+      for (int p = 0; p < P_COUNT; ++p) retired[p][q] = e;
+    }
   }
 
   // block end: every SetFlag must have had its WaitFlag

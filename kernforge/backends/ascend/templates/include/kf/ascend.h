@@ -9,3 +9,4 @@
 #include "kf/sync.h"
 #include "kf/copy.h"
 #include "kf/tile.h"
+#include "kf/cube.h"

@@ -3,7 +3,8 @@
 // `ub_pitch` elements (32-byte aligned), GM rows every `gm_pitch`.  Only the in-bounds
 // part (`valid_rows x valid_cols`, clamped at 0) moves: kernforge's copy semantics read 0
 // out of bounds (the tile is zeroed first, by the scalar unit) and skip writes out of
-// bounds.  DataCopyPad pads each UB row to 32 bytes with 0.
+// bounds.  DataCopyPad pads each UB row to 32 bytes with 0.  A copy_in with `wait` false (a
+// T.Pipelined stage) does not wait for its DMA: the tile's TQue EnQue/DeQue does.
 #pragma once
 
 namespace kf {
@@ -17,7 +18,7 @@ __aicore__ inline uint32_t clamp_extent(int64_t v, uint32_t n) {
 template <class T>
 __aicore__ inline void copy_in(const AscendC::LocalTensor<T>& dst, const AscendC::GlobalTensor<T>& src, uint32_t rows,
                                uint32_t cols, uint32_t ub_pitch, int64_t valid_rows, int64_t valid_cols,
-                               uint64_t gm_pitch) {
+                               uint64_t gm_pitch, bool wait = true) {
   const uint32_t vr = clamp_extent(valid_rows, rows), vc = clamp_extent(valid_cols, cols);
   if (vr < rows || vc < cols) {
     for (uint32_t r = 0; r < rows; ++r)
@@ -32,6 +33,7 @@ __aicore__ inline void copy_in(const AscendC::LocalTensor<T>& dst, const AscendC
     AscendC::DataCopyPadExtParams<T> pad(true, 0, uint8_t((padded - bytes) / sizeof(T)), T(0));
     AscendC::DataCopyPad(dst, src, params, pad);
   }
+  if (!wait) return;  // a T.Pipelined stage: its queue's EnQue/DeQue orders the DMA for the consumer
   sync<AscendC::HardEvent::MTE2_S>();
   sync<AscendC::HardEvent::MTE2_V>();
 }

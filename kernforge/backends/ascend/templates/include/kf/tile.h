@@ -43,13 +43,13 @@ enum class Reduce { Max, Min, Sum };
 
 template <class C, class T>
 __aicore__ inline C load_as(T v) {
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16_t>) return C(kf_to_float(v));
+  if constexpr (kf_is_low<T>::value) return C(kf_to_float(v));
   else return C(v);
 }
 
 template <class D, class C>
 __aicore__ inline D store_as(C v) {
-  if constexpr (std::is_same_v<D, half> || std::is_same_v<D, bfloat16_t>) return kf_from_float<D>(float(v));
+  if constexpr (kf_is_low<D>::value) return kf_from_float<D>(float(v));
   else return D(v);
 }
 

@@ -9,8 +9,11 @@ What is timed, per token count T (identity experts: the dispatch and combine aro
 the expert GEMMs, which both sides would share):
 
 * **kernforge**: ``get_fused_mapping`` (sync path: the buffer is trimmed after a host
-  read) + ``expand_to_fused`` (bf16 rows to the expert-major buffer) + ``reduce_fused``
-  (weighted float32 sum back to the tokens);
+  read) + ``expand_to_fused`` (bf16 rows to the expert-major buffer, every padding row
+  zeroed, as TileKernels' semantics require) + ``reduce_fused`` (weighted float32 sum back
+  to the tokens).  The expanded buffer is held by the caller and reused from call to call
+  (``expand_to_fused(..., out=)``), sized once for the worst case at that T, as a model's
+  MoE layers would share one; ``--fresh-buffer`` allocates it on every call instead;
 * **torch (model path)**: what :class:`kernforge.model.moe.MoE.forward` runs around its
   experts: per distinct routed expert, the rows naming it, ``index_select`` of their
   activations and ``index_add_`` of the weighted rows.
@@ -37,6 +40,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -89,13 +93,19 @@ def torch_path(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, k: int
     return y
 
 
+def expanded_buffer(x: torch.Tensor, k: int, experts: int, alignment: int) -> torch.Tensor:
+    """The caller-held expanded buffer: the mapping's worst case for ``x``'s token count."""
+    rows = (x.shape[0] * k + (alignment - 1) * experts) // alignment * alignment
+    return torch.empty(rows, x.shape[1], dtype=x.dtype)
+
+
 def kernforge_path(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, k: int, experts: int, alignment: int,
-                   backend: str, torch_routing: bool) -> torch.Tensor:
+                   backend: str, torch_routing: bool, buffer: Optional[torch.Tensor] = None) -> torch.Tensor:
     indices, weights = (torch_route(logits, bias, k) if torch_routing
                         else kernforge_route(logits, bias, k, backend))
     p2e, _, _, t2p, *_ = moe.get_fused_mapping(indices, experts, 0, alignment, backend=backend)
-    expanded = moe.expand_to_fused(x, t2p, p2e, backend=backend)
-    return moe.reduce_fused(expanded, weights.float(), t2p, backend=backend)
+    expanded = moe.expand_to_fused(x, t2p, p2e, out=buffer, backend=backend)
+    return moe.reduce_fused(expanded, weights, t2p, backend=backend)
 
 
 def torch_fp4_grouped(a8, sfa, b4, sfb, m_indices, dtype: torch.dtype) -> torch.Tensor:
@@ -178,16 +188,23 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=11)
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--torch-routing", action="store_true", help="torch.topk routing in both columns")
+    ap.add_argument("--clock", choices=("wall", "process"), default="wall",
+                    help="wall time, or this process's CPU time (steadier on a loaded machine; one thread per side)")
+    ap.add_argument("--fresh-buffer", action="store_true",
+                    help="allocate the expanded buffer on every call instead of reusing a caller-held one")
     ap.add_argument("--gemm-shape", type=int, nargs=4, default=[8, 128, 512, 2048], metavar=("G", "ROWS", "N", "K"),
                     help="FP8 x FP4 grouped GEMM: experts, mean rows per expert, N, K")
     ap.add_argument("--no-gemm", action="store_true", help="skip the FP8 x FP4 grouped GEMM rows")
     args = ap.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "process" else time.perf_counter
 
     print(f"# CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"# E={args.experts} k={args.topk} hidden={args.hidden} bf16, alignment {args.alignment}, "
-          f"backend {args.backend}, median of {args.repeat} interleaved runs; routing: "
-          f"{'torch in both columns' if args.torch_routing else 'kernforge top2_sum_gate vs the model Gate ops'}")
+          f"backend {args.backend}, median of {args.repeat} interleaved runs ({args.clock} time); routing: "
+          f"{'torch in both columns' if args.torch_routing else 'kernforge top2_sum_gate vs the model Gate ops'}; "
+          f"expanded buffer: {'fresh per call' if args.fresh_buffer else 'caller-held, reused'}")
     header = ("T", "kernforge ms", "torch (model path) ms", "torch / kernforge")
     rows = []
     for t in args.tokens:
@@ -195,8 +212,9 @@ def main(argv=None) -> int:
         x = torch.randn(t, args.hidden, generator=g).bfloat16()
         logits = torch.randn(t, args.experts, generator=g)
         bias = torch.randn(args.experts, generator=g) * 0.1
+        buffer = None if args.fresh_buffer else expanded_buffer(x, args.topk, args.experts, args.alignment)
         ours = lambda: kernforge_path(x, logits, bias, args.topk, args.experts, args.alignment,  # noqa: E731
-                                      args.backend, args.torch_routing)
+                                      args.backend, args.torch_routing, buffer)
         theirs = lambda: torch_path(x, logits, bias, args.topk)  # noqa: E731
         # the same answer: torch rounds each index_add_ to bf16, kernforge the float32 sum once
         torch.testing.assert_close(ours().float(), theirs().float(), rtol=2 ** -5, atol=2 ** -5)

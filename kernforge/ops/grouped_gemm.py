@@ -255,7 +255,7 @@ def _fp8_fp4_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, com
         return
     m_indices = _row_experts(grouped_layout, m, groups, use_psum_layout)
     backend = backends.for_tensor(a_data, backend)
-    # the fp8 kernel's tiles: the FP4 kernel's K steps are fixed at 32, the FP4 scale's width
+    # the fp8 kernel's tiles: the FP4 kernel's K steps are fixed at 128, A's scale width
     kernel = _kernel(kernel_defs.m_grouped_fp8_fp4_gemm_nt_contiguous, backend,
                      **config.choose_fp8_fp4(backend, groups, n, k, alignment=_alignment))
     kernel(a_data, sfa, b_data, sfb, m_indices, d)

@@ -33,6 +33,7 @@ from kernforge.kernels.moe_permute import kernel as permute
 from kernforge.kernels.swiglu import config as swiglu_config
 from kernforge.kernels.swiglu import kernel as swiglu_kernel
 from kernforge.ops._capture import capturing
+from kernforge.ops._launch import chosen, launch
 
 #: the segment alignments TileKernels' tests and DeepGEMM's SM90 grouped GEMMs use
 ALIGNMENTS = (64, 128)
@@ -80,27 +81,27 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
     bound = (t * k + (alignment - 1) * num_experts) // alignment * alignment
     if max(bound, num_expanded_tokens) > _INT32_MAX:
         raise ValueError(f"the expanded buffer ({max(bound, num_expanded_tokens)} rows) does not fit int32 positions")
-    if not capturing(topk_idx) and topk_idx.numel() and \
-            bool(((topk_idx < -1) | (topk_idx >= num_experts)).any()):
+    if not capturing(topk_idx) and _out_of_range(topk_idx, -1, num_experts):
         bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][:4].tolist()
         raise ValueError(f"topk_idx values must be in [-1, {num_experts}) (num_experts), got {bad}")
     sync = num_expanded_tokens == 0
     n = bound if sync else num_expanded_tokens
     backend = backends.for_tensor(topk_idx, backend)
-    params = permute_config.choose_mapping(backend, k, num_experts, alignment)
-    chunks = permute_config.num_chunks(t * k, params["chunk"])
+    choice = (backend, k, num_experts, alignment)
+    scan, scatter = chosen(("moe_mapping",) + choice, lambda: _mapping_params(*choice))
+    chunks = permute_config.num_chunks(t * k, scan["chunk"])
     dev = topk_idx.device
     i32 = functools.partial(torch.empty, dtype=torch.int32, device=dev)
     chunk_offset = i32((chunks, num_experts))
     expert_count, expert_start, expert_end, per_expert = (i32((num_experts,)) for _ in range(4))
     pos_to_expert, pos_to_token, pos_to_token_topk = i32((n,)), i32((n,)), i32((n,))
     token_topk_to_pos = i32((t, k))
-    _kernel(permute.moe_mapping_scan, backend, **params)(
-        topk_idx, chunk_offset, expert_count, expert_start, expert_end, per_expert)
-    _kernel(permute.moe_mapping_scatter, backend,
-            **permute_config.choose_scatter(backend, k, num_experts, alignment, params["chunk"]))(
-        topk_idx, chunk_offset, expert_count, expert_start, expert_end, pos_to_expert, pos_to_token,
-        pos_to_token_topk, token_topk_to_pos)
+    launch(("moe_mapping_scan", dev, t) + choice, lambda: _kernel(permute.moe_mapping_scan, backend, **scan),
+           (topk_idx, chunk_offset, expert_count, expert_start, expert_end, per_expert))
+    launch(("moe_mapping_scatter", dev, t, n) + choice,
+           lambda: _kernel(permute.moe_mapping_scatter, backend, **scatter),
+           (topk_idx, chunk_offset, expert_count, expert_start, expert_end, pos_to_expert, pos_to_token,
+            pos_to_token_topk, token_topk_to_pos))
     per_expert_list: list[int] = []
     if sync:
         per_expert_list = per_expert.tolist()
@@ -111,16 +112,40 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
             per_expert, per_expert_list)
 
 
+def _mapping_params(backend: str, k: int, num_experts: int, alignment: int) -> tuple[dict, dict]:
+    """The scan's and the scatter's kernel parameters (the scatter's chunk is the scan's)."""
+    scan = permute_config.choose_mapping(backend, k, num_experts, alignment)
+    return scan, permute_config.choose_scatter(backend, k, num_experts, alignment, scan["chunk"])
+
+
 # ---------------------------------------------------------------- expand
 
 
 def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor, *,
-                    backend: Optional[str] = None) -> torch.Tensor:
+                    out: Optional[torch.Tensor] = None, backend: Optional[str] = None) -> torch.Tensor:
     """``[N, hidden]``: row ``token_topk_to_pos[t, j]`` holds ``x[t]``; rows with
-    ``pos_to_expert < 0`` are zero."""
+    ``pos_to_expert < 0`` are zero.
+
+    ``out`` (an extension of TileKernels' signature): a caller-held contiguous buffer of
+    ``x``'s dtype with ``hidden`` columns and at least ``N`` rows.  Its first ``N`` rows are
+    written, padding zeroed as always, and returned (a view); rows past ``N`` are left as
+    they are.  Why: the padded buffer is mostly padding (T = 64, E = 256, k = 6: 21,632 rows
+    for 384 valid at alignment 128), and a fresh allocation of it pays first-touch page
+    faults on every call, while one buffer reused across MoE layers does not."""
     _check_tensor("x", x, tuple(_DTYPE_NAMES), dim=2)
     n, _ = _check_routing(x, token_topk_to_pos, pos_to_expert)
-    out = torch.empty((n, x.shape[1]), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((n, x.shape[1]), dtype=x.dtype, device=x.device)
+    else:
+        _check_tensor("out", out, (x.dtype,), dim=2)
+        if out.shape[1] != x.shape[1] or out.shape[0] < n:
+            raise ValueError(f"out must have shape [>= {n}, {x.shape[1]}] (expanded rows, hidden), "
+                             f"got {tuple(out.shape)}")
+        if out.device != x.device:
+            raise ValueError(f"out is on {out.device}, expected {x.device} (x's device)")
+        if out.numel() and x.numel() and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            raise ValueError("out shares storage with x: the expansion would overwrite its own input")
+        out = out[:n]
     _launch_expand(x, None, token_topk_to_pos, pos_to_expert, out, None, 0, "float32", False, backend)
     return out
 
@@ -173,10 +198,12 @@ def _launch_expand(x, sf, token_topk_to_pos, pos_to_expert, out, out_sf, cols, s
         return
     backend = backends.for_tensor(x, backend)
     k = token_topk_to_pos.shape[1]
-    cfg = permute_config.choose_expand(backend, hidden, k, _DTYPE_NAMES[x.dtype], cols, sf_dtype, col_major)
+    choice = (backend, hidden, k, _DTYPE_NAMES[x.dtype], cols, sf_dtype, col_major)
     if sf is None:   # one-element placeholders: the kernel never touches them without scales
         sf = out_sf = torch.zeros((1, 1), dtype=torch.float32, device=x.device)
-    _kernel(permute.expand_to_fused, backend, **cfg)(x, sf, token_topk_to_pos, pos_to_expert, out, out_sf)
+    launch(("expand_to_fused", x.device, t, n) + choice,
+           lambda: _kernel(permute.expand_to_fused, backend, **permute_config.choose_expand(*choice)),
+           (x, sf, token_topk_to_pos, pos_to_expert, out, out_sf))
 
 
 # ---------------------------------------------------------------- reduce
@@ -226,12 +253,13 @@ def reduce_fused(x: Union[torch.Tensor, tuple], topk_weights: Optional[torch.Ten
     if t == 0:
         return out
     backend = backends.for_tensor(x, backend)
-    cfg = permute_config.choose_reduce(backend, hidden, k, _DTYPE_NAMES[x.dtype], _DTYPE_NAMES[out_dtype],
-                                       topk_weights is not None, x_sf is not None, sf is not None)
+    choice = (backend, hidden, k, _DTYPE_NAMES[x.dtype], _DTYPE_NAMES[out_dtype],
+              topk_weights is not None, x_sf is not None, sf is not None)
     one = functools.partial(torch.zeros, dtype=torch.float32, device=x.device)
-    _kernel(permute.reduce_fused, backend, **cfg)(
-        x, topk_weights if topk_weights is not None else one((1, k)), token_topk_to_pos,
-        x_sf if x_sf is not None else one((1,)), sf.reshape(1) if sf is not None else one((1,)), out)
+    launch(("reduce_fused", x.device, n, t) + choice,
+           lambda: _kernel(permute.reduce_fused, backend, **permute_config.choose_reduce(*choice)),
+           (x, topk_weights if topk_weights is not None else one((1, k)), token_topk_to_pos,
+            x_sf if x_sf is not None else one((1,)), sf.reshape(1) if sf is not None else one((1,)), out))
     return out
 
 
@@ -270,11 +298,12 @@ def swiglu(x: torch.Tensor, weights: Optional[torch.Tensor] = None, swiglu_limit
         else None
     if m:
         backend = backends.for_tensor(x, backend)
-        cfg = swiglu_config.choose(backend, inter, _DTYPE_NAMES[x.dtype], weights is not None, quantize)
+        choice = (backend, inter, _DTYPE_NAMES[x.dtype], weights is not None, quantize)
         one = functools.partial(torch.zeros, dtype=torch.float32, device=x.device)
-        _kernel(swiglu_kernel.swiglu, backend, **cfg)(
-            x, weights if weights is not None else one((1,)), float(swiglu_limit), out,
-            out_sf if quantize else one((1, 1)))
+        limit = float(swiglu_limit)
+        launch(("swiglu", x.device, m, limit) + choice,
+               lambda: _kernel(swiglu_kernel.swiglu, backend, **swiglu_config.choose(*choice)),
+               (x, weights if weights is not None else one((1,)), limit, out, out_sf if quantize else one((1, 1))))
     return (out, out_sf) if quantize else out
 
 
@@ -327,10 +356,19 @@ def _check_routing(x, token_topk_to_pos, pos_to_expert) -> tuple[int, int]:
     return n, k
 
 
+def _out_of_range(t: torch.Tensor, lo: int, hi: int) -> bool:
+    """Whether any value of ``t`` lies outside ``[lo, hi)``: one reduction and one host read
+    (the extremes), cheaper than an elementwise mask at decode sizes; False when empty."""
+    if t.numel() == 0:
+        return False
+    least, most = torch.stack(torch.aminmax(t)).tolist()
+    return least < lo or most >= hi
+
+
 def _check_positions(token_topk_to_pos: torch.Tensor, n: int) -> None:
     if capturing(token_topk_to_pos) or token_topk_to_pos.numel() == 0:
         return
-    bad = (token_topk_to_pos < -1) | (token_topk_to_pos >= n)
-    if bool(bad.any()):
+    if _out_of_range(token_topk_to_pos, -1, n):
+        bad = (token_topk_to_pos < -1) | (token_topk_to_pos >= n)
         raise ValueError(f"token_topk_to_pos values must be in [-1, {n}) (expanded rows), "
                          f"got {token_topk_to_pos[bad][:4].tolist()}")

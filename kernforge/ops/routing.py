@@ -34,6 +34,7 @@ from kernforge import backends
 from kernforge.kernels import routing as kernels
 from kernforge.kernels.routing import config
 from kernforge.ops._capture import capturing
+from kernforge.ops._launch import launch
 
 #: the most experts per token: one block holds a token's keys on chip (8 KB of int64 keys at 1024)
 MAX_EXPERTS = 1024
@@ -117,7 +118,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int, *, backend: Optional[str] = N
     if scores.shape[0] == 0:
         return out
     name = backends.for_tensor(scores, backend)
-    _kernel(kernels.topk_gate, name, **config.choose_topk(name, e, k))(scores, out)
+    launch(("topk_gate", scores.device, scores.shape[0], name, e, k),
+           lambda: _kernel(kernels.topk_gate, name, **config.choose_topk(name, e, k)), (scores, out))
     return out
 
 
@@ -175,21 +177,32 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
     if t == 0:
         return idx, weights
     name = backends.for_tensor(logits, backend)
-    params = config.choose_top2_sum(name, num_experts=e, num_topk=k, num_groups=groups,
-                                    num_topk_groups=topk_groups, scoring_func=scoring, num_shared=s,
-                                    has_mask=mask is not None, has_fix=has_fix,
-                                    has_unmapped=unmapped_topk_idx is not None, has_map=to_physical_map is not None)
-    dev = logits.device
-    flag = torch.ones(1, dtype=torch.bool, device=dev)  # the slot of an optional tensor not given
+    choice = dict(num_experts=e, num_topk=k, num_groups=groups, num_topk_groups=topk_groups, scoring_func=scoring,
+                  num_shared=s, has_mask=mask is not None, has_fix=has_fix,
+                  has_unmapped=unmapped_topk_idx is not None, has_map=to_physical_map is not None)
+    flag, no_map, one_count, no_unmapped = _placeholders(logits.device)  # slots of optional tensors not given
     per_rank = (e + extra) // num_ep_ranks
-    _kernel(kernels.top2_sum_gate, name, **params)(
-        logits, bias, mask if mask is not None else flag,
-        fix_routing_mask if fix_routing_mask is not None else flag,
-        to_physical_map if to_physical_map is not None else torch.zeros(1, 1, dtype=torch.int32, device=dev),
-        logical_count if logical_count is not None else torch.ones(1, dtype=torch.int32, device=dev),
-        unmapped_topk_idx if unmapped_topk_idx is not None else torch.zeros(1, 1, dtype=torch.int64, device=dev),
-        idx, weights, float(routed_scaling_factor), ep_rank, tp_rank, num_tp_ranks, per_rank, per_rank * num_tp_ranks)
+    scalars = (float(routed_scaling_factor), ep_rank, tp_rank, num_tp_ranks, per_rank, per_rank * num_tp_ranks)
+    # the shapes and strides the launch depends on beyond t and the choice: the optional tensors'
+    shapes = tuple(None if v is None else (tuple(v.shape), v.stride())
+                   for v in (to_physical_map, unmapped_topk_idx))
+    launch(("top2_sum_gate", logits.device, t, name, shapes) + tuple(choice.values()) + scalars,
+           lambda: _kernel(kernels.top2_sum_gate, name, **config.choose_top2_sum(name, **choice)),
+           (logits, bias, mask if mask is not None else flag,
+            fix_routing_mask if fix_routing_mask is not None else flag,
+            to_physical_map if to_physical_map is not None else no_map,
+            logical_count if logical_count is not None else one_count,
+            unmapped_topk_idx if unmapped_topk_idx is not None else no_unmapped,
+            idx, weights) + scalars)
     return idx, weights
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholders(device: torch.device) -> tuple:
+    """One-element stand-ins for :func:`top2_sum_gate`'s optional tensors, made once per
+    device: the kernel neither reads nor writes a slot whose ``has_*`` flag is off."""
+    return (torch.ones(1, dtype=torch.bool, device=device), torch.zeros(1, 1, dtype=torch.int32, device=device),
+            torch.ones(1, dtype=torch.int32, device=device), torch.zeros(1, 1, dtype=torch.int64, device=device))
 
 
 def _check_groups(e: int, k: int, num_groups, num_topk_groups) -> tuple[int, int]:
@@ -261,7 +274,8 @@ def normalize_weight(w: torch.Tensor, *, backend: Optional[str] = None) -> tuple
     if t == 0:
         return den, out
     name = backends.for_tensor(w, backend)
-    _kernel(kernels.normalize_weight, name, **config.choose_normalize(name, k))(w, den, out)
+    launch(("normalize_weight", w.device, t, name, k),
+           lambda: _kernel(kernels.normalize_weight, name, **config.choose_normalize(name, k)), (w, den, out))
     return den, out
 
 

@@ -15,19 +15,22 @@ from kernforge.kernels.grouped_gemm import problems as P
 from tests.conftest import backend_param
 
 
-def contiguous_case(backend, group_rows, alignment, n, k, seed=0, **tiles):
+def contiguous_case(backend, group_rows, alignment, n, k, seed=0, ue8m0=False, **tiles):
+    """``ue8m0``: power-of-two B scales, which the kernel folds into its bf16 B tile exactly,
+    so the bound has no term for that rounding."""
     g = torch.Generator().manual_seed(seed)
     m_indices = G.contiguous_layout(group_rows, alignment)
     a = torch.randn(m_indices.numel(), k, generator=g).masked_fill((m_indices < 0)[:, None], 0.0)
     b = torch.randn(len(group_rows), n, k, generator=g)
-    (a8, sfa), (b4, sfb) = DG.per_token_cast_to_fp8(a), DG.per_token_cast_to_fp4(b)
+    (a8, sfa), (b4, sfb) = DG.per_token_cast_to_fp8(a), DG.per_token_cast_to_fp4(b, use_ue8m0=ue8m0)
     kernel = kernforge.compile(K.m_grouped_fp8_fp4_gemm_nt_contiguous, backend=backend,
                                num_groups=len(group_rows), N=n, K=k, **tiles)
     d = torch.full((m_indices.numel(), n), float("nan"), dtype=torch.bfloat16)
     kernel(a8, DG.get_mn_major_tma_aligned_tensor(sfa), b4, sfb, m_indices, d)
     a64, b64 = DG.dequantize(a8, sfa, (1, 128)), DG.dequantize_fp4(b4, sfb)
     expected = G.reference(a64, b64, m_indices)
-    G.assert_close(d, expected, G.error_bound(a64, b64, m_indices, expected, rounding_steps=3))
+    G.assert_close(d, expected, G.error_bound(a64, b64, m_indices, expected, rounding_steps=3,
+                                              b_rounding=0.0 if ue8m0 else P.FP4_FOLD_ROUNDING))
     assert DG.calc_diff(d, expected) < P.FP4_DIFF
     assert DG.calc_diff(d, G.reference(a, b, m_indices)) < P.FP4_DIFF   # DeepGEMM's use: unquantized
     assert torch.all(d[m_indices < 0] == 0), "padding rows must be stored as zeros"
@@ -43,6 +46,19 @@ def test_fp4_contiguous_with_an_empty_expert(backend):
 
 def test_fp4_contiguous_odd_multiples_of_128():
     contiguous_case("interp", [1, 0, 20], 32, 384, 384, block_M=32, block_N=128)
+
+
+@pytest.mark.parametrize("backend", [backend_param("cpu")])
+def test_fp4_contiguous_power_of_two_scales_fold_exactly(backend):
+    """UE8M0 scales times e2m1 values are exact in bf16: only accumulation and store rounding."""
+    contiguous_case(backend, [40, 0, 9], 32, 160, 256, ue8m0=True, block_M=32, block_N=64)
+
+
+def test_fp4_row_major_decode_walk():
+    """``decode_k_outer=False`` (the GPU's walk of the B tile) gives the same results, with a K
+    that ends inside a 128-wide step (its last scale columns are never read)."""
+    contiguous_case("interp", [1, 0, 20], 32, 96, 160, block_M=32, block_N=64, decode_k_outer=False)
+    masked_case("interp", [5, 0, 17], 20, 96, 160, True, block_M=16, block_N=32, decode_k_outer=False)
 
 
 def masked_case(backend, masked, max_m, n, k, fp4, seed=0, **tiles):
@@ -63,7 +79,8 @@ def masked_case(backend, masked, max_m, n, k, fp4, seed=0, **tiles):
     for grp, rows in enumerate(masked):
         e = a64[grp, :rows] @ b64[grp].T
         G.assert_close(d[grp, :rows], e, G.error_bound(a64[grp, :rows], b64[grp:grp + 1],
-                                                       torch.zeros(rows, dtype=torch.int32), e, rounding_steps=3))
+                                                       torch.zeros(rows, dtype=torch.int32), e, rounding_steps=3,
+                                                       b_rounding=P.FP4_FOLD_ROUNDING if fp4 else 0.0))
         assert torch.isnan(d[grp, rows:].float()).all(), f"group {grp}: rows past masked_m were written"
         if rows * n >= 256:
             assert DG.calc_diff(d[grp, :rows], a[grp, :rows].double() @ b[grp].double().T) < threshold

@@ -99,6 +99,69 @@ def test_expand_to_fused(dtype):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "interp"])
+def test_expand_to_fused_into_a_reused_buffer(backend):
+    """``out=``: a caller-held buffer poisoned with NaN, used by two routings in turn.  Each call
+    writes exactly its first N rows (rows the previous routing filled with data are zeroed
+    where they are padding now), leaves the rest poisoned, and returns a view of it."""
+    buf = torch.full((1300, 96), float("nan")).bfloat16()
+    sizes = set()
+    for seed in (0, 2):     # one token count, two buffer sizes: the bound launch's grid must follow N
+        _, p2e, t2p = layout(250, seed=seed)
+        sizes.add(p2e.numel())
+        x = torch.randn(t2p.shape[0], 96).bfloat16()
+        n = p2e.numel()
+        got = moe.expand_to_fused(x, t2p, p2e, out=buf, backend=backend)
+        assert got.data_ptr() == buf.data_ptr() and got.shape == (n, 96)
+        assert torch.equal(got.double(), reference.expand(x.float(), t2p, p2e))
+        assert torch.isnan(buf[n:].float()).all(), "rows past N must be left untouched"
+    assert len(sizes) == 2
+
+
+def test_expand_to_fused_out_rejects_a_bad_buffer():
+    _, p2e, t2p = layout(4)
+    x = torch.randn(4, 256)
+    n = p2e.numel()
+    with pytest.raises(TypeError, match="out"):
+        moe.expand_to_fused(x, t2p, p2e, out=torch.empty(n, 256).bfloat16())
+    with pytest.raises(ValueError, match="out must have shape"):
+        moe.expand_to_fused(x, t2p, p2e, out=torch.empty(n - 1, 256))
+    with pytest.raises(ValueError, match="out must have shape"):
+        moe.expand_to_fused(x, t2p, p2e, out=torch.empty(n, 128))
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        moe.expand_to_fused(x, t2p, p2e, out=torch.empty(256, n).T)
+    big = torch.zeros(n + 4, 256)
+    with pytest.raises(ValueError, match="shares storage with x"):
+        moe.expand_to_fused(big[:4], t2p, p2e, out=big)
+
+
+def test_repeated_calls_reuse_the_bound_launch_on_new_buffers():
+    """The second call of each op with the same signature runs the launch bound by the first
+    (:mod:`kernforge.ops._launch`): it must read the new call's tensors, not the first's."""
+    from kernforge.ops import _launch
+    _, p2e, t2p = layout(30, seed=6)
+    n = p2e.numel()
+    for seed in (0, 1):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(30, 256, generator=g).bfloat16()
+        xe = torch.randn(n, 256, generator=g)
+        w = torch.rand(30, K, generator=g)
+        before = len(_launch._BOUND)
+        expanded = moe.expand_to_fused(x, t2p, p2e)
+        reduced = moe.reduce_fused(xe, w, t2p)
+        if seed:
+            assert len(_launch._BOUND) == before, "a repeated signature must hit the bound launch"
+        assert torch.equal(expanded.double(), reference.expand(x.float(), t2p, p2e))
+        want = reference.reduce(xe, w, t2p)
+        assert ((reduced.double() - want).abs() <= reduce_bound(xe.double(), w, t2p, want, torch.float32)).all()
+    # the same tokens reading a larger buffer, at rows past the first one's end
+    shifted = torch.where(t2p >= 0, t2p + 64, t2p)
+    wide = torch.cat([torch.full((64, 256), float("nan")), xe])
+    want = reference.reduce(wide, w, shifted)
+    assert torch.equal(moe.reduce_fused(wide, w, shifted).double(), moe.reduce_fused(xe, w, t2p).double())
+    assert not torch.isnan(want).any()
+
+
 @pytest.mark.parametrize("per_channels,col_major,packed", [(128, False, False), (32, True, False),
                                                           (128, True, True)])
 def test_expand_to_fused_with_sf(per_channels, col_major, packed):

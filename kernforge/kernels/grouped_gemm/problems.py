@@ -43,16 +43,23 @@ def _reference(inputs: list, params: dict) -> list:
     return [reference(a, b, m_indices)]
 
 
+#: the FP4 kernels fold B's 1x32 scales into a bf16 tile: one rounding of each B element,
+#: relative error at most 2^-9 (none for power-of-two scales)
+FP4_FOLD_ROUNDING = 2.0 ** -9
+
+
 def error_bound(a: torch.Tensor, b: torch.Tensor, m_indices: torch.Tensor,
-                expected: torch.Tensor, rounding_steps: int = 1) -> torch.Tensor:
+                expected: torch.Tensor, rounding_steps: int = 1, b_rounding: float = 0.0) -> torch.Tensor:
     """Elementwise bound on ``|D - reference|`` for float32 accumulation and a bf16 store.
 
     Products of bf16 (or e4m3) values are exact in float32; summing K of them errs by at
     most ``K * 2^-24 * sum|a_i b_i|`` (``rounding_steps`` more roundings per term for
-    scaled partial sums), and the bf16 store adds ``2^-8 |d|``."""
+    scaled partial sums), and the bf16 store adds ``2^-8 |d|``.  ``b_rounding``: each B
+    element was rounded once with that relative error before the products (the FP4
+    kernels' bf16 tile, :data:`FP4_FOLD_ROUNDING`), adding ``b_rounding * sum|a_i b_i|``."""
     absprod = reference(a.abs(), b.abs(), m_indices)
     k = a.shape[1]
-    return 2.0 ** -8 * expected.abs() + (k + rounding_steps + 1) * 2.0 ** -24 * absprod + 1e-30
+    return 2.0 ** -8 * expected.abs() + ((k + rounding_steps + 1) * 2.0 ** -24 + b_rounding) * absprod + 1e-30
 
 
 def assert_close(d: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor) -> None:
@@ -231,7 +238,8 @@ def _dequantized_fp4(inputs: list) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 def _check_fp4(outputs: list, expected: list, inputs: list, params: dict) -> None:
     a, b, m_indices = _dequantized_fp4(inputs)
-    assert_close(outputs[0], expected[0], error_bound(a, b, m_indices, expected[0], rounding_steps=3))
+    assert_close(outputs[0], expected[0], error_bound(a, b, m_indices, expected[0], rounding_steps=3,
+                                                      b_rounding=FP4_FOLD_ROUNDING))
     _check_diff(outputs[0], expected[0], FP4_DIFF)
 
 
@@ -282,7 +290,7 @@ def _check_fp8_masked(outputs: list, expected: list, inputs: list, params: dict,
     for grp, rows in enumerate(masked_m.tolist()):
         assert_close(d[grp, :rows], e[grp, :rows],
                      error_bound(a[grp, :rows], b[grp:grp + 1], torch.zeros(rows, dtype=torch.int32),
-                                 e[grp, :rows], rounding_steps=3))
+                                 e[grp, :rows], rounding_steps=3, b_rounding=FP4_FOLD_ROUNDING if fp4 else 0.0))
         assert torch.isnan(d[grp, rows:].float()).all(), f"group {grp}: rows past masked_m were written"
     valid = ~torch.isnan(e)
     _check_diff(d.double()[valid], e[valid], FP4_DIFF if fp4 else FP8_DIFF)

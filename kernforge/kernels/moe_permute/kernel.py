@@ -216,9 +216,8 @@ def expand_to_fused(hidden: int, num_topk: int, dtype: str = "bfloat16", sf_cols
                                     expanded_sf[token_topk_to_pos[b, j], s] = x_sf[b, s]
             else:
                 if pos_to_expert[b - NT] < 0:
-                    T.clear(row)
-                    for c in T.serial(nblk):
-                        T.copy(row, expanded_x[b - NT, c * BH])
+                    for i in T.Parallel(hidden):
+                        expanded_x[b - NT, i] = T.cast(0, dtype)
                     if sf_cols > 0:
                         for s in T.Parallel(sf_cols):
                             if sf_col_major:
@@ -248,6 +247,7 @@ def reduce_fused(hidden: int, num_topk: int, dtype: str = "bfloat16", out_dtype:
     K = num_topk
     BH = _hidden_tile(hidden, block)
     nblk = T.ceildiv(hidden, BH)
+    exact = hidden % BH == 0    # every tile whole: no column guard
     NT = T.symbolic("num_tokens")
     N = T.symbolic("num_expanded_tokens")
     # operands left out are placeholders of any row count
@@ -276,14 +276,14 @@ def reduce_fused(hidden: int, num_topk: int, dtype: str = "bfloat16", out_dtype:
                             s = topk_weights[t, j]
                         if with_x_sf:
                             s = s * x_sf[token_topk_to_pos[t, j]]
+                        p = token_topk_to_pos[t, j]
                         for i in T.Parallel(BH):
-                            if c * BH + i < hidden:
-                                acc[i] = acc[i] + T.cast(x[token_topk_to_pos[t, j], c * BH + i], "float32") * s
+                            if exact:   # no guard: the host compiler vectorises the unguarded loop
+                                acc[i] = acc[i] + T.cast(x[p, c * BH + i], "float32") * s
+                            elif c * BH + i < hidden:
+                                acc[i] = acc[i] + T.cast(x[p, c * BH + i], "float32") * s
                 for i in T.Parallel(BH):
-                    if c * BH + i < hidden:
-                        if with_sf:
-                            out[t, c * BH + i] = acc[i] * scale
-                        else:
-                            out[t, c * BH + i] = acc[i]
+                    if exact or c * BH + i < hidden:
+                        out[t, c * BH + i] = acc[i] * scale if with_sf else acc[i]
 
     return reduce_fused_kernel

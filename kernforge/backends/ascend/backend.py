@@ -60,7 +60,8 @@ def host_source(program: AscendProgram) -> str:
     """The ACL host launcher of ``program``: loads the device binary, packs the parameters in
     declaration order (GM pointers, scalars, int64 symbols) and calls ``aclrtLaunchKernel``."""
     return _HOST_ENV.get_template("host_launch.cpp.j2").render(
-        entry=program.entry, kernel_name=program.kernel_name, params=program.params, arch=program.arch)
+        entry=program.entry, kernel_name=program.kernel_name, params=program.params, arch=program.arch,
+        workspace_group_bytes=program.workspace_group_bytes)
 
 
 class AscendBackend(Backend):

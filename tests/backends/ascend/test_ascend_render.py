@@ -214,12 +214,20 @@ def _acl_include():
 @pytest.mark.skipif(_acl_include() is None,
                     reason="no ACL headers: set KERNFORGE_ACL_INCLUDE to torch_npu/include (torch-npu's wheel "
                            "ships acl/acl.h) to check the host launcher")
-def test_the_acl_host_launcher_compiles_against_acl_headers(tmp_path):
+@pytest.mark.parametrize("kernel", ["topk", "mix_gemm"])
+def test_the_acl_host_launcher_compiles_against_acl_headers(tmp_path, kernel):
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ is not on PATH")
-    program = backends.get("ascend").render(_small_topk())
+    if kernel == "topk":  # a vector-only kernel
+        ir_kernel = _small_topk()
+    else:  # a MIX kernel: its launcher carries the GM workspace of the cube hand-off
+        spec = get("bf16_gemm_nt")
+        ir_kernel = spec.factory(**spec.problems["small"].params).ir
+    program = backends.get("ascend").render(ir_kernel)
     host = tmp_path / "host.cpp"
     host.write_text(ascend.host_source(program))
-    assert "aclrtLaunchKernel(kf_function, num_blocks, args, sizeof(*args), stream)" in host.read_text()
+    text = host.read_text()
+    assert "aclrtLaunchKernel(kf_function, num_blocks, args, sizeof(*args), stream)" in text
+    assert ("void* kf_gm_workspace;" in text) == (kernel == "mix_gemm")
     subprocess.run([gxx, "-std=c++17", "-fsyntax-only", f"-I{_acl_include()}", str(host)], check=True)

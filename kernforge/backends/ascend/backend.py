@@ -94,7 +94,11 @@ class AscendBackend(Backend):
                   "UB used": f"{program.ub_bytes} / {info.ub} bytes"}
         for memory in used:
             report[f"{memory} used"] = f"{used[memory]} / {info.capacity(memory)} bytes"
-        if program.mix:
+        if program.mix and program.direct_cv:
+            report["cube hand-off"] = "direct: A, B UB -> L1 (DataCopy Nd2Nz), C L0C -> UB (Fixpipe)"
+            report["GM workspace"] = f"{program.workspace_group_bytes} bytes per group (op words only)"
+        elif program.mix:
+            report["cube hand-off"] = "GM workspace: A, B UB -> GM -> L1, C L0C -> GM -> UB"
             report["GM workspace"] = f"{program.workspace_group_bytes} bytes per group"
         for memory, name, offset, size in program.usage:
             report[f"{memory} {name}"] = f"{size} bytes at {offset}"

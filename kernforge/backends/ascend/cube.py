@@ -5,7 +5,12 @@ A gemm's tiles are UB tiles of the AIV (kernforge's tiles all live in UB), and o
 AIC that owns the cube has no UB, so each ``T.gemm`` becomes a request through a GM workspace:
 the AIV writes A and B there, the AIC moves them GM -> L1 (Nd2Nz) -> L0A/L0B (LoadData), runs
 ``Mmad`` into L0C and writes the fp32 product back with ``Fixpipe``; the AIV adds it into C.
-dav-3510 keeps the same GM hand-off (its L0C -> UB / UB -> L1 paths are not written yet).
+On dav-3510 (``Arch.direct_cv``) the data takes the 950's direct paths instead (spec section 2:
+"no L0C->UB, no UB->L1 (950 has both)"): the AIV copies A and B from UB into its half of the
+AIC's L1 (Nd2Nz, UB -> L1), the AIC's Fixpipe writes the fp32 product into the AIV's UB work
+area; only the control words stay in GM (a 96-byte workspace per group: the AIC's scalar unit
+reads GM only, and a mode-2 flag carries no value, so the op id an AIV asks for is a GM word).
+Both AIVs' operands then live in L1 at once, which the L1 check counts.
 
 What is lowered, and why the rest is not (:func:`gemm_problem`):
 
@@ -75,6 +80,12 @@ class CubePlan:
     slot_bytes: int
     pools: dict  # memory -> bytes the AIC's TBuf needs (max over the gemms)
     product_bytes: int  # UB scratch for the fp32 product on the AIV
+    direct: bool = False  # dav-3510: UB -> L1 and L0C -> UB; the workspace holds control words only
+
+    @property
+    def l1_halves(self) -> tuple:
+        """Bytes of each AIV's half of the L1 A and B pools on the direct path."""
+        return _round(self.pools["L1A"], 512), _round(self.pools["L1B"], 512)
 
     @property
     def group_bytes(self) -> int:
@@ -145,6 +156,8 @@ def plan_cube(kernel: ir.Kernel, arch, capacity_error, render_error) -> Optional
         names = {"L1A": site.stmt.a.buffer.name, "L1B": site.stmt.b.buffer.name, "L0A": site.stmt.a.buffer.name,
                  "L0B": site.stmt.b.buffer.name, "L0C": site.stmt.c.buffer.name}
         l1 = _round(need["L1A"], 512) + need["L1B"]
+        if arch.direct_cv:  # both AIVs' A and B sit in L1 at once
+            l1 = 2 * (_round(need["L1A"], 512) + _round(need["L1B"], 512))
         checks = [("L0A", need["L0A"], arch.l0a, names["L0A"]), ("L0B", need["L0B"], arch.l0b, names["L0B"]),
                   ("L0C", need["L0C"], arch.l0c, names["L0C"]),
                   ("L1", l1, arch.l1, names["L1A"] if need["L1A"] > arch.l1 else names["L1B"])]
@@ -157,10 +170,14 @@ def plan_cube(kernel: ir.Kernel, arch, capacity_error, render_error) -> Optional
         for key, v in need.items():
             pools[key] = max(pools.get(key, 0), v)
     l1 = _round(pools["L1A"], 512) + pools["L1B"]
+    if arch.direct_cv:
+        l1 = 2 * (_round(pools["L1A"], 512) + _round(pools["L1B"], 512))
     if l1 > arch.l1:  # each gemm fits, their largest A and B together do not: the AIC's pools are shared
         big = max(sites, key=lambda s: s.memory()["L1B"]).stmt.b.buffer.name
         raise capacity_error(f"ascend {arch.name}: the gemms' L1 pools need {l1} bytes, {arch.l1} exist",
                              buffer=big, memory="L1", needed=l1, capacity=arch.l1, loc=sites[0].stmt.loc)
+    if arch.direct_cv:  # the slots hold just the op words
+        return CubePlan(tuple(sites), 0, 0, 0, HEADER, pools, _round(pools["L0C"]), direct=True)
     a_off = HEADER
     b_off = a_off + _round(max(s.m * s.k * s.elem for s in sites))
     c_off = b_off + _round(max(s.k * s.n * s.elem for s in sites))
@@ -175,9 +192,15 @@ def usage(plan: CubePlan) -> list:
     for s in plan.sites:
         need = s.memory()
         line = f" (T.gemm #{s.op}, line {s.stmt.loc.line})" if s.stmt.loc else f" (T.gemm #{s.op})"
-        rows += [("L1", s.stmt.a.buffer.name + line, 0, need["L1A"]),
-                 ("L1", s.stmt.b.buffer.name + line, _round(plan.pools["L1A"], 512), need["L1B"]),
-                 ("L0A", s.stmt.a.buffer.name + line, 0, need["L0A"]),
+        if plan.direct:  # AIV 0's half, then AIV 1's, of the A and the B pool
+            a_half, b_half = plan.l1_halves
+            rows += [("L1", f"{s.stmt.a.buffer.name}{line} AIV {v}", v * a_half, need["L1A"]) for v in (0, 1)]
+            rows += [("L1", f"{s.stmt.b.buffer.name}{line} AIV {v}", 2 * a_half + v * b_half, need["L1B"])
+                     for v in (0, 1)]
+        else:
+            rows += [("L1", s.stmt.a.buffer.name + line, 0, need["L1A"]),
+                     ("L1", s.stmt.b.buffer.name + line, _round(plan.pools["L1A"], 512), need["L1B"])]
+        rows += [("L0A", s.stmt.a.buffer.name + line, 0, need["L0A"]),
                  ("L0B", s.stmt.b.buffer.name + line, 0, need["L0B"]),
                  ("L0C", s.stmt.c.buffer.name + line, 0, need["L0C"])]
     return rows

@@ -22,7 +22,9 @@ How each construct maps onto an AI Core (dav-c220 = 910B/A3 and dav-3510 = 950):
 * ``T.gemm`` makes the kernel ``KERNEL_TYPE_MIX_AIC_1_2`` (:mod:`.cube`, ``kf/cube.h``): the AIVs
   run the body above and hand each gemm's UB tiles to their group's AIC through a GM workspace
   (the last parameter, ``kf_gm_workspace``); the AIC serves the requests with Nd2Nz DataCopy,
-  LoadData, Mmad and Fixpipe; L1/L0A/L0B/L0C capacities are checked at render time;
+  LoadData, Mmad and Fixpipe; on dav-3510 the tiles go UB -> L1 and the product L0C -> UB
+  directly, the workspace keeping only the op words; L1/L0A/L0B/L0C capacities are checked at
+  render time;
 * the pipes are synchronised explicitly around every DMA, vector and cube instruction
   (``SetFlag``/``WaitFlag`` pairs, ``kf/sync.h``), so the ascend-emu shim's hazard tracking can
   check them; scalar stores to GM are flushed with ``DataCacheCleanAndInvalid`` at the end.
@@ -65,6 +67,7 @@ class Arch:
     l0b: int
     l0c: int
     fp8: bool = False  # fp8 e4m3 tiles, buffers and cube operands (950 only)
+    direct_cv: bool = False  # UB -> L1 and L0C -> UB paths: T.gemm's data skips GM (950 only, cube.py)
 
     def capacity(self, memory: str) -> int:
         return getattr(self, memory.lower())
@@ -74,7 +77,7 @@ ARCHS = {
     "dav-c220": Arch("dav-c220", 2201, "dav-2201", "dav-c220", ub=192 * 1024, l1=512 * 1024 - 128,
                      l0a=64 * 1024, l0b=64 * 1024, l0c=128 * 1024),
     "dav-3510": Arch("dav-3510", 3510, "dav-3510", "dav-c310", ub=248 * 1024, l1=512 * 1024,
-                     l0a=64 * 1024, l0b=64 * 1024, l0c=256 * 1024, fp8=True),
+                     l0a=64 * 1024, l0b=64 * 1024, l0c=256 * 1024, fp8=True, direct_cv=True),
 }
 ALIASES = {"2201": "dav-c220", "dav-2201": "dav-c220", "910b": "dav-c220", "a3": "dav-c220",
            "3510": "dav-3510", "950": "dav-3510", "dav-c310": "dav-3510"}
@@ -115,6 +118,7 @@ class AscendProgram(Program):
     kernel_name: str = ""
     mix: bool = False  # T.gemm: a MIX kernel (1 AIC + 2 AIV per group) with a GM workspace
     workspace_group_bytes: int = 0  # workspace bytes per group (the last parameter, kind "workspace")
+    direct_cv: bool = False  # dav-3510: the gemms' data goes UB -> L1 / L0C -> UB, the workspace holds op words
 
 
 @dataclass(frozen=True)
@@ -370,7 +374,8 @@ class AscendRenderer(CRenderer, Renderer):
         return AscendProgram(source, entry_symbol(k), arch=arch.name, npu_arch=arch.npu_arch, params=params,
                              ub_bytes=self.plan.total + self.plan.queue_bytes, usage=usage, kernel_name=k.name,
                              mix=self.cube is not None,
-                             workspace_group_bytes=self.cube.group_bytes if self.cube else 0)
+                             workspace_group_bytes=self.cube.group_bytes if self.cube else 0,
+                             direct_cv=bool(self.cube and self.cube.direct))
 
     def queue_lines(self) -> list[str]:
         """A TQue of two buffers per staged T.Pipelined tile, carved after the TBuf."""
@@ -386,6 +391,13 @@ class AscendRenderer(CRenderer, Renderer):
         p = self.cube
         lines = [f"switch (kf::gm_load_word(kf_slot)) {{"]
         for s in p.sites:
+            if p.direct:  # L1 half of AIV kf_sub -> its UB work area (dav-3510)
+                a_half, b_half = p.l1_halves
+                lines.append(f"  case {s.op}: kf::cube_gemm_direct<{self.ctype(s.dtype)}, {s.m}, {s.n}, {s.k}, "
+                             f"{str(s.stmt.trans_a).lower()}, {str(s.stmt.trans_b).lower()}>(kf_sub, {a_half}, "
+                             f"{b_half}, kf_cb, kf_ub_view.GetWithOffset<float>({s.m * _round16(s.n)}, "
+                             f"{self.plan.scratch_offset})); kf_live = true; break;")
+                continue
             lines.append(f"  case {s.op}: kf::cube_gemm<{self.ctype(s.dtype)}, {s.m}, {s.n}, {s.k}, "
                          f"{str(s.stmt.trans_a).lower()}, {str(s.stmt.trans_b).lower()}>(kf_slot, {p.a_off}, "
                          f"{p.b_off}, {p.c_off}, kf_cb); kf_live = true; break;")
@@ -619,12 +631,24 @@ class AscendRenderer(CRenderer, Renderer):
     def stmt_Gemm(self, s: ir.Gemm, out, pad, depth):
         """A request to the group's AIC through this AIV's workspace slot (kf/cube.h)."""
         site, p = self.cube.site(s), self.cube
+        if p.direct:  # UB -> L1 and L0C -> UB (dav-3510): the product lands in rows of 16*ceil(N/16)
+            a_half, b_half = p.l1_halves
+            product = f"kf_ub.GetWithOffset<float>({site.m * _round16(site.n)}, {self.plan.scratch_offset})"
+            out.append(f"{pad}kf::gemm_direct<{self.ctype(site.dtype)}, {site.m}, {site.n}, {site.k}, "
+                       f"{str(s.trans_a).lower()}, {str(s.trans_b).lower()}, {str(s.clear_accum).lower()}>("
+                       f"kf_slot, {site.op}, kf_l1a, kf_l1b, {a_half}, {b_half}, {self.names[s.a.buffer]}, "
+                       f"{self.names[s.b.buffer]}, {self.names[s.c.buffer]}, {product});")
+            return
         pitch = _round32(site.n * 4) // 4  # the product's UB rows are whole 32-byte blocks
         product = f"kf_ub.GetWithOffset<float>({site.m * pitch}, {self.plan.scratch_offset})"
         out.append(f"{pad}kf::gemm<{self.ctype(site.dtype)}, {site.m}, {site.n}, {site.k}, "
                    f"{str(s.trans_a).lower()}, {str(s.trans_b).lower()}, {str(s.clear_accum).lower()}>("
                    f"kf_slot, {p.a_off}, {p.b_off}, {p.c_off}, {site.op}, {self.names[s.a.buffer]}, "
                    f"{self.names[s.b.buffer]}, {self.names[s.c.buffer]}, {product});")
+
+
+def _round16(n: int) -> int:
+    return (n + 15) // 16 * 16
 
 
 def _fp8_buffers(kernel: ir.Kernel):

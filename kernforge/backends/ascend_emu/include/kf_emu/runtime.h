@@ -94,6 +94,15 @@ inline int launch_mix(int64_t num_groups, const std::function<void()>& fn) {
         ctx.reset(kind, role == 0 ? g : g * 2 + role - 1, num_groups, role == 0 ? 0 : role - 1);
         ctx.mix = true;
         ctx.group = &group;
+#if __NPU_ARCH__ == 3510
+        // the direct paths write the AIC's L1 (UB -> L1) and the AIVs' UB (Fixpipe L0C -> UB)
+        ctx.xrole = role;
+        ctx.xsets = &group.sets[role];
+        ctx.xconsumed = group.consumed[role];
+        const Mem own = role == 0 ? Mem::L1 : Mem::UB;
+        ctx.xrec[static_cast<int>(own)].reset(capacity(own) / 32 + 1);
+#endif
+        group.start(role, &ctx);
         fn();
         ctx.finish();
         failed = false;

@@ -20,10 +20,12 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -147,11 +149,37 @@ struct QueueBuf {
 
 struct Group;  // the cross-core flag counters of one AIC + 2 AIV group (MIX launches, cross_core.h)
 
+// The cross-core record of one on-chip memory that the other cores of a dav-3510 MIX group
+// write directly (UB -> L1 into the AIC's L1, Fixpipe L0C -> UB into an AIV's UB), per
+// 32-byte block.  `local`: the owner's cross-core set count + 1 at its last access (the
+// owner's CrossCoreSetFlag number that publishes the access); `remote`: (writer role + 1) << 24
+// | the writer's set count + 1 at the write (the set that publishes it).  Atomics because the
+// writer and the owner are different threads; a correct protocol orders them by the flags.
+struct CrossRecord {
+  std::unique_ptr<std::atomic<uint32_t>[]> local, remote;
+  uint32_t blocks = 0;
+  void reset(uint32_t n) {
+    local.reset(new std::atomic<uint32_t>[n]);
+    remote.reset(new std::atomic<uint32_t>[n]);
+    for (uint32_t b = 0; b < n; ++b) local[b].store(0), remote[b].store(0);
+    blocks = n;
+  }
+};
+
+inline const char* role_name(int role);
+
 struct Ctx {
   Core core = Core::AIV;
   int64_t block_idx = 0, block_num = 1, sub_idx = 0;
   bool mix = false;       // launched as one AIC + two AIV per group (KERNEL_TYPE_MIX_AIC_1_2)
   Group* group = nullptr;  // MIX only
+  // dav-3510 MIX: this core's role (0 AIC, 1 + sub AIV), its CrossCoreSetFlag count and, per
+  // role, how many of that core's sets its own waits have received (cross_core.h); the records
+  // of UB and L1, the memories the direct paths write from another core
+  int xrole = -1;
+  const uint32_t* xsets = nullptr;
+  const uint32_t* xconsumed = nullptr;
+  CrossRecord xrec[static_cast<int>(Mem::COUNT)];
   std::vector<uint8_t> mem[static_cast<int>(Mem::COUNT)];
   // hazard shadows per 32-byte block: (pipe << 28) | epoch, 0 = none
   std::vector<uint32_t> writer[static_cast<int>(Mem::COUNT)];
@@ -180,6 +208,8 @@ struct Ctx {
       reader[m].assign(cap / 32 + 1, 0);
       used[m] = 0;
     }
+    xrole = -1;
+    for (CrossRecord& r : xrec) r.blocks = 0;
     for (int p = 0; p < P_COUNT; ++p) epoch[p] = 1;
     std::memset(retired, 0, sizeof retired);
     std::memset(flag_set, 0, sizeof flag_set);
@@ -197,6 +227,7 @@ struct Ctx {
     if (bytes == 0) return;
     const int mi = static_cast<int>(m);
     uint32_t* const wr = writer[mi].data();
+    if (xrole >= 0 && xrec[mi].blocks) cross_touch(mi, off, bytes);
     for (uint32_t b = off / 32, e = (off + bytes - 1) / 32; b <= e; ++b) {
       const uint32_t w = wr[b];
       if (w != 0) {
@@ -222,6 +253,54 @@ struct Ctx {
       } else if (p != P_S) {
         reader[mi][b] = (uint32_t(p) << 28) | epoch[p];
       }
+    }
+  }
+
+  // The owner's access to blocks another core may write directly: data that core wrote must
+  // have been published by a CrossCoreSetFlag this core has waited for (else the NPU reads it
+  // before it lands); the access is recorded so that the next direct write checks it was.
+  void cross_touch(int mi, uint32_t off, uint32_t bytes) {
+    CrossRecord& r = xrec[mi];
+    const uint32_t stamp = *xsets + 1;
+    for (uint32_t b = off / 32, e = std::min((off + bytes - 1) / 32, r.blocks - 1); b <= e; ++b) {
+      const uint32_t w = r.remote[b].load(std::memory_order_relaxed);
+      if (w != 0) {
+        const int src = int(w >> 24) - 1;
+        if (xconsumed[src] < (w & 0xFFFFFF))
+          fail("cross-core missing wait",
+               "%s reads %s bytes [%u, %u) that %s wrote directly before its CrossCoreSetFlag #%u, which %s has not "
+               "waited for (CrossCoreWaitFlag missing: on the NPU the data may not have landed)",
+               role_name(xrole), mem_name(Mem(mi)), b * 32, b * 32 + 32, role_name(src), w & 0xFFFFFF,
+               role_name(xrole));
+        r.remote[b].store(0, std::memory_order_relaxed);
+      }
+      r.local[b].store(stamp, std::memory_order_relaxed);
+    }
+  }
+
+  // A direct write into this core's memory by `src` (another core of the group, whose set
+  // count is src_sets and who has received src_consumed of this core's sets; called under the
+  // group's lock): every access this core made to the blocks must have been published to the
+  // writer (WAR across cores), and data the writer published earlier must have been waited
+  // for by this core before the writer replaces it.
+  void cross_write(int src, uint32_t src_sets, uint32_t src_consumed, Mem m, uint32_t off, uint32_t bytes) {
+    CrossRecord& r = xrec[static_cast<int>(m)];
+    if (r.blocks == 0) fail("position", "a direct write into %s of %s: not a dav-3510 MIX group", mem_name(m), role_name(xrole));
+    for (uint32_t b = off / 32, e = (off + bytes - 1) / 32; b <= e && b < r.blocks; ++b) {
+      const uint32_t l = r.local[b].load(std::memory_order_relaxed);
+      if (l != 0 && src_consumed < l)
+        fail("cross-core missing wait",
+             "%s writes %s bytes [%u, %u) of %s, which %s used after its last CrossCoreSetFlag that %s waited for "
+             "(CrossCoreWaitFlag missing: on the NPU it overwrites data still in use)",
+             role_name(src), mem_name(m), b * 32, b * 32 + 32, role_name(xrole), role_name(xrole), role_name(src));
+      const uint32_t prev = r.remote[b].load(std::memory_order_relaxed), n = prev & 0xFFFFFF;
+      if (prev != 0 && int(prev >> 24) - 1 == src && n <= src_sets && xconsumed[src] < n)
+        fail("cross-core missing wait",
+             "%s overwrites %s bytes [%u, %u) of %s that it published with CrossCoreSetFlag #%u, which %s has not "
+             "waited for yet (a CrossCoreWaitFlag for %s's answer missing: on the NPU the first data is lost)",
+             role_name(src), mem_name(m), b * 32, b * 32 + 32, role_name(xrole), n, role_name(xrole), role_name(xrole));
+      r.remote[b].store((uint32_t(src + 1) << 24) | (src_sets + 1), std::memory_order_relaxed);
+      writer[static_cast<int>(m)][b] = reader[static_cast<int>(m)][b] = 0;  // ordered by the cross-core flags
     }
   }
 

@@ -15,7 +15,7 @@ from kernforge.backends.cuda.tma import TensorMapSpec, encode_args
 from tests.backends.test_cuda_semantics import gemm
 
 
-def test_only_sm_90a_pipelines_load_through_tma():
+def test_sm_90a_and_sm_100a_pipelines_load_through_tma():
     kernel = gemm().ir
     hopper = render_cuda(kernel, "sm_90a")
     assert hopper.variant == "tma"
@@ -26,7 +26,12 @@ def test_only_sm_90a_pipelines_load_through_tma():
     src = hopper.source
     assert "kf::tma_load_2d(" in src and "kf::mbarrier_wait_parity(" in src and "cp_async_cg_16" not in src
     assert f"{TENSOR_MAP_CTYPE} kf_tmap_A_0" in src
-    for program in (render_cuda(kernel, "sm_80"), render_cuda(kernel, "sm_100a"), render_cuda(kernel, "sm_90a", tma=False)):
+    # sm_100a: the same copy engine, the same whole-tile boxes (its tcgen05.mma reads the same layouts)
+    blackwell = render_cuda(kernel, "sm_100a")
+    assert [(t.buffer, t.box, t.swizzle) for t in blackwell.tensor_maps] == [("A", (8, 8), 0), ("B", (32, 64), 128)]
+    assert "kf::tma_load_2d(" in blackwell.source and "cp_async_cg_16" not in blackwell.source
+    for program in (render_cuda(kernel, "sm_80"), render_cuda(kernel, "sm_90a", tma=False),
+                    render_cuda(kernel, "sm_100a", tma=False)):
         assert program.variant == "cp.async" and "CUtensorMap" not in program.source
         assert "kf::cp_async_cg_16" in program.source
 

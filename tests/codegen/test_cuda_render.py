@@ -6,6 +6,8 @@ import re
 import pytest
 
 import kernforge.dsl as T
+from kernforge import dtypes
+from kernforge.backends.cuda import tcgen05
 from kernforge.backends.cuda.layouts import AccumLayout, RowLayout
 from kernforge.backends.cuda.renderer import ARCHS, CudaRenderer, CudaRenderError, render_cuda
 from kernforge.codegen.renderer import Target
@@ -33,7 +35,7 @@ def test_generated_text_has_no_inline_asm_and_includes_only_the_device_library(a
         assert "asm" not in src
         assert set(re.findall(r'#include "([^"]+)"', src)) <= {
             "kf/common.cuh", "kf/atomic.cuh", "kf/cp_async.cuh", "kf/reduce.cuh", "kf/mma.cuh", "kf/wgmma.cuh",
-            "kf/tma.cuh"}
+            "kf/tma.cuh", "kf/tcgen05.cuh"}
 
 
 def test_launch_abi_params_in_order_then_one_int64_per_symbol():
@@ -57,7 +59,7 @@ def test_launch_abi_params_in_order_then_one_int64_per_symbol():
 
 def test_gemm_accumulator_lives_in_registers_with_the_instruction_of_the_target():
     pf = gemm(256, 256, 256, bm=128, bn=128, bk=32, stages=3)
-    for arch, kind in (("sm_90a", "wgmma"), ("sm_80", "mma"), ("sm_100a", "mma")):
+    for arch, kind in (("sm_90a", "wgmma"), ("sm_80", "mma"), ("sm_100a", "tcgen05")):
         r = _plan(pf, arch)
         (g, chosen), = r.plan.gemm_kind.items()
         assert chosen == kind
@@ -67,6 +69,17 @@ def test_gemm_accumulator_lives_in_registers_with_the_instruction_of_the_target(
     src = render_cuda(pf.ir, "sm_90a").source
     assert "kf::wgmma_m64nNk16_f32_bf16<128, 0, 1>" in src  # B stored K x N: transposed (MN-major) operand
     assert "kf::mma_m16n8k16_f32_bf16" in render_cuda(pf.ir, "sm_80").source
+    # sm_100a: M = 64 MMAs of one warp column (N = 128), bf16, B MN-major; the accumulator in TMEM
+    blackwell = render_cuda(pf.ir, "sm_100a").source
+    assert "kf::tcgen05_mma_f16(" in blackwell and "kf::tmem_ld_16x256b<8>(" in blackwell
+    assert f"{tcgen05.instr_desc(64, 128, dtypes.bfloat16, False, True):#010x}u" in blackwell
+    assert "kf::mma_m16n8k16" not in blackwell
+
+
+def test_sm_100a_keeps_mma_sync_for_gemms_tcgen05_does_not_take():
+    # 32-row accumulator: no 64-row warpgroup block
+    (kind,) = _plan(gemm(64, 64, 64, bm=32, bn=64, bk=32), "sm_100a").plan.gemm_kind.values()
+    assert kind == "mma"
 
 
 def test_pipelined_copies_become_a_ring_of_stages():

@@ -64,7 +64,7 @@ def _swizzled(kernel, arch="sm_90a"):
     return {b.name for b in facts["layouts"].swizzled}
 
 
-def test_the_planner_swizzles_only_whole_128_byte_rows_read_by_wgmma():
+def test_the_planner_swizzles_only_whole_128_byte_rows_read_by_wgmma_or_tcgen05():
     # bk = 64: both K tiles have 128-byte rows (B stored K x N, one warp column of 64)
     assert _swizzled(gemm(bk=64).ir) == {"A_s", "B_s"}
     # bk = 32: A's rows are 64 bytes (core-matrix order); B (32 x 64, MN-major) still swizzles
@@ -75,8 +75,13 @@ def test_the_planner_swizzles_only_whole_128_byte_rows_read_by_wgmma():
     assert _swizzled(gemm(bk=64, trans_b=True, threads=256).ir) == {"A_s", "B_s"}  # K-major: fine
     # under 64 rows: mma.sync + ldmatrix read core matrices
     assert _swizzled(gemm(bm=32, bk=64).ir) == set()
-    # sm_80 / sm_100a: no wgmma, no swizzle (their sources are unchanged by this layout)
-    assert _swizzled(gemm(bk=64).ir, "sm_80") == _swizzled(gemm(bk=64).ir, "sm_100a") == set()
+    # sm_80: mma.sync + ldmatrix, no swizzle (its sources are unchanged by this layout)
+    assert _swizzled(gemm(bk=64).ir, "sm_80") == set()
+    # sm_100a: tcgen05.mma reads the same swizzled tiles through UMMA descriptors (layout type 2);
+    # under 64 rows it keeps mma.sync and core matrices
+    assert _swizzled(gemm(bk=64).ir, "sm_100a") == {"A_s", "B_s"}
+    assert _swizzled(gemm(bk=32).ir, "sm_100a") == {"B_s"}
+    assert _swizzled(gemm(bm=32, bk=64).ir, "sm_100a") == set()
 
 
 def test_swizzled_tiles_start_on_1024_byte_boundaries():

@@ -21,9 +21,9 @@ TMA_KERNELS = {"m_grouped_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_contiguous
 
 
 def _expected_variant(name, arch, inputs):
-    """TMA on sm_90a for the pipelined kernels, unless a TMA'd tensor's rows are not a multiple
+    """TMA on sm_90a and sm_100a for the pipelined kernels, unless a TMA'd tensor's rows are not a multiple
     of 16 bytes (then the launch runs the cp.async variant)."""
-    if arch != "sm_90a":
+    if arch not in ("sm_90a", "sm_100a"):
         return "cp.async"
     spec = SPECS[name]
     maps = render_cuda(spec.factory(**spec.problems["small"].params).ir, arch).tensor_maps
@@ -39,7 +39,7 @@ def _as_float(t):
     return t.float().numpy() if t.dtype.is_floating_point else t.numpy()
 
 
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])  # wgmma + TMA pipeline; mma.sync + ldmatrix + cp.async
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80", "sm_100a"])  # wgmma + TMA; mma.sync + cp.async; TMA (+ mma.sync at these sizes)
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_library_kernel_matches_interp(name, arch):
     spec = SPECS[name]

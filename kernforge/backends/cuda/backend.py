@@ -51,6 +51,18 @@ def _compile(program: CudaProgram, kernel: ir.Kernel, load: bool):
               include_dirs=(INCLUDE_DIR,), dependency_signature=DEPENDENCY_SIGNATURE)
 
 
+def _tcgen05_flops(kernel: ir.Kernel, arch: str, tma: bool, checks: bool) -> float:
+    """Tensor flops of one pass over the kernel's tcgen05 gemms (``2 m n k`` each, from the layout
+    plan): the cycle model's MMA time on sm_100a, where SASS does not print an UTCHMMA's shape."""
+    if not arch_info(arch).tcgen05:
+        return 0.0
+    target = Target("cuda", arch, "" if tma else "cp.async", checks)
+    plan = CudaRenderer().lower(kernel, target)[1]["layouts"]
+    return float(sum(2 * g.c.buffer.static_shape()[0] * g.c.buffer.static_shape()[1] *
+                     (g.a.buffer.static_shape()[0] if g.trans_a else g.a.buffer.static_shape()[1])
+                     for g, kind in plan.gemm_kind.items() if kind == "tcgen05"))
+
+
 def build_report(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True, checks: bool = False,
                  report: bool = False, flops: Optional[float] = None, nbytes: Optional[float] = None) -> dict:
     """Compile without a GPU and report the cache entry, ptxas' resource usage and its wgmma
@@ -76,7 +88,8 @@ def build_report(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True
         operands = "fp8" if any(isinstance(p, ir.Buffer) and p.dtype.name.startswith("float8")
                                 for p in kernel.params) else "bf16"
         out["sass"] = sass_report.counts(sk.instrs)
-        out["model"] = sass_report.model(sk, program.arch, program.threads, flops, nbytes, operands)
+        out["model"] = sass_report.model(sk, program.arch, program.threads, flops, nbytes, operands,
+                                         utc_flops=_tcgen05_flops(kernel, program.arch, tma, checks))
     return out
 
 

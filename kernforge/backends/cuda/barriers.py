@@ -124,17 +124,18 @@ def replace_body(body: ir.Stmt, items: list) -> ir.Stmt:
     return items[0] if len(items) == 1 else ir.Seq(tuple(items), body.loc)
 
 
-def insert_cuda_barriers(kernel: ir.Kernel, wgmma: bool, tma: bool) -> ir.Kernel:
+def insert_cuda_barriers(kernel: ir.Kernel, wgmma: bool, tma: bool, tcgen05: bool = False) -> ir.Kernel:
     """``kernel`` with a ``Sync`` wherever the CUDA lowering needs a block barrier that no helper
-    provides (``wgmma``: the arch has warpgroup MMA; ``tma``: pipelined rings may load by TMA)."""
-    plan = plan_layouts(kernel, wgmma)
+    provides (``wgmma``: the arch has warpgroup MMA; ``tma``: pipelined rings may load by TMA;
+    ``tcgen05``: the arch has tcgen05.mma, sm_100a)."""
+    plan = plan_layouts(kernel, wgmma, tcgen05)
     pipes = plan_pipelines(kernel, plan.staged)
     tma_loops = cuda_tma.plan_tma(kernel, plan, pipes)[0] if tma else {}
     return CudaBarriers(kernel, plan, pipes, tma_loops).run()
 
 
-def barrier_pass(wgmma: bool, tma: bool):
+def barrier_pass(wgmma: bool, tma: bool, tcgen05: bool = False):
     """The pipeline step for one target: a named ``Kernel -> Kernel`` transform."""
     def cuda_barriers(kernel: ir.Kernel) -> ir.Kernel:
-        return insert_cuda_barriers(kernel, wgmma, tma)
+        return insert_cuda_barriers(kernel, wgmma, tma, tcgen05)
     return cuda_barriers

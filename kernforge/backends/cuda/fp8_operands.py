@@ -3,8 +3,8 @@
 On sm_90a a gemm of K-major e4m3 shared tiles runs natively (fp8 ``wgmma`` m64nNk32, SASS
 ``QGMMA``, twice the bf16 rate, reading the TMA'd fp8 tiles in place;
 ``layout_plan.native_fp8_gemm``) and keeps its operands: :func:`cuda_fp8_operands_wgmma`.
-Everywhere else (sm_80, sm_100a's mma.sync path, transposed or fragment operands) the
-shadow below applies.
+sm_100a does the same with ``tcgen05.mma kind::f8f6f4`` (``UTCQMMA``; :func:`cuda_fp8_operands_tcgen05`).
+Everywhere else (sm_80, mma.sync paths, transposed or fragment operands) the shadow below applies.
 
 Every e4m3 value is exactly a bf16 value (3 mantissa bits into 7, exponent range
 inside bf16's), and a bf16 x bf16 product is exact in float32, so converting the
@@ -60,6 +60,11 @@ def cuda_fp8_operands(kernel: ir.Kernel) -> ir.Kernel:
 def cuda_fp8_operands_wgmma(kernel: ir.Kernel) -> ir.Kernel:
     """sm_90a: gemms ``native_fp8_gemm`` admits keep their fp8 tiles; the rest get shadows."""
     return _shadow(kernel, _Widen(keep=lambda g: native_fp8_gemm(g, kernel.threads)))
+
+
+def cuda_fp8_operands_tcgen05(kernel: ir.Kernel) -> ir.Kernel:
+    """sm_100a: gemms ``native_fp8_gemm(tcgen05=True)`` admits keep their fp8 tiles (``kind::f8f6f4``)."""
+    return _shadow(kernel, _Widen(keep=lambda g: native_fp8_gemm(g, kernel.threads, tcgen05=True)))
 
 
 def _shadow(kernel: ir.Kernel, m: _Widen) -> ir.Kernel:

@@ -1,4 +1,5 @@
-"""CUDA lowering of ``T.gemm``: wgmma (sm_90a), mma.sync m16n8k16 with ldmatrix, or a scalar loop.
+"""CUDA lowering of ``T.gemm``: wgmma (sm_90a), tcgen05.mma (sm_100a, :mod:`tcgen05`), mma.sync
+m16n8k16 with ldmatrix, or a scalar loop.
 
 Operand tiles are 128B-swizzled or in core-matrix order (:mod:`smem_layouts`), the
 accumulator in :class:`~kernforge.backends.cuda.layouts.AccumLayout`; the layout
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from kernforge import dtypes
 from kernforge.codegen import ir
-from kernforge.backends.cuda import smem_layouts
+from kernforge.backends.cuda import smem_layouts, tcgen05 as cuda_tcgen05
 from kernforge.backends.cuda.layouts import AccumLayout
 from kernforge.backends.cuda.ops import I32, _add, _vars, _zero
 
@@ -16,6 +17,9 @@ def render_gemm(R, g: ir.Gemm) -> None:
     kind = R.plan.gemm_kind[g]
     if kind == "scalar":
         render_scalar_gemm(R, g)
+        return
+    if kind == "tcgen05":
+        cuda_tcgen05.render_gemm(R, g)
         return
     lay: AccumLayout = R.plan.registers[g.c.buffer]
     a, b, c = g.a.buffer, g.b.buffer, g.c.buffer
@@ -132,12 +136,15 @@ def render_wgmma_fp8(R, g: ir.Gemm, lay: AccumLayout, K: int) -> None:
     R.emit(f"kf::wgmma_fence_operand({cn});")
 
 
-def smem_desc(R, tile: ir.Buffer, r: str, c: str, k_major: bool) -> str:
-    """``kf::make_smem_desc`` of ``tile`` for the instruction whose first element is ``(r, c)``, in
-    the tile's layout (:mod:`smem_layouts`: 128B-swizzled or core-matrix order)."""
+def smem_desc(R, tile: ir.Buffer, r: str, c: str, k_major: bool, umma: bool = False) -> str:
+    """``kf::make_smem_desc`` (``umma``: the sm_100 ``kf::make_umma_desc``) of ``tile`` for the
+    instruction whose first element is ``(r, c)``, in the tile's layout (:mod:`smem_layouts`:
+    128B-swizzled or core-matrix order)."""
     shape, size, swizzled = tile.static_shape(), tile.dtype.itemsize, tile in R.plan.swizzled
     lbo, sbo, layout = smem_layouts.descriptor_strides(shape, size, swizzled, k_major)
     start = smem_layouts.descriptor_start(shape, size, swizzled, r, c)
+    if umma:
+        return f"kf::make_umma_desc({R.buffer_name(tile)} + {start}, {lbo}, {sbo}, {smem_layouts.UMMA_LAYOUT[layout]})"
     mode = f", {layout}" if layout != smem_layouts.LAYOUT_INTERLEAVE else ""
     return f"kf::make_smem_desc({R.buffer_name(tile)} + {start}, {lbo}, {sbo}{mode})"
 

@@ -12,8 +12,12 @@ thread may read any element after a barrier.  The renderer then never has to
 guess: each fragment access is either ``frag[register]`` or a shared load.
 
 Gemm operand tiles get a shared layout here too (``core_tiles``, ``swizzled``): the
-128-byte swizzle where only wgmma reads a tile of whole 128-byte rows (TMA then loads it in
-whole-tile boxes), core-matrix order otherwise (``smem_layouts`` has both).
+128-byte swizzle where only wgmma / tcgen05.mma read a tile of whole 128-byte rows (TMA then
+loads it in whole-tile boxes), core-matrix order otherwise (``smem_layouts`` has both).
+
+On sm_100a (``tcgen05``) accumulators take the warpgroup layout of sm_90a where it tiles them,
+and a gemm whose accumulator fits :func:`tcgen05_ok` runs as ``tcgen05.mma`` into tensor
+memory (``gemm_kind`` "tcgen05", :mod:`kernforge.backends.cuda.tcgen05`); the rest keep mma.sync.
 
 The result is a :class:`LayoutPlan` (analysis, not a rewrite: the IR keeps
 saying "fragment"); ``kernel`` itself is not changed.
@@ -30,6 +34,7 @@ from kernforge.backends.cuda.layouts import (AccumLayout, Layout, RowLayout, Str
 TENSOR_CORE_DTYPES = (dtypes.bfloat16, dtypes.float16)
 SWIZZLE_BYTES = 128  # the swizzled layout's row: CU_TENSOR_MAP_SWIZZLE_128B, wgmma layout type 1
 SWIZZLE_ALIGN = 1024  # its atom (8 rows x 128 bytes): every swizzled tile (each ring stage) starts on one
+TMEM_COLUMNS = 512  # tensor memory per CTA on sm_100a: 128 lanes x 512 columns of 32 bits
 
 
 @dataclass
@@ -42,7 +47,16 @@ class LayoutPlan:
     core_tiles: set[ir.Buffer] = field(default_factory=set)
     # the core tiles stored in the 128-byte-swizzled layout instead (``smem_layouts``; sm_90a wgmma)
     swizzled: set[ir.Buffer] = field(default_factory=set)
-    gemm_kind: dict[ir.Gemm, str] = field(default_factory=dict)  # "wgmma" | "mma" | "scalar"
+    gemm_kind: dict[ir.Gemm, str] = field(default_factory=dict)  # "wgmma" | "tcgen05" | "mma" | "scalar"
+
+    def tmem_columns(self) -> int:
+        """Tensor-memory columns the kernel allocates once (0 without a tcgen05 gemm): the largest
+        accumulator's (``tcgen05_columns``; every tcgen05 gemm reuses the same columns, its
+        result is in registers when it returns), rounded up to a power of two >= 32 as
+        ``tcgen05.alloc`` requires."""
+        need = max((tcgen05_columns(self.registers[g.c.buffer]) for g, k in self.gemm_kind.items()
+                    if k == "tcgen05"), default=0)
+        return max(32, 1 << (need - 1).bit_length()) if need else 0
 
 
 def _whole(r: ir.Region) -> bool:
@@ -66,20 +80,39 @@ def _tensor_core_gemm(g: ir.Gemm, wgmma: bool = False) -> bool:
     return m % 16 == 0 and n % 8 == 0 and k % (32 if fp8 else 16) == 0 and m % 8 == 0
 
 
-def native_fp8_gemm(g: ir.Gemm, threads: int) -> bool:
+def native_fp8_gemm(g: ir.Gemm, threads: int, tcgen05: bool = False) -> bool:
     """Whether sm_90a runs ``g`` as fp8 wgmma (``m64nNk32 .e4m3``, SASS ``QGMMA``) straight from
     its fp8 tiles: both operands whole e4m3 shared tiles, K-major (A stored M x K, B stored
     N x K: PTX has no transpose for 8-bit wgmma operands), K a multiple of 32, and an
     accumulator a warpgroup layout tiles.  ``cuda_fp8_operands`` gives every other fp8 gemm
     bf16 shadow tiles; a gemm this admits whose accumulator the planner later stages runs the
-    scalar loop (still exact), never mma.sync."""
+    scalar loop (still exact), never mma.sync.  ``tcgen05`` (sm_100a, ``kind::f8f6f4``, SASS
+    ``UTCQMMA``): the same tiles, and the accumulator within tensor memory (:func:`tcgen05_ok`)."""
     a, b = g.a.buffer, g.b.buffer
     if a.scope != ir.Scope.SHARED or b.scope != ir.Scope.SHARED or not _tensor_core_gemm(g, wgmma=True):
         return False
     if a.dtype != dtypes.float8_e4m3:
         return False
     m, n = a.static_shape()[0], b.static_shape()[0]
-    return accum_layout(m, n, threads, wgmma=True, policy=g.policy) is not None
+    lay = accum_layout(m, n, threads, wgmma=True, policy=g.policy)
+    return lay is not None and (not tcgen05 or tcgen05_ok(lay, a.dtype))
+
+
+def tcgen05_columns(lay: AccumLayout) -> int:
+    """TMEM columns of a tcgen05 accumulator: one ``M = 64`` MMA (data-path layout F: row r in lane
+    32 * (r / 16) + r % 16, so warp w of a warpgroup reads its 16 rows with ``tcgen05.ld.16x256b``
+    in the wgmma register layout) per 64-row block and warp column, each ``n / wn`` fp32 columns
+    wide: ``m / 64 * n`` in all."""
+    return lay.m // 64 * lay.n
+
+
+def tcgen05_ok(lay: AccumLayout, dtype) -> bool:
+    """Whether sm_100a runs a gemm with accumulator layout ``lay`` and operand type ``dtype`` as
+    tcgen05.mma (``cta_group::1``, ``M = 64``, ``kind::f16`` or ``kind::f8f6f4``): bf16/fp16/e4m3 operands, warps along M in
+    whole warpgroups (the ld's lane quarters), ``N = n / wn`` a multiple of 8 up to 256, and the
+    accumulator within the 512 TMEM columns."""
+    return dtype in TENSOR_CORE_DTYPES + (dtypes.float8_e4m3,) and lay.wm % 4 == 0 and lay.m % 64 == 0 and lay.n // lay.wn <= 256 \
+        and tcgen05_columns(lay) <= TMEM_COLUMNS
 
 
 def _identity(indices, vars_) -> bool:
@@ -87,9 +120,10 @@ def _identity(indices, vars_) -> bool:
 
 
 class _Planner:
-    def __init__(self, kernel: ir.Kernel, wgmma: bool):
+    def __init__(self, kernel: ir.Kernel, wgmma: bool, tcgen05: bool = False):
         self.k = kernel
         self.wgmma = wgmma
+        self.tcgen05 = tcgen05
         self.frags = [n.buffer for n in ir.nodes(kernel.body)
                       if isinstance(n, ir.Allocate) and n.buffer.scope == ir.Scope.FRAGMENT]
         self.plan = LayoutPlan()
@@ -98,10 +132,11 @@ class _Planner:
     def propose(self) -> None:
         regs = self.plan.registers
         for g in self._nodes(ir.Gemm):
-            if not _tensor_core_gemm(g, self.wgmma):
+            if not _tensor_core_gemm(g, self.wgmma or self.tcgen05):
                 continue
             m, n = g.c.buffer.static_shape()
-            lay = (accum_layout(m, n, self.k.threads, wgmma=True, policy=g.policy) if self.wgmma else None) \
+            warpgroups = self.wgmma or self.tcgen05
+            lay = (accum_layout(m, n, self.k.threads, wgmma=True, policy=g.policy) if warpgroups else None) \
                 or accum_layout(m, n, self.k.threads, wgmma=False, policy=g.policy)
             if lay is None:
                 continue
@@ -178,7 +213,7 @@ class _Planner:
         wgmma reads it (ldmatrix/mma.sync address core matrices), it is whole 128-byte rows of
         whole 8-row atoms, and every wgmma that reads it MN-major starts each warp's slice at a
         whole 128-byte chunk (so a descriptor never starts inside a swizzled row)."""
-        if not self.wgmma or b.ndim != 2 or b.dtype.itemsize not in (1, 2):
+        if not (self.wgmma or self.tcgen05) or b.ndim != 2 or b.dtype.itemsize not in (1, 2):
             return False
         rows, cols = b.static_shape()
         if rows % 8 or (cols * b.dtype.itemsize) % SWIZZLE_BYTES:
@@ -187,7 +222,7 @@ class _Planner:
         for g in self._nodes(ir.Gemm):
             if b not in (g.a.buffer, g.b.buffer):
                 continue
-            if self.plan.gemm_kind[g] != "wgmma":
+            if self.plan.gemm_kind[g] not in ("wgmma", "tcgen05"):
                 return False
             lay = self.plan.registers[g.c.buffer]
             if g.b.buffer is b and not g.trans_b and (lay.n // lay.wn) % chunk:
@@ -196,12 +231,14 @@ class _Planner:
 
     def _gemm_kind(self, g: ir.Gemm) -> str:
         lay = self.plan.registers.get(g.c.buffer)
-        if not (_tensor_core_gemm(g, self.wgmma) and isinstance(lay, AccumLayout)):
+        if not (_tensor_core_gemm(g, self.wgmma or self.tcgen05) and isinstance(lay, AccumLayout)):
             return "scalar"
         if any(op in self.plan.registers for op in (g.a.buffer, g.b.buffer)):
             return "scalar"
         if self.wgmma and lay.wm % 4 == 0 and lay.m % 64 == 0 and lay.n // lay.wn <= 256:
             return "wgmma"
+        if self.tcgen05 and tcgen05_ok(lay, g.a.buffer.dtype):
+            return "tcgen05"
         # mma.sync has no fp8 path here (fp8 reaches this planner only as a native wgmma candidate)
         return "scalar" if g.a.buffer.dtype == dtypes.float8_e4m3 else "mma"
 
@@ -331,9 +368,10 @@ class _Planner:
         return out
 
 
-def plan_layouts(kernel: ir.Kernel, wgmma: bool) -> LayoutPlan:
-    """Place every fragment of ``kernel`` (``wgmma``: the target has warpgroup MMA)."""
-    planner = _Planner(kernel, wgmma)
+def plan_layouts(kernel: ir.Kernel, wgmma: bool, tcgen05: bool = False) -> LayoutPlan:
+    """Place every fragment of ``kernel`` (``wgmma``: the target has warpgroup MMA; ``tcgen05``:
+    it has tcgen05.mma with tensor memory, sm_100a)."""
+    planner = _Planner(kernel, wgmma, tcgen05)
     planner.propose()
     planner.settle()
     return planner.plan

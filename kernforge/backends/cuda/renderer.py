@@ -17,11 +17,12 @@ How the tile program maps onto a thread block (DESIGN.md §1-2):
   and ``wgmma`` read them without bank conflicts.
 * copies global -> shared -> 16-byte ``cp.async`` chunks (scalar loads at
   edges); ``T.Pipelined`` -> a ``num_stages``-deep ring of those tiles
-  (:mod:`kernforge.backends.cuda.pipeline_plan`), filled on sm_90a by TMA
+  (:mod:`kernforge.backends.cuda.pipeline_plan`), filled on sm_90a and sm_100a by TMA
   loads completing on one mbarrier per stage (:mod:`cuda_tma`; ``tma=False``
   renders the cp.async variant the launcher falls back to).
-* gemm -> ``wgmma`` (sm_90a) or ``mma.sync`` m16n8k16 (sm_80, sm_100a), or a
-  scalar loop for dtypes and shapes the tensor cores do not take.
+* gemm -> ``wgmma`` (sm_90a), ``tcgen05.mma`` into tensor memory (sm_100a, :mod:`tcgen05`) or
+  ``mma.sync`` m16n8k16 (sm_80; sm_100a gemms tcgen05 does not take), or a scalar loop for
+  dtypes and shapes the tensor cores do not take.
 * barriers: ``ir.Sync`` statements, placed by the barrier pass
   (:mod:`kernforge.backends.cuda.barriers`, the last transform) where shared
   memory written since the last barrier is read, or read/written memory is
@@ -47,11 +48,12 @@ from kernforge.backends.cuda.layouts import AccumLayout
 from kernforge.codegen.passes import Analysis, simplify
 from kernforge.codegen.passes.checks import insert_checks
 from kernforge.backends.cuda.barriers import barrier_pass
-from kernforge.backends.cuda.fp8_operands import cuda_fp8_operands, cuda_fp8_operands_wgmma
+from kernforge.backends.cuda.fp8_operands import (cuda_fp8_operands, cuda_fp8_operands_tcgen05,
+                                                  cuda_fp8_operands_wgmma)
 from kernforge.backends.cuda.layout_plan import SWIZZLE_ALIGN, LayoutPlan, plan_layouts
 from kernforge.backends.cuda.pipeline_plan import PipelinePlan, plan_pipelines
 from kernforge.backends.cuda import smem_layouts
-from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tma as cuda_tma
+from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tcgen05 as cuda_tcgen05, tma as cuda_tma
 from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol, safe_identifier
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
@@ -66,6 +68,12 @@ class Arch:
     sm: int
     wgmma: bool
     max_smem: int  # bytes of shared memory one block may use (opt-in limit)
+    tcgen05: bool = False  # 5th-generation tensor cores: tcgen05.mma into tensor memory (sm_100a)
+
+    @property
+    def tma(self) -> bool:
+        """The copy engine (``cp.async.bulk.tensor``) and transaction-count mbarriers: sm_90a and later."""
+        return self.wgmma or self.tcgen05
 
     @property
     def gencode(self) -> str:
@@ -73,7 +81,7 @@ class Arch:
 
 
 ARCHS = {a.name: a for a in (Arch("sm_80", 80, False, 163 * 1024), Arch("sm_90a", 90, True, 227 * 1024),
-                             Arch("sm_100a", 100, False, 227 * 1024))}
+                             Arch("sm_100a", 100, False, 227 * 1024, tcgen05=True))}
 DEFAULT_ARCH = "sm_90a"
 # IR -> IR passes before rendering; ``CudaRenderer.pipeline`` appends the target's barrier pass,
 # then the analyses read the result
@@ -139,13 +147,14 @@ class CudaRenderer(CRenderer, Renderer):
 
     def pipeline(self, kernel: ir.Kernel, target: Target) -> tuple:
         arch = arch_info(target.arch)
-        tma = arch.wgmma and target.variant != "cp.async"
+        tma = arch.tma and target.variant != "cp.async"
         # checked mode tests the author's accesses, before fp8 shadow tiles and barriers exist
         transforms = TRANSFORMS[:1] + (insert_checks,) + TRANSFORMS[1:] if target.checks else TRANSFORMS
-        if arch.wgmma:  # native fp8 wgmma where it applies
-            transforms = tuple(cuda_fp8_operands_wgmma if t is cuda_fp8_operands else t for t in transforms)
-        return transforms + (barrier_pass(arch.wgmma, tma),) + (
-            Analysis("layouts", lambda k, facts: plan_layouts(k, arch.wgmma)),
+        if arch.wgmma or arch.tcgen05:  # native fp8 wgmma / tcgen05 kind::f8f6f4 where it applies
+            native = cuda_fp8_operands_wgmma if arch.wgmma else cuda_fp8_operands_tcgen05
+            transforms = tuple(native if t is cuda_fp8_operands else t for t in transforms)
+        return transforms + (barrier_pass(arch.wgmma, tma, arch.tcgen05),) + (
+            Analysis("layouts", lambda k, facts: plan_layouts(k, arch.wgmma, arch.tcgen05)),
             Analysis("pipelines", lambda k, facts: plan_pipelines(k, facts["layouts"].staged)),
             Analysis("tma", lambda k, facts: cuda_tma.plan_tma(k, facts["layouts"], facts["pipelines"])
                      if tma else ({}, [])),
@@ -180,7 +189,9 @@ class CudaRenderer(CRenderer, Renderer):
         self.buf_override: dict[ir.Buffer, str] = {}
         self.reg_ctx: Optional[tuple] = None  # (driver layout, register index name, loop vars)
         self.in_parallel = False
-        self.uses_wgmma = "wgmma" in self.plan.gemm_kind.values()
+        # wgmma and tcgen05.mma read their operands through the async proxy
+        self.uses_wgmma = bool({"wgmma", "tcgen05"} & set(self.plan.gemm_kind.values()))
+        self.tmem_slot_offset = -1
         self.headers: set[str] = set()
         self.smem_offsets: dict[ir.Buffer, int] = {}
         self.smem_bytes = 0
@@ -275,6 +286,9 @@ class CudaRenderer(CRenderer, Renderer):
         for loop in self.tma_loops:
             self.mbarrier_offsets[loop] = off
             off += -(-8 * loop.num_stages // SMEM_ALIGN) * SMEM_ALIGN
+        if self.plan.tmem_columns():  # the TMEM address tcgen05.alloc writes, then the MMA mbarrier
+            self.tmem_slot_offset = off
+            off += SMEM_ALIGN
         scratch = max((cuda_reduce.reduce_scratch_floats(self, r) for r in ir.nodes(self.k.body)
                        if isinstance(r, ir.Reduce)), default=0)
         if scratch:
@@ -334,14 +348,19 @@ class CudaRenderer(CRenderer, Renderer):
             self.emit(f"float* const kf_softmax_scratch = reinterpret_cast<float*>(kf_smem + {self.softmax_scratch_offset});")
         if self.scan_scratch_offset >= 0:
             self.emit(f"unsigned char* const kf_scan_scratch = kf_smem + {self.scan_scratch_offset};")
+        if self.tmem_slot_offset >= 0:
+            cuda_tcgen05.render_setup(self, self.tmem_slot_offset)
 
     def render_body(self) -> CudaProgram:
         self.allocate_smem()
         self.prologue()
         self.stmt(self.k.body)
+        if self.tmem_slot_offset >= 0:
+            cuda_tcgen05.render_teardown(self)
         for kind in set(self.plan.gemm_kind.values()):
-            self.headers.add({"wgmma": "kf/wgmma.cuh", "mma": "kf/mma.cuh", "scalar": "kf/common.cuh"}[kind])
-        if self.tma_loops:
+            self.headers.add({"wgmma": "kf/wgmma.cuh", "mma": "kf/mma.cuh", "scalar": "kf/common.cuh",
+                              "tcgen05": "kf/tcgen05.cuh"}[kind])
+        if self.tma_loops or self.tmem_slot_offset >= 0:
             self.headers.add("kf/tma.cuh")
         if any(isinstance(n, ir.OnlineSoftmax) for n in ir.nodes(self.k.body)):
             self.headers.add("kf/softmax.cuh")

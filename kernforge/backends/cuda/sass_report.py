@@ -59,6 +59,8 @@ MODEL_ASSUMPTIONS = (
     "loops nested in the main loop counted once (estimate is then an upper bound)",
     "one CTA per SM, warps over 4 schedulers, 1 instruction/scheduler/cycle",
     "HGMMA 64xNx16 / QGMMA 64xNx32: N/2 tensor cycles; HMMA.16816: 4096 flops at the mma.sync rate",
+    "tcgen05 (UTCHMMA, no shape in SASS): the flops of one pass over the layout plan's tcgen05 gemms "
+    "per main-loop iteration, at the bf16 rate",
     f"each WARPGROUP.DEPBAR or BAR.SYNC in the main loop adds {WAIT_LATENCY} cycles; MMA overlaps issue",
     "memory at full HBM bandwidth (no MLP model)",
 )
@@ -101,14 +103,19 @@ def parse(sass: str) -> list[SassKernel]:
     return kernels
 
 
+#: sm_100a tcgen05.mma as cuobjdump 13 names them: kind::f16 (``UTCHMMA``), kind::f8f6f4
+#: (``UTCQMMA``), block-scaled and other kinds (``UTCOMMA``, ``UTCIMMA``)
+UTC_MMA = ("UTCHMMA", "UTCQMMA", "UTCOMMA", "UTCIMMA")
+
+
 def is_mma(i: Instr) -> bool:
-    """A tensor-core instruction the renderer emits (wgmma bf16/f16 and e4m3, mma.sync)."""
-    return i.base in ("HGMMA", "QGMMA", "HMMA")
+    """A tensor-core instruction the renderer emits (wgmma bf16/f16 and e4m3, mma.sync, tcgen05.mma)."""
+    return i.base in ("HGMMA", "QGMMA", "HMMA") + UTC_MMA
 
 
 def counts(instrs: list[Instr]) -> dict[str, int]:
     """Instruction classes, by the SASS opcode (static counts)."""
-    c = {"instructions": len(instrs), "mma_hgmma": 0, "mma_qgmma": 0, "mma_hmma": 0, "tma_load": 0,
+    c = {"instructions": len(instrs), "mma_hgmma": 0, "mma_qgmma": 0, "mma_hmma": 0, "mma_utc": 0, "tma_load": 0,
          "tma_store": 0, "ldgsts": 0, "f2fp": 0, "f2f": 0, "bar_sync": 0, "wgmma_arrive": 0, "wgmma_depbar": 0,
          "depbar": 0, "mbarrier": 0, "lds": 0, "lds_narrow": 0, "ldsm": 0, "sts": 0, "sts_narrow": 0, "stsm": 0,
          "ldg": 0, "stg": 0, "stg_narrow": 0, "calls": 0}
@@ -120,6 +127,8 @@ def counts(instrs: list[Instr]) -> dict[str, int]:
             c["mma_qgmma"] += 1
         elif base == "HMMA":
             c["mma_hmma"] += 1
+        elif base in UTC_MMA:
+            c["mma_utc"] += 1
         elif base == "UTMALDG":
             c["tma_load"] += 1
         elif base == "UTMASTG":
@@ -202,7 +211,7 @@ def mma_cycles(i: Instr, arch: str) -> float:
 
 
 def model(kernel: SassKernel, arch: str, threads: int, flops: Optional[float], nbytes: Optional[float],
-          operands: str = "bf16") -> dict:
+          operands: str = "bf16", utc_flops: float = 0.0) -> dict:
     """The cycle model of the module docstring for one kernel on one problem.  ``operands``
     ("bf16" or "fp8"): the problem's operand type, whose tensor-core peak is the reference,
     so an fp8 problem run on bf16 instructions reaches at most half of its peak."""
@@ -214,7 +223,7 @@ def model(kernel: SassKernel, arch: str, threads: int, flops: Optional[float], n
     rng = main_loop(kernel.instrs)
     body = [i for i in kernel.instrs if rng and rng[0] <= i.address <= rng[1]]
     nested = [r for r in loops(kernel.instrs) if rng and r != rng and rng[0] <= r[0] and r[1] <= rng[1]]
-    dtype = "fp8" if any(i.base == "QGMMA" for i in body) else "bf16"
+    dtype = "fp8" if any(i.base in ("QGMMA", "UTCQMMA") for i in body) else "bf16"
     sync_rate = not any(i.base in ("HGMMA", "QGMMA") for i in kernel.instrs) and any(i.base == "HMMA"
                                                                                      for i in kernel.instrs)
     fpc = peak["flops_per_cycle"]["mma_sync" if sync_rate else dtype]
@@ -223,6 +232,8 @@ def model(kernel: SassKernel, arch: str, threads: int, flops: Optional[float], n
                 "hbm_gbs": peak["hbm_gbs"]})
     if rng is not None:
         mma = sum(mma_cycles(i, arch) for i in body)
+        if any(i.base in UTC_MMA for i in body):  # tcgen05: one pass over its gemms per iteration
+            mma += utc_flops / peak["flops_per_cycle"][dtype]
         issue = len(body) * warps / 4.0
         waits = sum(1 for i in body if i.opcode.startswith("WARPGROUP.DEPBAR") or i.base == "BAR")
         compute = max(mma, issue) + waits * WAIT_LATENCY

@@ -30,6 +30,8 @@ from kernforge.backends.cuda.layout_plan import SWIZZLE_ALIGN, SWIZZLE_BYTES
 
 LAYOUT_INTERLEAVE = 0  # the descriptor's layout type (bits 62-63 on sm_90a)
 LAYOUT_SWIZZLE_128B = 1
+# the same layouts in the sm_100 (UMMA) descriptor's layout-type field, bits 61-63
+UMMA_LAYOUT = {LAYOUT_INTERLEAVE: 0, LAYOUT_SWIZZLE_128B: 2}
 
 
 def _shift(n: int) -> int:

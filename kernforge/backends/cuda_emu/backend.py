@@ -39,7 +39,7 @@ import numpy as np
 
 from kernforge.backends.base import Backend
 from kernforge.backends.cuda.renderer import INCLUDE_DIR as CUDA_INCLUDE_DIR
-from kernforge.backends.cuda.renderer import CudaProgram, CudaRenderer
+from kernforge.backends.cuda.renderer import CudaProgram, CudaRenderer, arch_info
 from kernforge.backends.cuda.tma import TensorMapLaunch
 from kernforge.codegen import ir
 from kernforge.codegen.passes import checks
@@ -265,7 +265,7 @@ class CudaEmuBackend(Backend):
         target = target or self.target()
         program = self.render(kernel, target)
         tag = f"emu_{kernel.artifact_name}_{program.arch}" + (
-            "_cpasync" if target.variant == "cp.async" and program.arch == "sm_90a" else "") + (
+            "_cpasync" if target.variant == "cp.async" and arch_info(program.arch).tma else "") + (
             "_checked" if target.checks else "")
         module = EmulatedModule(tag, program.source, dynamic_smem=program.dynamic_smem, arch=program.arch)
         fallback = ((lambda: self.build(kernel, dataclasses.replace(target, variant="cp.async")))

@@ -45,8 +45,11 @@ def test_native_or_shadow(case, native):
     sm90 = render_cuda(k, "sm_90a").source
     assert ("wgmma_m64nNk32_f32_e4m3" in sm90) == native
     assert ("A_s_bf16" in sm90) != native
-    # sm_80 / sm_100a have no fp8 tensor-core path here: always the shadow tiles
-    assert "A_s_bf16" in render_cuda(k, "sm_100a").source
+    # sm_100a: the same gemms run tcgen05.mma kind::f8f6f4 on the fp8 tiles; sm_80 always shadows
+    sm100 = render_cuda(k, "sm_100a").source
+    assert ("tcgen05_mma_f8f6f4" in sm100) == native
+    assert ("A_s_bf16" in sm100) != native
+    assert "A_s_bf16" in render_cuda(k, "sm_80").source
 
 
 def test_native_descriptors_step_32_k_per_instruction():

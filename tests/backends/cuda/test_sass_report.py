@@ -85,6 +85,37 @@ def test_counts_loops_and_model_on_a_listing():
         sass_report.parse("not sass")
 
 
+SASS_SM100 = """
+	code for sm_100a
+		Function : kf_utc
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   UTMALDG.2D [UR8], [UR4] ;
+        /*0020*/                   UTCHMMA gdesc[UR8], gdesc[UR12], tmem[UR5], tmem[UR16], idesc[UR17], !UPT ;
+        /*0030*/                   UTCHMMA gdesc[UR8], gdesc[UR12], tmem[UR5], tmem[UR16], idesc[UR17], UPT ;
+        /*0040*/                   UTCBAR [UR4], URZ ;
+        /*0050*/                   LDTM.16dp256bit.x16 R8, tmem[UR6] ;
+        /*0060*/              @!P1 BRA 0x10 ;
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_tcgen05_mmas_count_as_mma_and_their_plan_flops_as_tensor_time():
+    (k,) = sass_report.parse(SASS_SM100)
+    c = sass_report.counts(k.instrs)
+    assert (c["mma_utc"], c["mma_hgmma"], c["mma_hmma"], c["tma_load"]) == (2, 0, 0, 1)
+    assert sass_report.main_loop(k.instrs) == (0x10, 0x60)
+    # two M = 64, N = 128, K = 16 MMAs: 2 * 64 * 128 * 32 flops at B200's bf16 rate (8192 / cycle)
+    m = sass_report.model(k, "sm_100a", 128, flops=None, nbytes=None, utc_flops=2.0 * 64 * 128 * 32)
+    assert m["main_loop"]["mma_instructions"] == 2
+    assert m["main_loop"]["mma_cycles"] == 64.0 and m["mma_dtype"] == "bf16"
+    # without the plan's flops the tensor time is unknown (0), never guessed
+    assert sass_report.model(k, "sm_100a", 128, None, None)["main_loop"]["mma_cycles"] == 0.0
+    # kind::f8f6f4 (UTCQMMA) at the fp8 rate
+    (q,) = sass_report.parse(SASS_SM100.replace("UTCHMMA", "UTCQMMA"))
+    fp8 = sass_report.model(q, "sm_100a", 128, None, None, utc_flops=2.0 * 64 * 128 * 64)
+    assert fp8["mma_dtype"] == "fp8" and fp8["main_loop"]["mma_cycles"] == 64.0
+
+
 @pytest.fixture(scope="module")
 def bench_reports():
     """``build_report(report=True)`` of every wgmma library kernel's bench problem (sm_90a),

@@ -16,7 +16,8 @@ Rows (each checked against the peer before it is timed, so a fast wrong kernel c
   machine's streaming read bandwidth measured in the same run.
 
 Times are wall-clock medians of ``--repeat`` interleaved runs (every contender sees the same
-background load); the ratio is torch's time over kernforge's (> 1: kernforge is faster).
+background load; ``--cpu-time``: process CPU time for the 1-thread rows); the ratio is
+torch's time over kernforge's (> 1: kernforge is faster).
 Generated kernels run under the system OpenMP runtime, torch under its own: both are set to
 the row's thread count.  The CPU model and the instruction-set path are printed first.
 """
@@ -33,7 +34,7 @@ import torch
 
 import kernforge
 from bench_codegen import kf_gemm  # the DSL tile GEMM (row-major C = A @ B, float32 accumulation)
-from bench_mla_gemm_cpu import medians_ms  # round-robin medians, same background load for every contender
+import bench_mla_gemm_cpu
 from kernforge.backends.cpu import isa, threads
 
 GEMM_CUBES = (256, 512, 1024, 2048)
@@ -49,19 +50,32 @@ def cpu_model() -> str:
     return f"{name}, {os.cpu_count()} logical CPUs"
 
 
-def set_threads(n: int) -> None:
+CLOCK = {"clock": time.perf_counter}  # main() switches it to CPU time for --cpu-time at 1 thread
+
+
+def medians_ms(fns: list, repeat: int) -> list[float]:
+    """Round-robin medians (every contender sees the same background load) on the current clock."""
+    return bench_mla_gemm_cpu.medians_ms(fns, repeat, CLOCK["clock"])
+
+
+def set_threads(n: int, cpu_time: bool = False) -> None:
     torch.set_num_threads(n)
     threads.set_num_threads(n)
+    CLOCK["clock"] = time.process_time if cpu_time and n == 1 else time.perf_counter
 
 
 # ---------------------------------------------------------------- dense GEMM
 
 
-def cpu_tiles(M: int, N: int, K: int) -> tuple[int, int, int]:
-    """Tiles for the host, measured on the AVX2 machine of docs/performance.md.
+def cpu_tiles(M: int, N: int, K: int, dtype: str = "float32") -> tuple[int, int, int]:
+    """Tiles for the host (this row-major ``C = A @ B`` kernel is the script's own; the library's
+    nt GEMM takes its tiles from ``kernels/gemm/config.choose_dense``).
 
-    * cubes: 128 x 128 x 128: A (read in place by the GEMM, see ``passes.gemm_layout``), the
-      B tile (64 KB) and C (64 KB) stay in a 512 KB L2;
+    * cubes: 128 x 128 x 128 in float32 (A read in place by the GEMM, see ``passes.gemm_layout``;
+      the B tile (64 KB) and C (64 KB) stay in a 512 KB L2); bf16 on AVX512-BF16 256 x 128 x 256:
+      half the float32 C tile reads and writes per FLOP of the 128-deep step, and half the B
+      tile copies per row (Zen 4, one thread, CPU time against torch: 1.09 / 1.10 / 0.97 / 1.01x
+      at 256-2048^3 against 1.04 / 1.03 / 0.94 / 0.95x with 128^3);
     * decode rows (M <= 16): the whole M, 2048 columns and 8-deep K steps: B is read in place
       as 8 contiguous 8 KB row segments per step, which the prefetcher streams, and two column
       blocks keep two threads busy;
@@ -70,6 +84,8 @@ def cpu_tiles(M: int, N: int, K: int) -> tuple[int, int, int]:
         return M, min(N, 2048), 8
     if M <= 64:
         return M, 128, 128
+    if dtype == "bfloat16" and isa.default_path() in isa.NATIVE_BF16:
+        return min(M, 256), 128, 256
     return 128, 128, 128
 
 
@@ -86,7 +102,7 @@ def bench_gemm(repeat: int, n_threads: int, quick: bool) -> list[list[str]]:
             g = torch.Generator().manual_seed(M + N + K)
             a, b = torch.randn(M, K, generator=g).to(tdt), torch.randn(K, N, generator=g).to(tdt)
             c = torch.full((M, N), float("nan"), dtype=tdt)
-            tiles = cpu_tiles(M, N, K)
+            tiles = cpu_tiles(M, N, K, dt)
             kern = kernforge.compile(kf_gemm(M, N, K, *tiles, dt), backend="cpu")
             kern(a, b, c)
             ref = a.double() @ b.double()
@@ -208,7 +224,7 @@ def bench_grouped(repeat: int, n_threads: int, quick: bool) -> list[list[str]]:
 def read_bandwidth_gbs(repeat: int) -> float:
     """Streaming read bandwidth: a sum over 512 MiB of float32 (far past every cache)."""
     x = torch.ones(128 * 1024 * 1024)
-    (t,) = medians_ms([lambda: x.sum()], repeat)
+    (t,) = bench_mla_gemm_cpu.medians_ms([lambda: x.sum()], repeat)  # wall time, whatever the clock
     return x.numel() * 4 / t / 1e6
 
 
@@ -280,17 +296,20 @@ def main() -> None:
     p.add_argument("--only", default="gemm,grouped,mla", help="comma-separated sections: gemm, grouped, mla")
     p.add_argument("--quick", action="store_true", help="skip the largest shapes")
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time 1-thread rows in process CPU time (a loaded shared machine); 2+ threads stay wall")
     args = p.parse_args()
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         p.error(f"--only: unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_model()}; CPU path "
-          f"{isa.default_path()} (compiler targets {', '.join(isa.compiler_paths())}); torch {torch.__version__}")
+          f"{isa.default_path()} (compiler targets {', '.join(isa.compiler_paths())}); torch {torch.__version__}; "
+          f"load average {os.getloadavg()[0]:.1f}; 1-thread rows in {'CPU' if args.cpu_time else 'wall'} time")
     header = ["case", "threads", "kernforge ms", "torch ms", "torch / kernforge", "kernforge rate"]
     rows = []
     for n in args.threads:
-        set_threads(n)
+        set_threads(n, args.cpu_time)
         for s in sections:
             print(f"... {s} at {n} thread(s)", file=sys.stderr, flush=True)
             rows += [[str(x) for x in r] for r in SECTIONS[s](args.repeat, n, args.quick)]

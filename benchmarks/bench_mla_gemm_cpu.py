@@ -21,17 +21,18 @@ from kernforge.ops import grouped_gemm as gg_ops
 from kernforge.ops import mla as mla_ops
 
 
-def medians_ms(fns: list, repeat: int) -> list[float]:
-    """Median wall time of each function, run round-robin so that every contender sees
+def medians_ms(fns: list, repeat: int, clock=time.perf_counter) -> list[float]:
+    """Median time of each function (wall time, or ``clock``: ``time.process_time`` for CPU
+    time on a loaded machine at one thread), run round-robin so that every contender sees
     the same background load (this machine is shared)."""
     for fn in fns:
         fn()  # warm-up (and build)
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeat):
         for fn, ts in zip(fns, times):
-            t = time.perf_counter()
+            t = clock()
             fn()
-            ts.append((time.perf_counter() - t) * 1e3)
+            ts.append((clock() - t) * 1e3)
     return [statistics.median(ts) for ts in times]
 
 

@@ -165,8 +165,9 @@ def test_every_path_compiles_even_where_it_cannot_run(path, tmp_path):
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("g++ is not on PATH")
-    march = {"avx2": "haswell", "avx512": "skylake-avx512", "avx512bf16": "sapphirerapids"}[path]
-    for dtype, trans_b in (("float32", True), ("bfloat16", False), ("int8", True)):
+    march = {"avx2": "haswell", "avx512": "skylake-avx512", "avx512bf16": "sapphirerapids",
+             "amx": "sapphirerapids"}[path]
+    for dtype, trans_b in (("float32", True), ("bfloat16", False), ("bfloat16", True), ("int8", True)):
         accum = "int32" if dtype == "int8" else "float32"
         src = CpuRenderer().render(gemm_kernel(13, 48, 40, 13, 48, 16, dtype, accum, False, trans_b).ir,
                                    Target("cpu", path)).source
@@ -252,3 +253,51 @@ def test_bf16_tiles_read_in_place_as_k_pairs(M, tiles, K, n_tiles, trans, seed):
     panel widths and partial row blocks are each their own code."""
     bm, bn, bk = tiles
     check("avx512bf16", M, bn * n_tiles, K, bm, bn, bk, "bfloat16", *trans, seed)
+
+
+@pytest.mark.skipif("avx512bf16" not in isa.compiler_paths(),
+                    reason="the AMX emulation builds on the avx512bf16 kernels this compiler must target")
+@pytest.mark.parametrize("M,N,K,tiles,trans", [
+    (13, 48, 40, (13, 48, 16), (False, False)),   # partial 16-row / 16-column tiles, K steps of 16 < 32
+    (40, 33, 70, (24, 33, 35), (False, True)),    # odd K tail, nt B, two row tiles
+    (17, 64, 64, (17, 32, 64), (True, True)),     # transposed A
+])
+def test_amx_path_runs_emulated_against_float64(M, N, K, tiles, trans, tmp_path):
+    """This CPU has no AMX, so the amx path cannot run here; compiled with KF_AMX_EMULATE, its
+    three tile instructions become scalar code with their semantics, and everything around them
+    (packing into zero-padded 16 x 32 / (k, k+1) tiles, edges, the store into C) runs and is
+    checked against float64. What remains untested is the instructions themselves, the tile
+    configuration and the arch_prctl permission request (test_every_path_compiles_... builds
+    them for sapphirerapids)."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from kernforge.backends.cpu.backend import CpuBackend
+
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ is not on PATH")
+    trans_a, trans_b = trans
+    kern = gemm_kernel(M, N, K, *tiles, "bfloat16", "float32", trans_a, trans_b).ir
+    program = CpuRenderer().render(kern, Target("cpu", "amx"))
+    assert "#define KF_ISA 4" in program.source
+    (tmp_path / "k.cpp").write_text(program.source)
+    run = subprocess.run([cxx, "-std=c++17", "-O2", "-fopenmp", "-march=native", "-ffp-contract=off", "-DKF_AMX_EMULATE",
+                          "-shared", "-fPIC", str(tmp_path / "k.cpp"), "-o", str(tmp_path / "k.so"),
+                          "-I", CpuBackend.include_dir], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    g = torch.Generator().manual_seed(M * N + K)
+    a = operand((K, M) if trans_a else (M, K), "bfloat16", g)
+    b = operand((N, K) if trans_b else (K, N), "bfloat16", g)
+    c = torch.full((M, N), float("nan"))
+    fn = getattr(ctypes.CDLL(str(tmp_path / "k.so")), program.entry)
+    fn.restype = ctypes.c_int
+    args = (ctypes.c_void_p * 3)(a.data_ptr(), b.data_ptr(), c.data_ptr())
+    dims = (ctypes.c_int64 * 1)(0)
+    assert fn(args, dims) == 0
+    a64, b64 = a.double(), b.double()
+    a64, b64 = (a64.T if trans_a else a64), (b64.T if trans_b else b64)
+    want = a64 @ b64
+    assert not torch.isnan(c).any(), "an output element was never written"
+    assert ((c.double() - want).abs() <= 1e-5 * (a64.abs() @ b64.abs()) * K + 1e-30).all()

@@ -465,13 +465,13 @@ def test_split_count_sweep_verifies_the_merged_output(monkeypatch, backend):
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc not on PATH")
 def test_split_count_fit_checks_both_launches(monkeypatch):
     """A split count's fit is its split kernel's and its combine's: at the "demo" shape the
-    split kernel fits sm_90a and a combine of 8 rows per block (as a tuned one could be; the
+    split kernel fits sm_90a and a combine of 16 rows per block (as a tuned one could be; the
     heuristic's 4 fit) spills, so the pair does not fit."""
     from kernforge.kernels.mla_decode import split_kv
     from kernforge.tune.fit import misfit
 
     heuristic = mla.choose_combine
-    monkeypatch.setattr(mla, "choose_combine", lambda *a, **k: dict(heuristic(*a, **k), block_R=8))
+    monkeypatch.setattr(mla, "choose_combine", lambda *a, **k: dict(heuristic(*a, **k), block_R=16))
     pair = split_kv.build("cuda-emu", dict(mla.choose.heuristic("cuda", 64, dim=576, dim_v=512), num_splits=4))
     split, combine = pair.launches
     assert misfit(split, "cuda", "sm_90a") is None

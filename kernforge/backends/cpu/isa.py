@@ -22,16 +22,18 @@ from typing import Optional
 ENV = "KERNFORGE_CPU_ISA"
 
 # lowest first; the level is the KF_ISA value in kf/gemm.h
-PATHS = ("generic", "avx2", "avx512", "avx512bf16")
+PATHS = ("generic", "avx2", "avx512", "avx512bf16", "amx")
 _REQUIRES = {
     "generic": (),
     "avx2": ("-mavx2", "-mfma"),
     "avx512": ("-mavx2", "-mfma", "-mavx512f"),
     "avx512bf16": ("-mavx2", "-mfma", "-mavx512f", "-mavx512bf16"),
+    # AMX-BF16 tiles for bf16 x bf16 (kf::gemm_amx_bf16), the avx512bf16 kernels for the rest
+    "amx": ("-mavx2", "-mfma", "-mavx512f", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
 }
 # paths whose GEMM multiplies bf16 (and fp8 widened to bf16) natively: their operand
 # tiles stay in the narrow type; the others widen them to float once, at the copy
-NATIVE_BF16 = frozenset({"avx512bf16"})
+NATIVE_BF16 = frozenset({"avx512bf16", "amx"})
 
 
 class IsaError(ValueError):

@@ -60,6 +60,10 @@ class CpuRenderer(CRenderer, Renderer):
     reduce_op = {ir.Op.REDUCE_MAX: "kf::Reduce::Max", ir.Op.REDUCE_MIN: "kf::Reduce::Min",
                  ir.Op.REDUCE_SUM: "kf::Reduce::Sum"}
     atomic_op = {ir.Op.ATOMIC_ADD: "kf::atomic_add", ir.Op.ATOMIC_MAX: "kf::atomic_max"}
+    # float32 exp2 is kf_exp2f (kf/math.h): branch-free, so the loops around it vectorise; a
+    # glibc exp2f call kept the softmax of an attention tile scalar
+    unary_table = {**CRenderer.unary_table,
+                   ir.Op.EXP2: lambda a, e: f"kf_exp2f({a})" if e.dtype == dtypes.float32 else f"exp2({a})"}
 
     def __init__(self):
         super().__init__()
@@ -92,7 +96,9 @@ class CpuRenderer(CRenderer, Renderer):
         definition."""
         path = self.isa_path(target)
         widen = tuple(d for d in NARROW if not (path in isa.NATIVE_BF16 and d in self.native_bf16_dtypes))
-        transforms = self.transforms[:1] + (layout_for(widen, direct=True),) + self.transforms[1:]
+        # avx512bf16 reads a K-major (nt) bf16 B as (k, k+1) words: kf::gemm_bf16_nt
+        k_major = (dtypes.bfloat16,) if path in isa.NATIVE_BF16 else ()
+        transforms = self.transforms[:1] + (layout_for(widen, direct=True, k_major_b=k_major),) + self.transforms[1:]
         if target.checks:
             transforms = transforms[:2] + (insert_checks,) + transforms[2:]
         # warp shuffles first: the CPU runs a thread region as a loop, split at each shuffle

@@ -153,7 +153,7 @@ def _n_contiguous(b: ir.Buffer, k_dim: int, n_dim: int) -> tuple[ir.Expr, ...]:
     return tuple(ir.const(s) for s in strides)
 
 
-def _plan(kernel: ir.Kernel, widen: frozenset) -> dict[ir.Buffer, ir.Buffer]:
+def _plan(kernel: ir.Kernel, widen: frozenset, k_major_b: frozenset) -> dict[ir.Buffer, ir.Buffer]:
     table: dict[ir.Buffer, ir.Buffer] = {}
     for b, u in _collect(kernel).items():
         if u.gemm_reads == 0:
@@ -161,7 +161,7 @@ def _plan(kernel: ir.Kernel, widen: frozenset) -> dict[ir.Buffer, ir.Buffer]:
         changes = {}
         if u.strided_only and len(u.b_orientations) == 1:
             (k_dim, n_dim, trans) = next(iter(u.b_orientations))
-            if trans and k_dim != n_dim:
+            if trans and k_dim != n_dim and b.dtype not in k_major_b:
                 changes["strides"] = _n_contiguous(b, k_dim, n_dim)
         if b.dtype in widen and u.copy_writes_same_dtype and not u.other_reads and u.strided_only:
             changes["dtype"] = dtypes.float32
@@ -238,7 +238,7 @@ class _Direct(ir.Mutator):
     """Within each ``Seq``: a copy into an eligible tile, then GEMMs reading it, become the
     GEMMs reading the copy's source."""
 
-    def __init__(self, kernel: ir.Kernel, direct_b_rows: int, in_place: tuple):
+    def __init__(self, kernel: ir.Kernel, direct_b_rows: int, in_place: tuple, k_major_b: frozenset):
         self.uses = _collect(kernel)
         self.in_place = in_place  # the dtypes a GEMM reads from global memory as they are
         self.counts: dict[ir.Buffer, int] = {}
@@ -250,6 +250,7 @@ class _Direct(ir.Mutator):
         self.written = _written_globals(kernel)
         self.table = ranges.var_ranges(kernel)
         self.direct_b_rows = direct_b_rows
+        self.k_major_b = k_major_b
         self.removed: set = set()
 
     def source(self, copy: ir.Copy) -> Optional[ir.Region]:
@@ -264,6 +265,14 @@ class _Direct(ir.Mutator):
                 or tile_mask(src, self.table) is not None or src.squeezed() != dst.squeezed()):
             return None
         return src
+
+    def _b_in_place(self, g: ir.Gemm) -> bool:
+        """A B tile the micro-kernel reads as it is: a decode GEMM's (few rows) N-major one, or a
+        K-major (``trans_b``) one of a ``k_major_b`` dtype, which the micro-kernel packs per call
+        anyway (so the copy would only move the bytes once more)."""
+        if g.trans_b:
+            return g.b.buffer.dtype in self.k_major_b
+        return g.a.extents[1 if g.trans_a else 0] <= self.direct_b_rows
 
     def visit_Seq(self, s: ir.Seq):
         body = [self.visit(x) for x in s.body]
@@ -287,8 +296,7 @@ class _Direct(ir.Mutator):
             reads = sum((g.a.buffer is tile) + (g.b.buffer is tile) for g in gemms)
             ok = clean and gemms and reads == self.uses[tile].gemm_reads and self.counts.get(tile, 0) == reads + 1
             ok = ok and all(_whole(g.a) if g.a.buffer is tile else _whole(g.b) for g in gemms)
-            ok = ok and all(g.b.buffer is not tile or (not g.trans_b and g.a.extents[1 if g.trans_a else 0]
-                                                        <= self.direct_b_rows) for g in gemms)
+            ok = ok and all(g.b.buffer is not tile or self._b_in_place(g) for g in gemms)
             if not ok:
                 continue
             region = ir.Region(src.buffer, src.starts, src.extents)
@@ -309,27 +317,33 @@ class _DropAllocations(ir.Mutator):
         return replace(s, body=tuple(body))
 
 
-def gemm_operand_layout(kernel: ir.Kernel, widen=NARROW, direct: bool = False, direct_b_rows: int = 16
-                        ) -> ir.Kernel:
+def gemm_operand_layout(kernel: ir.Kernel, widen=NARROW, direct: bool = False, direct_b_rows: int = 16,
+                        k_major_b=()) -> ir.Kernel:
     """``kernel`` with its GEMM operand tiles re-laid-out (see the module docstring);
     ``widen``: the narrow dtypes to store as float32 (none on a target whose GEMM
     multiplies them natively); ``direct``: let GEMMs read eligible global tiles in place (a
     narrow dtype that is not widened is read in place too: avx512bf16 reads bf16 A and B rows
-    from global memory as (k, k+1) pairs, so copying them into a tile only moves bytes)."""
+    from global memory as (k, k+1) pairs, so copying them into a tile only moves bytes);
+    ``k_major_b``: dtypes whose transposed B stays K-contiguous (not oriented) and may be read
+    in place from global memory, because the target's micro-kernel reads that layout best
+    (avx512bf16: a K-major bf16 B already holds VDPBF16PS's (k, k+1) pairs as 32-bit words,
+    which it packs by 16 x 16 register transposes; an oriented tile costs a scalar transposing
+    copy)."""
+    k_major_b = frozenset(k_major_b)
     if direct:
-        d = _Direct(kernel, direct_b_rows, _DIRECT_DTYPES + tuple(x for x in NARROW if x not in widen))
+        d = _Direct(kernel, direct_b_rows, _DIRECT_DTYPES + tuple(x for x in NARROW if x not in widen), k_major_b)
         body = d.visit(kernel.body)
         if d.removed:
             kernel = kernel.with_body(_DropAllocations(d.removed).visit(body))
-    table = _plan(kernel, frozenset(widen))
+    table = _plan(kernel, frozenset(widen), k_major_b)
     if not table:
         return kernel
     return kernel.with_body(_Rebuffer(table).visit(kernel.body))
 
 
-def layout_for(widen, direct: bool = False) -> "callable":
+def layout_for(widen, direct: bool = False, k_major_b=()) -> "callable":
     """The pass, named for the pipeline, for a target that widens ``widen`` (and reads
-    global GEMM operands in place when ``direct``)."""
+    global GEMM operands in place when ``direct``; keeps ``k_major_b`` transposed B K-major)."""
     def gemm_layout(kernel: ir.Kernel) -> ir.Kernel:
-        return gemm_operand_layout(kernel, widen, direct)
+        return gemm_operand_layout(kernel, widen, direct, k_major_b=k_major_b)
     return gemm_layout

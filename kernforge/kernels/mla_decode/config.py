@@ -38,17 +38,20 @@ def choose_sparse(backend: str, heads: int, topk: int, seq_q: int = 1, dim: int 
                   fp8_kv: bool = False) -> dict:
     """:func:`~kernforge.kernels.mla_decode.mla_decode_sparse` parameters.  A block owns
     ``block_H`` heads of one query token (sized as the dense rows of one token); slots
-    are gathered one by one, so the KV tile is free of the page size: 32 slots."""
+    are gathered one by one, so the KV tile is free of the page size: 32 slots on GPUs, 64 on
+    hosts (half the per-tile softmax and pack steps per token; h 128, topk 2048, b 4 on Zen 4:
+    16.3 -> 14.1 ms together with 128-row blocks, which the dense chooser does not take)."""
     block_H = choose.heuristic(backend, heads)["block_H"]
-    return dict(heads=heads, topk=topk, seq_q=seq_q, dim=dim, dim_v=dim_v, fp8_kv=fp8_kv, block_N=32,
-                block_H=block_H)
+    return dict(heads=heads, topk=topk, seq_q=seq_q, dim=dim, dim_v=dim_v, fp8_kv=fp8_kv,
+                block_N=32 if _gpu(backend) else 64, block_H=block_H)
 
 
 @tuned("mla_decode_combine")
 def choose_combine(backend: str, heads: int, num_splits: int, seq_q: int = 1, dim_v: int = 512) -> dict:
     """:func:`~kernforge.kernels.mla_decode.mla_decode_combine` parameters.  GPU: 4 rows
-    per block (ptxas on sm_90a: 8 rows take 255 registers and spill 48 bytes at dim_v=512,
-    4 rows take 168 and none); hosts: 16."""
+    per block (ptxas on sm_90a: 8 rows took 255 registers and spilled 48 bytes at dim_v=512
+    while the sink factor was evaluated per element; with it computed once per row 8 rows
+    fit and 16 spill; 4 is kept, not re-timed); hosts: 16."""
     return dict(heads=heads, num_splits=num_splits, seq_q=seq_q, dim_v=dim_v,
                 block_R=4 if _gpu(backend) else 16)
 

@@ -12,6 +12,7 @@
 #include "atomic.h"
 #include "convert.h"
 #include "gemm.h"
+#include "vmath.h"
 #include "scalar.h"
 #include "tile.h"
 #include "types.h"

@@ -37,9 +37,12 @@
 #define KF_ISA_AVX2 1
 #define KF_ISA_AVX512 2
 #define KF_ISA_AVX512BF16 3
+#define KF_ISA_AMX 4
 
 #ifndef KF_ISA
-#if defined(__AVX512BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define KF_ISA KF_ISA_AMX
+#elif defined(__AVX512BF16__)
 #define KF_ISA KF_ISA_AVX512BF16
 #elif defined(__AVX512F__)
 #define KF_ISA KF_ISA_AVX512
@@ -50,6 +53,9 @@
 #endif
 #endif
 
+#if KF_ISA >= KF_ISA_AMX && !(defined(__AMX_TILE__) && defined(__AMX_BF16__)) && !defined(KF_AMX_EMULATE)
+#error "KF_ISA selects AMX-BF16 but the compiler does not target it (-mamx-tile -mamx-bf16)"
+#endif
 #if KF_ISA >= KF_ISA_AVX512BF16 && !defined(__AVX512BF16__)
 #error "KF_ISA selects AVX512-BF16 but the compiler does not target it (-mavx512bf16)"
 #endif
@@ -108,7 +114,13 @@ inline constexpr size_t gemm_scratch_bytes() {
   constexpr int MR = kRowBlock<M>, W = (kVecRegs - 1) / (MR + 1) < 8 ? (kVecRegs - 1) / (MR + 1) : 8;
   constexpr size_t NPW = size_t(N + W * G::L - 1) / (W * G::L) * (W * G::L);  // B-only panels (direct_b_packed)
   constexpr size_t NP = NPW > size_t(G::NP) ? NPW : size_t(G::NP);
-  return (size_t(G::MP) * K + size_t(K) * NP) * sizeof(T) + 128;
+  constexpr size_t NT = size_t((K + 1) / 2) * size_t((N + 63) / 64 * 64) * 4;  // B pairs (gemm_bf16_nt)
+  constexpr size_t BYTES = (size_t(G::MP) * K + size_t(K) * NP) * sizeof(T);
+  // AMX (gemm_amx_bf16): A and B packed into zero-padded 16-row / 32-deep tiles, one C tile
+  constexpr size_t AMX = size_t((M + 15) / 16 * 16) * ((K + 31) / 32 * 32) * 2 +
+                         size_t((K + 31) / 32 * 16) * ((N + 15) / 16 * 16) * 4 + 16 * 16 * 4 + 64;
+  constexpr size_t MOST = BYTES > NT ? (BYTES > AMX ? BYTES : AMX) : (NT > AMX ? NT : AMX);
+  return MOST + 128;
 }
 
 template <class V>
@@ -144,6 +156,39 @@ inline V broadcast(const T* x) {
   for (size_t i = 0; i < sizeof(V) / sizeof(T); ++i) v[i] = *x;
   return v;
 }
+
+#if KF_ISA >= KF_ISA_AVX512
+// 16 x 16 transpose of 32-bit words: r[i] lane j -> r[j] lane i.
+inline void transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // r[4q + c], 128-bit lane L, now holds rows 4q..4q+3 of column 4L + c: gather column j = 4L + c
+  // from lane L of r[c], r[c + 4], r[c + 8], r[c + 12]
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512i a = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88), b = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+    const __m512i c = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88), d = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    t[i] = _mm512_shuffle_i32x4(a, c, 0x88);
+    t[i + 8] = _mm512_shuffle_i32x4(a, c, 0xdd);
+    t[i + 4] = _mm512_shuffle_i32x4(b, d, 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(b, d, 0xdd);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+#endif
 
 // Vectors per row of the direct register block for MR rows: as many as keep the
 // MR * NV accumulators, the NV B vectors and one broadcast inside the register
@@ -503,6 +548,211 @@ inline void gemm_bf16_direct(const kf_bf16* __restrict__ A, const kf_bf16* __res
   for (int j0 = 0; j0 < FULL; j0 += W) panel(std::integral_constant<int, NV>{}, j0);
   if constexpr (TAIL > 0) panel(std::integral_constant<int, TAIL>{}, FULL);
 }
+
+// bf16 x bf16 -> fp32 with B stored K-contiguous (B_RS == 1: a transposed row-major tile, the
+// nt layout; MLA's Q K^T, whose KV tile the P V product reads N-contiguous, so the layout pass
+// leaves it row-major).  A is read in place as in gemm_bf16_direct; B's 32-bit (k, k+1) words
+// are already adjacent along K, so packing it into K2 x W pair panels is a transpose of 32-bit
+// words, done 16 x 16 in registers (kf::transpose16), not the element loop of pack_bf16_pairs.
+// The per-call A packing of gemm_bf16 is what this removes: Q (64 x 512) was re-packed for
+// every 64-token KV tile.  Columns come out in order, so the store needs no permutation.
+
+// B (element (k, n) at B[n * B_CS + k]) as K2 x W panels of (k, k+1) words, columns past N and
+// the k past an odd K zero.  Whole 16-column x 32-k squares go through transpose16, the edges
+// word by word.
+template <int N, int K, int W, int B_CS>
+inline void pack_bf16_nt(const kf_bf16* __restrict__ B, uint32_t* __restrict__ out) {
+  constexpr int K2 = (K + 1) / 2, NP = (N + W - 1) / W * W, N16 = N / 16 * 16, KS = K / 32 * 32;
+  auto word = [&](int n, int kk) -> uint32_t {
+    if (n >= N) return 0;
+    const kf_bf16* col = B + int64_t(n) * B_CS;
+    return 2 * kk + 1 < K ? bf16_a_pair<1, false>(col, 2 * kk) : bf16_a_pair<1, true>(col, 2 * kk);
+  };
+  for (int n0 = 0; n0 < N16; n0 += 16) {
+    uint32_t* o = out + size_t(n0 / W) * K2 * W + n0 % W;
+    for (int k0 = 0; k0 < KS; k0 += 32) {
+      __m512i r[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(B + int64_t(n0 + i) * B_CS + k0);
+      transpose16(r);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(o + size_t(k0 / 2 + i) * W, r[i]);
+    }
+    for (int kk = KS / 2; kk < K2; ++kk)
+      for (int i = 0; i < 16; ++i) o[size_t(kk) * W + i] = word(n0 + i, kk);
+  }
+  for (int n = N16; n < NP; ++n)
+    for (int kk = 0; kk < K2; ++kk) out[size_t(n / W) * K2 * W + size_t(kk) * W + n % W] = word(n, kk);
+}
+
+template <int MR, int NV, int K, int A_RS, int A_CS, int C_RS, int C_CS, int NCOLS, bool CLEAR, class CS>
+inline void bf16_nt_block(const kf_bf16* __restrict__ a, const uint32_t* __restrict__ bp, CS* __restrict__ c) {
+  constexpr int K2 = (K + 1) / 2, W = NV * 16;
+  __m512 acc[MR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  auto step = [&](int kk, auto last) {
+    __m512bh bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(bp + size_t(kk) * W + v * 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh av =
+          (__m512bh)_mm512_set1_epi32(int(bf16_a_pair<A_CS, decltype(last)::value>(a + int64_t(r) * A_RS, 2 * kk)));
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+    }
+  };
+  for (int kk = 0; kk < K / 2; ++kk) step(kk, std::false_type{});
+  if constexpr (K % 2) step(K2 - 1, std::true_type{});
+  constexpr bool vector_store = std::is_same_v<CS, float> && C_CS == 1 && NCOLS == W;
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    CS* row = c + int64_t(r) * C_RS;
+    if constexpr (vector_store) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        _mm512_storeu_ps(row + v * 16, CLEAR ? acc[r][v] : _mm512_add_ps(_mm512_loadu_ps(row + v * 16), acc[r][v]));
+    } else {
+      float o[W];
+      std::memcpy(o, acc[r], sizeof(o));
+      for (int j = 0; j < NCOLS; ++j) {
+        const float old = CLEAR ? 0.0f : load_as<float>(row[j * C_CS]);
+        row[j * C_CS] = store_as<CS>(CLEAR ? o[j] : old + o[j]);
+      }
+    }
+  }
+}
+
+// Panels of 4 vectors (6 rows: 24 accumulators) when N fills them, else one panel of N.
+template <int M, int N, int K, int A_RS, int A_CS, int B_CS, int C_RS, int C_CS, bool CLEAR, class CS>
+inline void gemm_bf16_nt(const kf_bf16* __restrict__ A, const kf_bf16* __restrict__ B, CS* __restrict__ C,
+                         char* scratch) {
+  constexpr int NV = N >= 64 ? 4 : (N + 15) / 16, W = NV * 16, K2 = (K + 1) / 2, PANELS = (N + W - 1) / W;
+  constexpr int MR = (NV == 4 ? 6 : 8) < M ? (NV == 4 ? 6 : 8) : M;
+  uint32_t* bp = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
+  pack_bf16_nt<N, K, W, B_CS>(B, bp);
+  auto panel = [&](auto ncols, int p) {
+    constexpr int NC = decltype(ncols)::value;
+    const uint32_t* b = bp + size_t(p) * K2 * W;
+    CS* c = C + int64_t(p) * W * C_CS;
+    int i0 = 0;
+    for (; i0 + MR <= M; i0 += MR)
+      bf16_nt_block<MR, NV, K, A_RS, A_CS, C_RS, C_CS, NC, CLEAR>(A + int64_t(i0) * A_RS, b, c + int64_t(i0) * C_RS);
+    if constexpr (M % MR != 0)
+      bf16_nt_block<M % MR, NV, K, A_RS, A_CS, C_RS, C_CS, NC, CLEAR>(A + int64_t(i0) * A_RS, b,
+                                                                     c + int64_t(i0) * C_RS);
+  };
+  for (int p = 0; p + 1 < PANELS; ++p) panel(std::integral_constant<int, W>{}, p);
+  panel(std::integral_constant<int, N - (PANELS - 1) * W>{}, PANELS - 1);
+}
+#endif
+
+#if KF_ISA >= KF_ISA_AMX
+// AMX-BF16 (Sapphire Rapids and later): TDPBF16PS multiplies a 16 x 32 bf16 tile of A by a
+// 16 x 16 tile of B's (k, k+1) pairs into a 16 x 16 float32 tile, the VDPBF16PS arithmetic on
+// 16 x 16 outputs at once.  Both operands are packed per call into zero-padded tiles (A row-major
+// 16 x 32 blocks, B as (k, k+1) words, 16 columns a row), each 16 x 16 block of C accumulates in
+// a tile register over K and is added to C once, as the other kernels do.  One C tile at a time:
+// a first, correct version (what is measured and tuned on an AMX machine comes next: 2 x 2 C
+// tiles per A/B load, A read in place when its rows hold whole 32-element steps).
+//
+// This machine class cannot run it: it is compiled for -march=sapphirerapids in the tests, and
+// with KF_AMX_EMULATE the three tile operations below are scalar code with the instructions'
+// semantics (k pairs summed, then accumulated in float32), so that the packing, padding, edge
+// and store logic runs and is checked against float64 on any CPU.  Linux hands out the AMX tile
+// state on request only (arch_prctl ARCH_REQ_XCOMP_PERM, once per process): kf::amx_enable.
+struct AmxTileConfig {  // LDTILECFG's 64-byte layout, palette 1
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+#if defined(KF_AMX_EMULATE)
+struct AmxEmu {
+  alignas(64) unsigned char t[8][16 * 64];
+};
+inline thread_local AmxEmu amx_emu;
+inline bool amx_enable() { return true; }
+inline void amx_config(const AmxTileConfig*) {}
+inline void amx_release() {}
+inline void amx_load_tile(int t, const void* p, int64_t stride) {
+  for (int r = 0; r < 16; ++r) std::memcpy(amx_emu.t[t] + r * 64, static_cast<const char*>(p) + r * stride, 64);
+}
+inline void amx_zero_c() { std::memset(amx_emu.t[0], 0, 16 * 64); }
+inline void amx_load_a(const void* p, int64_t stride) { amx_load_tile(1, p, stride); }
+inline void amx_load_b(const void* p, int64_t stride) { amx_load_tile(2, p, stride); }
+inline void amx_store_c(void* p, int64_t stride) {
+  for (int r = 0; r < 16; ++r) std::memcpy(static_cast<char*>(p) + r * stride, amx_emu.t[0] + r * 64, 64);
+}
+inline void amx_dpbf16() {  // tmm0 += tmm1 (A, 16 x 32 bf16) . tmm2 (B, 16 x 16 (k, k+1) words)
+  float* c = reinterpret_cast<float*>(amx_emu.t[0]);
+  const uint16_t* a = reinterpret_cast<const uint16_t*>(amx_emu.t[1]);
+  const uint32_t* b = reinterpret_cast<const uint32_t*>(amx_emu.t[2]);
+  auto f = [](uint32_t bits) { bits <<= 16; float x; std::memcpy(&x, &bits, 4); return x; };
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 16; ++n)
+      for (int k = 0; k < 16; ++k) {
+        const uint32_t w = b[k * 16 + n];
+        c[m * 16 + n] += f(a[m * 32 + 2 * k]) * f(w & 0xffff) + f(a[m * 32 + 2 * k + 1]) * f(w >> 16);
+      }
+}
+#else
+}  // namespace kf
+#include <sys/syscall.h>
+#include <unistd.h>
+namespace kf {
+// ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18); false when the kernel refuses
+inline bool amx_enable() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return ok;
+}
+inline void amx_config(const AmxTileConfig* c) { _tile_loadconfig(c); }
+inline void amx_release() { _tile_release(); }
+// the tile numbers are literals: the intrinsics paste them into the instruction's register names
+inline void amx_zero_c() { _tile_zero(0); }
+inline void amx_load_a(const void* p, int64_t stride) { _tile_loadd(1, p, stride); }
+inline void amx_load_b(const void* p, int64_t stride) { _tile_loadd(2, p, stride); }
+inline void amx_store_c(void* p, int64_t stride) { _tile_stored(0, p, stride); }
+inline void amx_dpbf16() { _tile_dpbf16ps(0, 1, 2); }
+#endif
+
+template <int M, int N, int K, int A_RS, int A_CS, int B_RS, int B_CS, int C_RS, int C_CS, bool CLEAR, class CS>
+inline void gemm_amx_bf16(const kf_bf16* __restrict__ A, const kf_bf16* __restrict__ B, CS* __restrict__ C,
+                          char* scratch) {
+  constexpr int MP = (M + 15) / 16 * 16, NP = (N + 15) / 16 * 16, KP = (K + 31) / 32 * 32;
+  uint16_t* ap = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
+  uint32_t* bp = reinterpret_cast<uint32_t*>(ap + size_t(MP) * KP);  // KP / 2 x NP words
+  float* ct = reinterpret_cast<float*>(bp + size_t(KP / 2) * NP);     // one 16 x 16 C tile
+  for (int i = 0; i < MP; ++i)
+    for (int k = 0; k < KP; ++k)
+      ap[size_t(i) * KP + k] = i < M && k < K ? uint16_t(bf16_bits(A[int64_t(i) * A_RS + int64_t(k) * A_CS])) : 0;
+  for (int kk = 0; kk < KP / 2; ++kk)
+    for (int n = 0; n < NP; ++n) {
+      const auto at = [&](int k) -> uint32_t {
+        return n < N && k < K ? bf16_bits(B[int64_t(k) * B_RS + int64_t(n) * B_CS]) : 0u;
+      };
+      bp[size_t(kk) * NP + n] = at(2 * kk) | (at(2 * kk + 1) << 16);
+    }
+  AmxTileConfig cfg;
+  for (int t = 0; t < 3; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;  // tmm0 C, tmm1 A, tmm2 B
+  amx_config(&cfg);
+  for (int i0 = 0; i0 < MP; i0 += 16)
+    for (int j0 = 0; j0 < NP; j0 += 16) {
+      amx_zero_c();
+      for (int k0 = 0; k0 < KP; k0 += 32) {
+        amx_load_a(ap + size_t(i0) * KP + k0, int64_t(KP) * 2);
+        amx_load_b(bp + size_t(k0 / 2) * NP + j0, int64_t(NP) * 4);
+        amx_dpbf16();
+      }
+      amx_store_c(ct, 64);
+      const int rows = M - i0 < 16 ? M - i0 : 16;  // store_block clips the columns
+      for (int r = 0; r < rows; ++r) store_block<M, N, 16, C_RS, C_CS, CLEAR>(ct + r * 16, C, i0 + r, j0);
+    }
+  amx_release();
+}
 #endif
 
 // A already in the compute type, B not readable in place (transposed, or narrow): B alone is
@@ -542,12 +792,24 @@ inline void gemm(const AS* __restrict__ A, const BS* __restrict__ B, CS* __restr
     direct_b_packed<T, M, N, K, A_RS, A_CS, B_RS, B_CS, C_RS, C_CS, CLEAR>(A, B, C, scratch);
     return;
   }
+#if KF_ISA >= KF_ISA_AMX
+  if constexpr (std::is_same_v<AS, kf_bf16> && std::is_same_v<BS, kf_bf16> && std::is_same_v<T, float>) {
+    if (amx_enable()) {
+      gemm_amx_bf16<M, N, K, A_RS, A_CS, B_RS, B_CS, C_RS, C_CS, CLEAR>(A, B, C, scratch);
+      return;
+    }
+  }
+#endif
 #if KF_ISA >= KF_ISA_AVX512BF16
   constexpr bool a_bf16 = std::is_same_v<AS, kf_bf16> || std::is_same_v<AS, kf_fp8e4m3>;
   constexpr bool b_bf16 = std::is_same_v<BS, kf_bf16> || std::is_same_v<BS, kf_fp8e4m3>;
   if constexpr (std::is_same_v<AS, kf_bf16> && std::is_same_v<BS, kf_bf16> && std::is_same_v<T, float> &&
                 B_CS == 1 && N % 16 == 0) {
     gemm_bf16_direct<M, N, K, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B, C);
+    return;
+  } else if constexpr (std::is_same_v<AS, kf_bf16> && std::is_same_v<BS, kf_bf16> && std::is_same_v<T, float> &&
+                       B_RS == 1 && B_CS != 1) {
+    gemm_bf16_nt<M, N, K, A_RS, A_CS, B_CS, C_RS, C_CS, CLEAR>(A, B, C, scratch);
     return;
   } else if constexpr (a_bf16 && b_bf16 && std::is_same_v<T, float>) {
     gemm_bf16<M, N, K, A_RS, A_CS, B_RS, B_CS, C_RS, C_CS, CLEAR>(A, B, C, scratch);

@@ -7,7 +7,7 @@ reference and the engine back to back (alternating which goes first), so a
 load change on the shared machine hits both; the medians and their ratio are
 printed (ratio > 1: the engine is faster). Then the engine's per-step table
 (calls, total ms, share) for one decode step and one prefill, from
-`kernforge.engine.steps.record()`.
+`kernforge.engine.steps.record()` on the same clock as the rows (CPU time with `--cpu-time`).
 
 Usage: python benchmarks/bench_engine.py [--threads 2] [--repeats 5] [--prompt 256] [--context 256 ...]
        [--batch 1 8] [--cpu-time] [--json] [--rebuild 300 1000] [--deterministic]
@@ -112,7 +112,7 @@ def main() -> None:
                       (f"prefill {b0}", lambda: engine.forward(ids_for(b0, args.prompt, 4), 0))):
         if label.startswith("prefill"):
             fn()
-        with steps.record() as rec:
+        with steps.record(clock) as rec:
             t0 = clock()
             fn()
             wall = clock() - t0

@@ -295,6 +295,28 @@ class PagedKVCache:
         out = blocks * self.block_size + entries % self.block_size
         return torch.where(valid, out, -1)
 
+    def block_tables(self, seq_ids: list, kind: str) -> torch.Tensor:
+        """The block tables of `seq_ids` for `kind` as one int64 tensor [len(seq_ids), B + 1]
+        (B the longest table), padded with -1: the operand of `slots_of`, built once per step."""
+        name = self._kind(kind).name
+        tables = [self._seq(s).tables[name] for s in seq_ids]
+        width = max(map(len, tables), default=0) + 1
+        return torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.long)
+
+    def slots_of(self, tables: torch.Tensor, rows: torch.Tensor, entries: torch.Tensor, kind: str = "") -> torch.Tensor:
+        """`slots` for many sequences at once: entry `entries[i, ...]` of the sequence whose
+        `block_tables` row is `rows[i]` (rows [n], entries [n] or [n, k]); negative entries
+        give -1. An entry in a freed or never allocated block raises, as in `slots`."""
+        entries = entries.long()
+        rows = rows.long().view(-1, *([1] * (entries.dim() - 1)))
+        valid = entries >= 0
+        last = tables.shape[1] - 1  # the -1 column: entries past a table land there
+        j = torch.where(valid, entries // self.block_size, last).clamp_max(last)
+        blocks = tables[rows, j]
+        if bool((valid & (blocks < 0)).any()):
+            raise ValueError(f"a requested {kind} entry lies in a freed or unallocated block")
+        return torch.where(valid, blocks * self.block_size + entries % self.block_size, -1)
+
     def storage(self, kind: str, layer: int) -> torch.Tensor:
         """The raw pool of one layer: bf16 [nb, bs, 1, d], FP8 pages uint8 [nb, page_bytes], or [nb, bs, d]."""
         return self._storage[(self._kind(kind).pool_name, layer)]
@@ -325,11 +347,9 @@ class PagedKVCache:
 
     def read(self, kind: str, layer: int, slots: torch.Tensor) -> torch.Tensor:
         """Entries at flat `slots` [n] as [n, width] (bf16 for KV kinds, `dtype` otherwise)."""
-        slots = slots.long()
-        page, off = slots // self.block_size, slots % self.block_size
-        if self._kind(kind).kv:
-            return self.kv_pages(kind, layer)[page, off, 0]
-        return self.storage(kind, layer)[page, off]
+        k = self._kind(kind)
+        buf = self.kv_pages(kind, layer) if k.kv else self.storage(kind, layer)
+        return buf.reshape(-1, k.width).index_select(0, slots.long())  # slot s is row s of the flat pool
 
     # Checks ----------------------------------------------------------------------
     def _alloc(self, kind: str) -> BlockAllocator:

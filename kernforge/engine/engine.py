@@ -25,12 +25,15 @@ import torch
 from kernforge import ops
 from kernforge.engine import kernel_steps as ks
 from kernforge.engine.cache import BLOCK_SIZE, CacheKind, PagedKVCache
+from kernforge.engine.step_index import StepIndex
 from kernforge.engine.steps import STEPS, step
 from kernforge.model import numerics as nx
 from kernforge.model.transformer import Transformer, exact_rebuild_tail
 
 BACKENDS = ("cpu", "interp", "cuda-emu", "cuda")
 _EARLIER = torch.ones(64, 64, dtype=torch.bool).tril(-1)  # [i, j]: slot j comes before slot i
+# queries per indexer_scores call of a prefill chunk (each call scores only the keys its last query sees)
+_SCORE_ROWS = 128
 # key of a sequence's state ({(layer, compressor): tensors}, cloned by fork) that holds, after a
 # tail rebuild (rebuild_cache), the first position its window has and the persisted length
 _WINDOW_FLOOR = "window_floor"
@@ -52,6 +55,27 @@ def _indexer_topk(scores, k, end, backend):
     _, idx = topk(scores, k, end=end, indices_type=torch.int64, idx_oob_fill_value=-1,
                   return_value=False, backend=backend)
     return idx
+
+
+def _compact(idx, p2e, p2tk, t2p, start, n_experts: int):
+    """`get_fused_mapping`'s expert-major layout without its padding: (pos_to_expert,
+    pos_to_token_topk, token_topk_to_pos, segment starts, segment ends) with expert e's valid
+    rows packed at [starts[e], ends[e]).
+
+    Why: the mapping pads each non-empty expert's segment to the alignment (64) for GPU tiles;
+    at decode that makes up to E x 64 expanded rows for T x k routed slots (8 x 64 for 16 at
+    batch 8), and the expansion, both expert GEMMs and the SwiGLU would touch every one. The
+    CPU GEMM takes any segment length, and each row is computed on its own, so the packed rows
+    hold the padded layout's values bit for bit. Integer bookkeeping only: valid rows come
+    first in each segment, in slot order, so they keep their order."""
+    counts = torch.bincount(idx[idx >= 0], minlength=n_experts)
+    ends = counts.cumsum(0)
+    first = ends - counts
+    valid = t2p >= 0
+    e = p2e.long()[t2p.long().clamp_min(0)]
+    packed = torch.where(valid, t2p - start[e] + first[e].to(t2p.dtype), -1).to(t2p.dtype)
+    keep = p2tk >= 0
+    return p2e[keep], p2tk[keep], packed, first.tolist(), ends.tolist()
 
 
 class Engine:
@@ -289,7 +313,8 @@ class Engine:
                                                                               self.backend)))
             # e + h_proj(hnorm(x)) per stream: e, copied to every stream, is the GEMM's c
             xs = self._linear(mtp.h_proj, self._norm(mtp.hnorm, flat), add=e[:, :, None].expand_as(flat))
-            xs = self._block(n, mtp, xs, ids, pos, segs, {}, self.mtp_cache)
+            index = StepIndex(self.mtp_cache, segs, pos, [0] * b)
+            xs = self._block(n, mtp, xs, ids, index, {})
             logits = self._head(xs, mtp)[0]
         self.mtp_cache.commit(counts)
         self.mtp_next_pos = start_pos + s
@@ -343,20 +368,21 @@ class Engine:
         counts = {seq_id: hi - lo for seq_id, _, lo, hi in segs}
         self.cache.prepare(counts)
         ids_flat, pos_flat = torch.cat(ids), torch.cat(pos)
+        index = StepIndex(self.cache, segs, pos_flat, [self._window_floor(seq, self.cache) for seq, *_ in segs])
         pending: dict = {}
         with self._numerics():
             e = ks.embedding(self.model.embed.weight, ids_flat[None], self.backend)
             xs = e[:, :, None].expand(-1, -1, c.hc_mult, -1).contiguous()  # M equal copies
             for layer_id, block in enumerate(self.model.layers):
-                xs = self._block(layer_id, block, xs, ids_flat, pos_flat, segs, pending, self.cache)
+                xs = self._block(layer_id, block, xs, ids_flat, index, pending)
         for seq_id, state in pending.items():
             self._states[seq_id].update(state)
         self.cache.commit(counts)
         return segs, xs
 
-    def _block(self, layer_id, block, xs, ids, pos, segs, pending, cache):
+    def _block(self, layer_id, block, xs, ids, index: StepIndex, pending):
         u, post, comb = ks.hc_pre(block, xs, "attn", self.backend)
-        y = self._attention(layer_id, block.attn, self._norm(block.attn_norm, u), pos, segs, pending, cache)
+        y = self._attention(layer_id, block.attn, self._norm(block.attn_norm, u), index, pending)
         xs = ks.hc_post(y, xs, post, comb, self.backend)
         u, post, comb = ks.hc_pre(block, xs, "ffn", self.backend)
         y = self._moe(block.ffn, self._norm(block.ffn_norm, u)[0], ids)
@@ -371,12 +397,11 @@ class Engine:
         # first slot's weight (MoE.forward's docstring), so later repeats get no row.
         repeat = ((idx[:, :, None] == idx[:, None, :]) & _EARLIER[:idx.shape[1], :idx.shape[1]]).any(-1)
         idx = idx.masked_fill(repeat, -1)
-        p2e, _, p2tk, t2p, start, end, _, _ = ks.moe_mapping(idx, ffn.n_routed_experts, self.backend)
+        p2e, _, p2tk, t2p, start, _, _, _ = ks.moe_mapping(idx, ffn.n_routed_experts, self.backend)
+        p2e, p2tk, t2p, starts, ends = _compact(idx, p2e, p2tk, t2p, start, ffn.n_routed_experts)
         rows = ks.moe_expand(x, t2p, p2e, self.backend)
-        starts, ends = start.tolist(), end.tolist()
         gate_up = ks.expert_gemm(self.weights, ffn.experts, "w13", rows, starts, ends, self.backend)
-        # the weight of each expanded row (padding rows, p2tk -1, read the appended 0)
-        row_w = torch.cat([weights.flatten(), weights.new_zeros(1)])[p2tk.long()]
+        row_w = weights.flatten()[p2tk.long()]  # the routing weight of each expanded row
         limit = ffn.shared_experts.swiglu_limit
         # the routed rows, then the shared expert's row per token: one reduce sums both
         n_rows = rows.shape[0]
@@ -389,9 +414,10 @@ class Engine:
                   out=out_rows[n_rows:])
         return ks.moe_reduce(out_rows, t2p, self.backend)
 
-    def _attention(self, layer_id, attn, x, pos, segs, pending, cache):
-        """x [1, N, D] -> [1, N, D]; writes this layer's window KV and compressed entries into `cache`."""
-        c = self.config
+    def _attention(self, layer_id, attn, x, index: StepIndex, pending):
+        """x [1, N, D] -> [1, N, D]; writes this layer's window KV and compressed entries into the
+        step's cache (`index.cache`)."""
+        c, cache, pos = self.config, index.cache, index.pos
         h, d, rd = attn.n_heads, attn.head_dim, attn.rope_dim
         proj = ks.attention_input(self.weights, attn, x, pos, self.backend)  # every projection of x
         qr = self._norm(attn.q_norm, proj["q"])
@@ -400,35 +426,23 @@ class Engine:
         kv = self._rope(attn.rope, self._norm(attn.kv_norm, proj["kv"]), pos)
         if attn.fake_quant:
             kv = ks.kv_fake_quant(kv, rd, self.backend)
-        window_slots = torch.cat([cache.slots(seq, "window", pos[lo:hi]) for seq, _, lo, hi in segs])
-        cache.write("window", layer_id, window_slots, kv[0])
-        w = c.sliding_window
-        rows = []
-        r = attn.compress_ratio
-        if r:  # the per-token parts of the compressors and the indexer, once for all sequences
-            main = proj["main_kv"], proj["main_score"]
-            if attn.indexer is not None:
-                index = proj["index_kv"], proj["index_score"]
-                head_w = proj["head_w"][0]
-                q_index = self._indexer_query(attn.indexer, qr, pos)[0]
-        for seq, start, lo, hi in segs:
-            p = pos[lo:hi]
-            cand = p[:, None] - (w - 1) + torch.arange(w)  # oldest first, as the reference
-            parts = [cache.slots(seq, "window", torch.where(cand >= self._window_floor(seq, cache), cand, -1))]
-            if r:
-                picks = None
-                if attn.indexer is not None:
-                    self._compress(layer_id, attn.indexer.compressor, "index", "index4",
-                                   index[0][0, lo:hi], index[1][0, lo:hi], seq, start, pending)
-                    picks = self._indexer(layer_id, attn.indexer, head_w[lo:hi], q_index[lo:hi], seq, start)
-                self._compress(layer_id, attn.compressor, "main", f"compressed{r}",
-                               main[0][0, lo:hi], main[1][0, lo:hi], seq, start, pending)
-                if picks is None:
-                    k = torch.arange(c.max_seq_len // r)
-                    picks = torch.where(k[None, :] < ((p + 1) // r)[:, None], k[None, :], -1)
-                parts.append(cache.slots(seq, f"compressed{r}", picks))
-            rows.append(torch.cat(parts, dim=1))
-        indices = torch.cat(rows).to(torch.int32)[:, None].contiguous()
+        cache.write("window", layer_id, index.window_write(), kv[0])
+        w, r = c.sliding_window, attn.compress_ratio
+        if not r:
+            indices = index.candidates(w)
+        elif attn.indexer is None:  # every visible entry of this ratio
+            self._compress(layer_id, attn.compressor, "main", f"compressed{r}", proj["main_kv"][0],
+                           proj["main_score"][0], index, pending)
+            indices = index.candidates(w, f"compressed{r}", r, c.max_seq_len)
+        else:  # the indexer's picks: the index keys first (this step's included), then the main entries
+            self._compress(layer_id, attn.indexer.compressor, "index", "index4", proj["index_kv"][0],
+                           proj["index_score"][0], index, pending)
+            picks = self._indexer(layer_id, attn.indexer, proj["head_w"][0],
+                                  self._indexer_query(attn.indexer, qr, pos)[0], index)
+            self._compress(layer_id, attn.compressor, "main", f"compressed{r}", proj["main_kv"][0],
+                           proj["main_score"][0], index, pending)
+            chosen = index.slots(f"compressed{r}", index.row, picks)
+            indices = torch.cat([index.window_candidates(w), chosen], dim=1).to(torch.int32)[:, None].contiguous()
         pages = cache.kv_pages("window", layer_id)
         o = _sparse_mla(q[0, :, None].to(pages.dtype).contiguous(), pages, indices,
                         attn.attn_sink.float().contiguous(), d ** -0.5, self.backend)
@@ -450,9 +464,76 @@ class Engine:
                     torch.full(shape, float("-inf"), dtype=comp.ape.dtype))
         return self._states[seq][key]
 
-    def _compress(self, layer_id, comp, which, kind, kv, score, seq, start, pending) -> None:
+    def _compress(self, layer_id, comp, which, kind, kv, score, index: StepIndex, pending) -> None:
+        """Absorb the projections kv, score [N, width] of the step's tokens into each sequence's
+        compressor and store the entries they complete.
+
+        The states advance per segment (single-token segments, the decodes, all at once in
+        `_advance_decodes`; longer ones in `_advance_one`), each handing back the rows its new
+        entries pool from. All of them are pooled and finished by one `compressor_pool` call:
+        the rows are stacked piece after piece, whole blocks each, and the pooled entries
+        that straddle two pieces are dropped. Each entry is computed from its own rows only,
+        so its bits are those of a pooling of its sequence alone."""
+        decodes = [i for i, (_, _, lo, hi) in enumerate(index.segs) if hi - lo == 1]
+        pieces = []  # (kv rows, score rows, [pooled entry within the piece], [entry id], [segment])
+        if decodes:
+            pieces += self._advance_decodes(layer_id, comp, which, kv, score, index, decodes, pending)
+        for i, (seq, start, lo, hi) in enumerate(index.segs):
+            if hi - lo > 1:
+                pieces += self._advance_one(layer_id, comp, which, kv[lo:hi], score[lo:hi], seq, start, i, pending)
+        if not pieces:
+            return
+        r, chosen, ids, rows, offset = comp.ratio, [], [], [], 0
+        for piece_kv, _, within, entry_ids, segs in pieces:
+            chosen += [offset + j for j in within]
+            ids += entry_ids
+            rows += segs
+            offset += piece_kv.shape[0] // r
+        entries = ks.compressor_pool(comp, self._rope_tables(comp.rope), torch.cat([p[0] for p in pieces]),
+                                     torch.cat([p[1] for p in pieces]), offset - 1, torch.tensor(chosen),
+                                     torch.tensor(ids), self.backend)
+        index.cache.write(kind, layer_id, index.slots(kind, torch.tensor(rows), torch.tensor(ids)), entries)
+
+    def _advance_decodes(self, layer_id, comp, which, kv, score, index: StepIndex, decodes: list[int],
+                         pending) -> list[tuple]:
+        """`_advance_one` for the one token of each segment in `decodes`, all at once.
+
+        The states are stacked to [n, 2r, width] (rows 0..r-1: the previous block, which only
+        ratio 4's overlap reads; rows r..2r-1: the current block). The token lands at row
+        r + start % r. A sequence whose block it completes pools one entry from its 2r rows
+        (one piece for all of them: blocks [P0, O0, P1, O1, ...], entries 0, 2, 4, ...), then
+        its current block becomes its previous one (ratio 4) or is dropped."""
+        r, key = comp.ratio, (layer_id, which)
+        segs = [index.segs[i] for i in decodes]
+        states = [self._state(seq, key, comp, pending) for seq, _, _, _ in segs]
+        kv_rows, score_rows = torch.stack([st[0] for st in states]), torch.stack([st[1] for st in states])
+        starts = torch.tensor([start for _, start, _, _ in segs])
+        tok = torch.tensor([lo for _, _, lo, _ in segs])
+        n = torch.arange(len(segs))
+        kv_rows[n, r + starts % r] = kv[tok].to(kv_rows.dtype)
+        score_rows[n, r + starts % r] = score[tok].to(score_rows.dtype)
+        full = [i for i, (_, start, _, _) in enumerate(segs) if (start + 1) % r == 0]
+        # a tail rebuild keeps its persisted entries: the replay does not rewrite them
+        done = [i for i in full if segs[i][1] // r >= self._persisted_length(segs[i][0]) // r]
+        pieces = []
+        if done:
+            sel = torch.tensor(done)
+            pieces.append((kv_rows[sel].flatten(0, 1), score_rows[sel].flatten(0, 1), [2 * j for j in range(len(done))],
+                           [segs[i][1] // r for i in done], [decodes[i] for i in done]))
+        if full:
+            sel = torch.tensor(full)
+            if comp.overlap:
+                kv_rows[sel, :r], score_rows[sel, :r] = kv_rows[sel, r:], score_rows[sel, r:]
+            lo = r if comp.overlap else 0
+            kv_rows[sel, lo:] = 0
+            score_rows[sel, lo:] = float("-inf")
+        for (seq, _, _, _), k_row, s_row in zip(segs, kv_rows.unbind(0), score_rows.unbind(0)):
+            pending.setdefault(seq, {})[key] = (k_row, s_row)
+        return pieces
+
+    def _advance_one(self, layer_id, comp, which, kv, score, seq, start, seg: int, pending) -> list[tuple]:
         """Absorb the projections kv, score [s, width] of positions start..start+s-1 into the
-        sequence's compressor; store the entries they complete.
+        sequence's compressor; returns the piece its completed entries pool from (none or one).
 
         The same block arithmetic as `kernforge.model.compressor.Compressor.forward`, on this
         sequence's own state rows (kept in `pending` until the step completes).
@@ -467,11 +548,11 @@ class Engine:
         first = base // r
         n_new = (start + s) // r - first
         skip = min(n_new, max(0, self._persisted_length(seq) // r - first))  # kept by a tail rebuild
+        pieces = []
         if n_new > skip:
-            entries = ks.compressor_pool(comp, self._rope_tables(comp.rope), seq_kv, seq_score, n_new, first,
-                                         self.backend)[skip:]
-            self.cache.write(kind, layer_id, self.cache.slots(seq, kind, torch.arange(first + skip, first + n_new)),
-                             entries)
+            rows = (n_new + 1) * r
+            pieces.append((seq_kv[:rows], seq_score[:rows], list(range(skip, n_new)),
+                           list(range(first + skip, first + n_new)), [seg] * (n_new - skip)))
         keep_from = ((start + s) // r) * r - base
         rest_kv, rest_score = seq_kv[keep_from:], seq_score[keep_from:]
         new_kv, new_score = torch.zeros_like(kv_state), torch.full_like(score_state, float("-inf"))
@@ -479,17 +560,31 @@ class Engine:
         new_kv[lo:rest_kv.shape[0]] = rest_kv[lo:]
         new_score[lo:rest_score.shape[0]] = rest_score[lo:]
         pending.setdefault(seq, {})[key] = (new_kv, new_score)
+        return pieces
 
-    def _indexer(self, layer_id, indexer, head_w, q, seq, start) -> torch.Tensor:
-        """Entry picks [s, index_topk] (-1 = empty) for one sequence's queries (head weights
-        weights_proj(x) [s, h], indexer q [s, h, d]), against its keys (already updated with
-        this step's tokens)."""
-        s = head_w.shape[0]
-        positions = torch.arange(start, start + s)
-        n_visible = (start + s) // 4
-        if n_visible == 0:
-            return torch.full((s, indexer.topk), -1, dtype=torch.long)
-        keys = self.cache.read("index4", layer_id, self.cache.slots(seq, "index4", torch.arange(n_visible)))
-        scores = ks.indexer_scores(indexer, head_w, q, keys, self.backend)
-        end = ((positions + 1) // 4).to(torch.int32)
+    def _indexer(self, layer_id, indexer, head_w, q, index: StepIndex) -> torch.Tensor:
+        """Entry picks [N, index_topk] (-1 = empty) for the step's queries (head weights
+        weights_proj(x) [N, h], indexer q [N, h, d]), each against its own sequence's keys
+        (already updated with this step's tokens): scores per sequence, then one top-k over
+        all of them (rows padded with -inf past each sequence's keys; `end` stops each row
+        at its visible entries)."""
+        segs, pos = index.segs, index.pos
+        visible = [(start + hi - lo) // 4 for _, start, lo, hi in segs]
+        width = max(visible)
+        if width == 0:
+            return torch.full((pos.shape[0], indexer.topk), -1, dtype=torch.long)
+        k = torch.arange(width)
+        counts = torch.tensor(visible)
+        key_slots = index.slots("index4", torch.arange(len(segs)), torch.where(k < counts[:, None], k, -1))
+        keys = self.cache.read("index4", layer_id, key_slots.clamp_min(0).flatten()).view(len(segs), width, -1)
+        scores = torch.full((pos.shape[0], width), float("-inf"), dtype=torch.float32)
+        end = ((pos + 1) // 4).to(torch.int32)
+        for i, (_, start, lo, hi) in enumerate(segs):
+            # causal: queries see keys < (position + 1) // 4 only, so a long chunk is scored in
+            # slices of _SCORE_ROWS queries against the keys the slice's last query sees
+            for a in range(lo, hi, _SCORE_ROWS):
+                b = min(hi, a + _SCORE_ROWS)
+                n = (start + b - lo) // 4
+                if n:
+                    scores[a:b, :n] = ks.indexer_scores(indexer, head_w[a:b], q[a:b], keys[i, :n], self.backend)
         return _indexer_topk(scores, indexer.topk, end, self.backend)

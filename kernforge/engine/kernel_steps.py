@@ -309,15 +309,20 @@ def indexer_fp4_round(q: torch.Tensor, backend: str) -> torch.Tensor:
 
 @step("compressor_pool", "kernel", "gated pooling (ops.compressor_pool) + norm + rope + rounding of new entries")
 def compressor_pool(comp, cos_sin: tuple[torch.Tensor, torch.Tensor], seq_kv: torch.Tensor,
-                    seq_score: torch.Tensor, n_new: int, first: int, backend: str) -> torch.Tensor:
-    """seq_kv/seq_score [rows, width] from position (first-1)*r -> entries first..first+n_new-1
-    [n_new, d]: `Compressor._pool` then `_finish` (RMSNorm, RoPE at each entry's block start,
-    then Hadamard + FP4 for the indexer's keys or FP8 on the nope dims for the main ones), each
-    an op of its own; `cos_sin` is the compressor's RoPE table (`ops.rope_cos_sin`)."""
-    entries = ops.compressor_pool(seq_kv.contiguous(), seq_score.contiguous(), n_new, comp.ratio, comp.overlap,
-                                  backend=backend)[None]
-    positions = torch.arange(first, first + n_new, device=entries.device) * comp.ratio
-    out = rope(cos_sin, rms_norm(comp.norm, entries, None, backend), positions, backend)
+                    seq_score: torch.Tensor, n_pool: int, chosen: torch.Tensor, entry_ids: torch.Tensor,
+                    backend: str) -> torch.Tensor:
+    """seq_kv/seq_score [rows, width], block 0 being the one before the first pooled entry ->
+    the pooled entries `chosen` [n] of n_pool, whose entry indices are `entry_ids` [n] -> [n, d]:
+    `Compressor._pool` then `_finish` (RMSNorm, RoPE at each entry's block start
+    entry_ids * ratio, then Hadamard + FP4 for the indexer's keys or FP8 on the nope dims for
+    the main ones), each an op of its own; `cos_sin` is the compressor's RoPE table
+    (`ops.rope_cos_sin`). Several sequences' rows may be stacked (the engine's `_compress`):
+    `chosen` then skips the entries that straddle two of them."""
+    entries = ops.compressor_pool(seq_kv.contiguous(), seq_score.contiguous(), n_pool, comp.ratio, comp.overlap,
+                                  backend=backend)
+    if chosen.numel() != n_pool:
+        entries = entries[chosen]
+    out = rope(cos_sin, rms_norm(comp.norm, entries[None], None, backend), entry_ids * comp.ratio, backend)
     if comp.rotate:  # indexer keys: Hadamard, then FP4 over all dims
         out = hadamard(out, backend)
         return (indexer_fp4_round(out, backend) if comp.fake_quant else out)[0]

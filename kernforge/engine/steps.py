@@ -26,8 +26,8 @@ class Step:
 
 STEPS: dict[str, Step] = {}
 _CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kernforge_engine_step", default=None)
-_RECORD: contextvars.ContextVar[dict[str, list] | None] = contextvars.ContextVar("kernforge_engine_record",
-                                                                                default=None)
+_RECORD: contextvars.ContextVar[tuple[dict[str, list], Callable[[], float]] | None] = contextvars.ContextVar(
+    "kernforge_engine_record", default=None)
 
 
 def step(name: str, kind: str, what: str) -> Callable:
@@ -43,17 +43,17 @@ def step(name: str, kind: str, what: str) -> Callable:
         def run(*args, **kwargs):
             if _CURRENT.get() is not None:  # a step inside a step belongs to the outer one
                 return fn(*args, **kwargs)
-            counts = _RECORD.get()
+            recording = _RECORD.get()
             token = _CURRENT.set(name)
-            t0 = time.perf_counter()
+            t0 = recording[1]() if recording is not None else 0.0
             try:
                 return fn(*args, **kwargs)
             finally:
                 _CURRENT.reset(token)
-                if counts is not None:
-                    entry = counts.setdefault(name, [0, 0.0])
+                if recording is not None:
+                    entry = recording[0].setdefault(name, [0, 0.0])
                     entry[0] += 1
-                    entry[1] += time.perf_counter() - t0
+                    entry[1] += recording[1]() - t0
         return run
     return wrap
 
@@ -64,10 +64,12 @@ def current_step() -> str | None:
 
 
 @contextlib.contextmanager
-def record() -> Iterator[dict[str, list]]:
-    """Count and time the outermost step calls inside the block: {step name: [calls, seconds]}."""
+def record(clock: Callable[[], float] = time.perf_counter) -> Iterator[dict[str, list]]:
+    """Count and time the outermost step calls inside the block: {step name: [calls, seconds]}.
+    `clock` is the timer (the wall clock; `time.process_time` for CPU time, so that a profile
+    on a loaded machine adds up to the CPU time of the run it sits in)."""
     counts: dict[str, list] = {}
-    token = _RECORD.set(counts)
+    token = _RECORD.set((counts, clock))
     try:
         yield counts
     finally:

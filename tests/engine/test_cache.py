@@ -97,6 +97,29 @@ def check(cache: PagedKVCache, model: Model) -> None:
         for b in range(alloc.num_blocks):
             assert alloc.refcount(b) == named[pool].get(b, 0), (pool, b)
         assert alloc.num_free == alloc.num_blocks - len(named[pool])
+    check_batched_slots(cache, model)
+
+
+def check_batched_slots(cache: PagedKVCache, model: Model) -> None:
+    """`slots_of` over every sequence at once equals `slots` per sequence: every live entry
+    of each kind, rows in shuffled order, padded with -1 entries (which stay -1)."""
+    seqs = list(model.seqs)
+    random.Random(len(seqs)).shuffle(seqs)
+    for name, kind in cache.kinds.items():
+        wants = []
+        for seq_id in seqs:
+            length = model.seqs[seq_id][0]
+            first = max(0, length - (W - 1)) if kind.window else 0
+            wants.append(list(range(first, kind.entries(length))))
+        width = max(map(len, wants), default=0)
+        if width == 0:
+            continue
+        entries = torch.tensor([w + [-1] * (width - len(w)) for w in wants])
+        got = cache.slots_of(cache.block_tables(seqs, name), torch.arange(len(seqs)), entries, name)
+        for i, (seq_id, want) in enumerate(zip(seqs, wants)):
+            if want:
+                assert torch.equal(got[i, :len(want)], cache.slots(seq_id, name, torch.tensor(want)))
+            assert (got[i, len(want):] == -1).all()
 
 
 def snapshot(cache: PagedKVCache):
@@ -222,6 +245,8 @@ def test_window_blocks_are_returned():
     live = [b for b in cache.table(0, "window") if b >= 0]
     assert len(live) <= -(-(W - 1) // BS) + 1  # only the blocks the next query can see
     check(cache, model)
+    with pytest.raises(ValueError, match="freed or unallocated"):  # position 0's block went back
+        cache.slots_of(cache.block_tables([0], "window"), torch.tensor([0]), torch.tensor([[0, 29]]), "window")
 
 
 def test_cache_errors_name_the_argument():
@@ -237,6 +262,9 @@ def test_cache_errors_name_the_argument():
         cache.slots(0, "nope", torch.tensor([0]))
     with pytest.raises(ValueError, match="no window block"):
         cache.slots(0, "window", torch.tensor([0]))
+    tables = cache.block_tables([0], "window")
+    with pytest.raises(ValueError, match="freed or unallocated"):  # batched lookup: no block yet
+        cache.slots_of(tables, torch.tensor([0]), torch.tensor([0]), "window")
     with pytest.raises(ValueError, match="num_blocks has no entry"):
         PagedKVCache(kinds(), {"kv": 4}, block_size=BS)
     with pytest.raises(CacheFullError, match="is full"):

@@ -119,6 +119,24 @@ def test_ragged_batch_of_four_mixes_prefill_and_decode(exact, model_noqat):
         torch.testing.assert_close(got[n], model_noqat(ids[None], 0)[0], atol=ATOL, rtol=0, msg=n)
 
 
+def test_batched_decodes_complete_compression_blocks_out_of_step(exact, model_noqat):
+    """Decodes of several sequences run as one batched compressor update and one pooling call
+    (engine._compress_decodes): three sequences at different offsets decode 8 tokens together,
+    so ratio-4 and ratio-128 blocks complete at different steps for different sequences (c at
+    its first decode, a at its fourth, b at its sixth for ratio 128), with a prefill chunk of
+    another sequence in the same steps."""
+    lengths = {"a": 124, "b": 122, "c": 127, "p": 40}
+    seqs = {n: tokens(length + 8, seed=70 + i)[0] for i, (n, length) in enumerate(lengths.items())}
+    eng = Engine(model_noqat)
+    for n in seqs:
+        eng.add_sequence(n)
+    schedule = [{n: lengths[n] for n in "abc"}] + [{"a": 1, "b": 1, "c": 1, "p": 6} for _ in range(8)]
+    got = ragged_run(eng, schedule, seqs)
+    for n in "abc":
+        torch.testing.assert_close(got[n], model_noqat(seqs[n][None], 0)[0], atol=ATOL, rtol=0, msg=n)
+    torch.testing.assert_close(got["p"], model_noqat(seqs["p"][None, :48], 0)[0], atol=ATOL, rtol=0)
+
+
 def test_free_and_reuse(exact, model_noqat):
     eng = Engine(model_noqat, num_blocks={"kv": 12, "index": 4})
     first, second = tokens(70, seed=20)[0], tokens(30, seed=21)[0]

@@ -50,3 +50,25 @@ def test_profile_needs_the_engine(monkeypatch, capsys):
     code, out, err = _run(monkeypatch, capsys, "--profile", "--reference")
     assert code == 1 and out == ""
     assert "--profile" in err and "--reference" in err and "Traceback" not in err
+
+
+def test_record_times_with_the_given_clock():
+    """steps.record(clock): every outermost step call is timed by `clock` (a fake one here, one
+    tick a read), nested steps belong to the outer one, and nothing is recorded outside."""
+    ticks = iter(range(100))
+
+    @steps.step("_test_outer", "kernel", "test only")
+    def outer():
+        return inner() + 1
+
+    @steps.step("_test_inner", "kernel", "test only")
+    def inner():
+        return 1
+
+    try:
+        with steps.record(lambda: float(next(ticks))) as rec:
+            assert outer() == 2 and outer() == 2
+        outer()  # not recorded
+        assert rec == {"_test_outer": [2, 2.0]}  # two calls, one tick between each start and end
+    finally:
+        del steps.STEPS["_test_outer"], steps.STEPS["_test_inner"]

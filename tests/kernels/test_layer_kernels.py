@@ -128,9 +128,9 @@ def _hc_inputs(tokens, m, d, seed):
     return g, x, fn, scale, base
 
 
-@settings(max_examples=6)
+@settings(max_examples=8)
 @given(tokens=st.integers(1, 5), m=st.sampled_from([1, 2, 4]), d=st.sampled_from([8, 24]),
-       block_tokens=st.sampled_from([1, 2, 4]), iters=st.sampled_from([1, 3, 20]))
+       block_tokens=st.sampled_from([1, 2, 4, 32]), iters=st.sampled_from([1, 3, 20]))
 def test_hc_pre_edge_shapes(tokens, m, d, block_tokens, iters):
     _, x, fn, scale, base = _hc_inputs(tokens, m, d, tokens * 7 + m)
     k = _interp(HC.hc_pre, [4, 5, 6], hc_mult=m, dim=d, sinkhorn_iters=iters, block_tokens=block_tokens,

@@ -5,7 +5,7 @@ residual stream is ``M`` copies per token, stored as ``x [tokens, M * D]`` (copy
 columns ``j*D .. j*D+D-1``, which is ``flat(X)``, the layout ``fn``'s columns follow).
 
 * :func:`hc_pre`: one block per ``block_tokens`` tokens computes the mixes
-  ``m = (fn . flat(X)) / rms(flat(X))`` (a ``[mix, M*D]`` by ``[M*D]`` product per token,
+  ``m = (fn . flat(X)) / rms(flat(X))`` (a ``[tokens, M*D]`` by ``[M*D, mix]`` ``T.gemm``,
   streamed over ``M*D`` in tiles), the pre weights ``sigmoid(s0 m + b) + eps``, the post
   weights ``2 sigmoid(s1 m + b)``, the combination matrix (row softmax, then ``iters``
   column and ``iters - 1`` row normalisations: the model's Sinkhorn), and the sublayer input
@@ -39,23 +39,25 @@ def _sigmoid(v):
     return 1.0 / (1.0 + T.exp(-v))
 
 
-def _mixes(x, fn, acc, ss, xt, ft, prod, sq, t0, width: int, block_tokens: int, rows: int, block_k: int,
-           norm_eps):
+def _mixes(x, fn, acc, ss, xt, ft, sq, t0, width: int, block_tokens: int, rows: int, block_k: int, norm_eps):
     """``acc [block_tokens, rows] = (fn . x_t) * (mean(x_t^2) + norm_eps)^-1/2`` for the block's tokens
-    (tokens past the end read zeros and are never stored)."""
+    (tokens past the end read zeros and are never stored).  The mixing product is one
+    ``T.gemm`` per ``block_k`` slice (``x`` tile times the ``fn`` tile transposed): the GEMM
+    micro-kernel on the CPU (CUDA lowers a float32 ``T.gemm`` to its scalar loop), instead
+    of a ``[tokens, rows, block_k]`` product tile and a reduction."""
     T.clear(acc)
     T.clear(ss)
     for kk in T.serial(width // block_k):
         T.copy(x[t0, kk * block_k], xt)
         T.copy(fn[0, kk * block_k], ft)
-        for t, r, k in T.Parallel(block_tokens, rows, block_k):
-            prod[t, r, k] = xt[t, k] * ft[r, k]
-        T.reduce_sum(prod, acc, dim=2, clear=False)
+        T.gemm(xt, ft, acc, transpose_B=True)
         for t, k in T.Parallel(block_tokens, block_k):
             sq[t, k] = xt[t, k] * xt[t, k]
         T.reduce_sum(sq, ss, dim=1, clear=False)
+    for t in T.Parallel(block_tokens):  # one division and square root per token
+        ss[t] = 1.0 / T.sqrt(ss[t] / width + norm_eps)
     for t, r in T.Parallel(block_tokens, rows):
-        acc[t, r] = acc[t, r] * (1.0 / T.sqrt(ss[t] / width + norm_eps))
+        acc[t, r] = acc[t, r] * ss[t]
 
 
 @T.macro
@@ -69,7 +71,7 @@ def _collapse(x, u, pre, t0, n_tokens, hc_mult: int, dim: int, block_tokens: int
             u[t0 + t, d] = acc
 
 
-@T.tunable(block_tokens=[1, 2, 4, 8], block_k=[64, 128, 256, 512], threads=[64, 128, 256])
+@T.tunable(block_tokens=[1, 2, 4, 8, 16, 32], block_k=[64, 128, 256, 512], threads=[64, 128, 256])
 def hc_pre(hc_mult: int, dim: int, sinkhorn_iters: int, dtype: str = "float32", fn_dtype: str = "float32",
            block_tokens: int = 1, block_k: int = 128, threads: int = 128):
     """``(u [tokens, D], post [tokens, M], comb [tokens, M, M])`` from ``x [tokens, M*D]``,
@@ -89,9 +91,8 @@ def hc_pre(hc_mult: int, dim: int, sinkhorn_iters: int, dtype: str = "float32", 
                       u: T.Tensor((N, D), dtype), post: T.Tensor((N, M), "float32"),
                       comb: T.Tensor((N, M, M), "float32"), norm_eps: T.float32, hc_eps: T.float32):
         with T.Kernel(T.ceildiv(N, BT), threads=threads) as bx:
-            xt = T.alloc_fragment((BT, BK), "float32")
-            ft = T.alloc_fragment((mix, BK), "float32")
-            prod = T.alloc_fragment((BT, mix, BK), "float32")
+            xt = T.alloc_shared((BT, BK), "float32")
+            ft = T.alloc_shared((mix, BK), "float32")
             sq = T.alloc_fragment((BT, BK), "float32")
             acc = T.alloc_fragment((BT, mix), "float32")
             ss = T.alloc_fragment((BT,), "float32")
@@ -100,7 +101,7 @@ def hc_pre(hc_mult: int, dim: int, sinkhorn_iters: int, dtype: str = "float32", 
             rowv = T.alloc_fragment((BT, M), "float32")  # per source j: row max, then row sums
             colv = T.alloc_fragment((BT, M), "float32")  # per destination k: column sums
             t0 = bx * BT
-            _mixes(x, fn, acc, ss, xt, ft, prod, sq, t0, width, BT, mix, BK, norm_eps)
+            _mixes(x, fn, acc, ss, xt, ft, sq, t0, width, BT, mix, BK, norm_eps)
             for t, j in T.Parallel(BT, M):
                 pre[t, j] = _sigmoid(scale[0] * acc[t, j] + base[j]) + hc_eps
                 if t0 + t < N:
@@ -133,7 +134,7 @@ def hc_pre(hc_mult: int, dim: int, sinkhorn_iters: int, dtype: str = "float32", 
     return hc_pre_kernel
 
 
-@T.tunable(block_tokens=[1, 2, 4, 8], block_k=[64, 128, 256, 512], threads=[64, 128, 256])
+@T.tunable(block_tokens=[1, 2, 4, 8, 16, 32], block_k=[64, 128, 256, 512], threads=[64, 128, 256])
 def hc_head(hc_mult: int, dim: int, dtype: str = "float32", fn_dtype: str = "float32", block_tokens: int = 1,
             block_k: int = 128, threads: int = 128):
     """``u [tokens, D]`` from ``x [tokens, M*D]``, ``fn [M, M*D]``, ``scale [1]``, ``base [M]``."""
@@ -149,15 +150,14 @@ def hc_head(hc_mult: int, dim: int, dtype: str = "float32", fn_dtype: str = "flo
                        scale: T.Tensor((1,), "float32"), base: T.Tensor((M,), "float32"),
                        u: T.Tensor((N, D), dtype), norm_eps: T.float32, hc_eps: T.float32):
         with T.Kernel(T.ceildiv(N, BT), threads=threads) as bx:
-            xt = T.alloc_fragment((BT, BK), "float32")
-            ft = T.alloc_fragment((M, BK), "float32")
-            prod = T.alloc_fragment((BT, M, BK), "float32")
+            xt = T.alloc_shared((BT, BK), "float32")
+            ft = T.alloc_shared((M, BK), "float32")
             sq = T.alloc_fragment((BT, BK), "float32")
             acc = T.alloc_fragment((BT, M), "float32")
             ss = T.alloc_fragment((BT,), "float32")
             pre = T.alloc_fragment((BT, M), "float32")
             t0 = bx * BT
-            _mixes(x, fn, acc, ss, xt, ft, prod, sq, t0, width, BT, M, BK, norm_eps)
+            _mixes(x, fn, acc, ss, xt, ft, sq, t0, width, BT, M, BK, norm_eps)
             for t, j in T.Parallel(BT, M):
                 pre[t, j] = _sigmoid(scale[0] * acc[t, j] + base[j]) + hc_eps
             _collapse(x, u, pre, t0, N, M, D, BT)

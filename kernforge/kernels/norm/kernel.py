@@ -46,11 +46,13 @@ def rms_norm(dim: int, dtype: str = "float32", weight_dtype: str | None = "float
             for i, j in T.Parallel(BR, dim):
                 sq[i, j] = xf[i, j] * xf[i, j]
             T.reduce_sum(sq, ss, dim=1)
+            for i in T.Parallel(BR):  # one division and square root per row, not per element
+                ss[i] = 1.0 / T.sqrt(ss[i] / dim + eps)
             for i, j in T.Parallel(BR, dim):
                 if weight_dtype:
-                    xf[i, j] = xf[i, j] * (1.0 / T.sqrt(ss[i] / dim + eps)) * weight[j]
+                    xf[i, j] = xf[i, j] * ss[i] * weight[j]
                 else:
-                    xf[i, j] = xf[i, j] * (1.0 / T.sqrt(ss[i] / dim + eps))
+                    xf[i, j] = xf[i, j] * ss[i]
             T.copy(xf, out[bx * BR, 0])
 
     return rms_norm_kernel

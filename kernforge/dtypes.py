@@ -8,22 +8,39 @@ keep their own ``type_map`` from :class:`DType` to a C spelling.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 
-@dataclass(frozen=True)
-class DType:
-    """An element type.  ``kind`` is ``"float"``, ``"int"``, ``"uint"`` or ``"bool"``."""
+class DType(str):
+    """An element type.  ``kind`` is ``"float"``, ``"int"``, ``"uint"`` or ``"bool"``.
 
-    name: str
-    itemsize: int
-    kind: str
-    np_dtype: Any
-    torch_name: str
+    It is also the string of its name (``T.float16 == "float16"``), as TileLang's dtypes are:
+    TileLang programs pass dtypes where a string goes (``getattr(torch, dtype)``, ``for c in
+    dtype``, JSON keys).  Equality and hashing are the name's, so a dtype and its name are
+    interchangeable as dict keys; an instance is immutable and pickles as its table entry."""
+
+    def __new__(cls, name: str, itemsize: int, kind: str, np_dtype: Any, torch_name: str):
+        self = super().__new__(cls, name)
+        for k, v in (("name", name), ("itemsize", itemsize), ("kind", kind), ("np_dtype", np_dtype),
+                     ("torch_name", torch_name)):
+            object.__setattr__(self, k, v)
+        return self
+
+    def __init__(self, *args):  # the fields are set in __new__
+        super().__init__()
+
+    def __setattr__(self, key, value):
+        raise AttributeError(f"dtype {self.name} is immutable")
+
+    def __reduce__(self):
+        return dtype, (self.name,)
+
+    __hash__ = str.__hash__
+    __eq__ = str.__eq__
+    __ne__ = str.__ne__
 
     @property
     def bits(self) -> int:

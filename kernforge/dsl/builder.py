@@ -43,6 +43,7 @@ class Builder:
         self.names: set[str] = {p.name for p in params}
         self.var_count = 0
         self.global_buffers = {p for p in params if isinstance(p, ir.Buffer)}
+        self.scratch: list[ir.Buffer] = []  # a prim_func's T.alloc_global buffers (trailing parameters)
 
     def add_global(self, buffer: ir.Buffer) -> None:
         """A global tensor that becomes a parameter during the trace (``@T.jit``'s in-body

@@ -35,6 +35,7 @@ def unsupported(name: str, why: str):
         raise UnsupportedError(f"T.{name} is not supported by kernforge: {why}", ir.caller_loc())
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Not supported: {why}"
+    f.__kf_unsupported__ = True  # used as a dtype, it raises the same error (types.dtype_arg)
     return f
 
 
@@ -129,16 +130,25 @@ def reduce_absmax(buffer, out, dim: int = -1, clear: bool = True) -> None:
 
 
 def alloc_global(shape, dtype):
-    """A global scratch tensor of a ``@tilelang.jit`` function, allocated per call (the
-    eager style's ``T.empty`` that is not returned).  Create it outside ``with T.Kernel``."""
+    """A global scratch tensor, allocated per call, as TileLang allocates it.  In a
+    ``@tilelang.jit`` eager function it is a ``T.empty`` that is not returned.  In a
+    ``@T.prim_func`` it becomes a trailing kernel parameter after the declared ones, which
+    :class:`kernforge.dsl.eager.Launch` allocates at each call and never returns (``out_idx``
+    keeps counting the declared parameters only).  Create it outside ``with T.Kernel``; its
+    shape may use the parameters' symbolic sizes."""
     from kernforge.dsl import eager
 
-    if not eager._STATE:
-        raise UnsupportedError("T.alloc_global in a @T.prim_func is not supported: a traced-once "
-                               "prim_func has no call to allocate it at; pass the buffer as a T.Tensor "
-                               "parameter, or write the function in the eager @tilelang.jit style",
-                               ir.caller_loc())
-    return eager.empty(shape, dtype)
+    if eager._STATE:
+        return eager.empty(shape, dtype)
+    b = B.current()
+    if b.inside("kernel"):
+        raise UnsupportedError("T.alloc_global inside `with T.Kernel`: allocate global scratch before the "
+                               "kernel block, so every block of the function shares it", ir.caller_loc())
+    buf = TensorType(tuple(shape) if isinstance(shape, (tuple, list)) else (shape,),
+                     dtype_arg(dtype, "T.alloc_global")).make_buffer(b.unique("scratch"))
+    b.add_global(buf)
+    b.scratch.append(buf)
+    return TensorHandle(buf, auto_named=True)
 
 
 def alloc_buffer(shape, dtype, scope: str = "global"):

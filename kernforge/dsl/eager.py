@@ -22,7 +22,9 @@ that are fixed per specialisation: on a call they are read from the tensors' sha
 every launch like ``T.symbolic``).  ``T.empty`` creates a global output: the returned ones
 are the call's results; one that is not returned is a scratch tensor allocated per call.
 Each specialisation (compile-time values, sizes, backend) is traced and built once and
-cached on the function.
+cached on the function.  As in TileLang, an element access of a global tensor that cannot be
+proven in bounds is safe: a store past the edge is skipped, a load there reads 0
+(:mod:`kernforge.codegen.passes.safe_access`; ``@T.prim_func`` reports such an access instead).
 
 Why two traces on a call: the sizes must be Python ints while the body runs (tile shapes,
 ``T.Parallel`` extents and ``range`` loops use them), but they are only known once the
@@ -332,9 +334,11 @@ class JITFunction:
         attrs = {k: (v.name if isinstance(v, dtypes.DType) else v) for k, v in values.items()
                  if isinstance(v, (int, float, str, bool, dtypes.DType))}
         attrs.update(sizes)
+        from kernforge.codegen.passes.safe_access import safe_access
         from kernforge.dsl.prim_func import PrimFunc, build_kernels
 
-        kernels = build_kernels(b, self.name, all_params, attrs, self._loc())
+        # TileLang's semantics: global accesses not provably in bounds are guarded
+        kernels = tuple(safe_access(k) for k in build_kernels(b, self.name, all_params, attrs, self._loc()))
         returns = None if ret is None else (tuple(mapped) if isinstance(ret, (tuple, list)) else mapped[0])
         spec = Specialization(PrimFunc.from_kernels(self.fn, self.name, kernels), inputs, out_idx, returns)
         self._specs[skey] = spec
@@ -399,21 +403,33 @@ class JITFunction:
 
 class Launch:
     """A function's kernels, built for one backend and launched in order over the same
-    global tensors: ``launch(*inputs)`` allocates the outputs (``out_idx``), runs every
-    kernel block, and returns the outputs (or, for a ``@T.jit`` function, what it returns).
-    With one block it is that block's :class:`kernforge.jit.kernel.CompiledKernel`."""
+    global tensors: ``launch(*inputs)`` allocates the outputs (``out_idx``) and the
+    ``T.alloc_global`` scratch of a ``@T.prim_func`` (its trailing ``n_scratch`` parameters),
+    runs every kernel block, and returns the outputs (or, for a ``@T.jit`` function, what it
+    returns).  ``out_idx`` counts the function's declared parameters, as in TileLang, so a
+    negative index never lands on scratch.  With one block and no scratch it is that block's
+    :class:`kernforge.jit.kernel.CompiledKernel`."""
 
     def __init__(self, prim_func, backend: str, out_idx=None, arch: Optional[str] = None,
                  checks: bool = False, returns=None, inputs=None):
         from kernforge.dsl.prim_func import PrimFunc
-        from kernforge.jit.kernel import CompiledKernel
+        from kernforge.jit.kernel import ArgumentError, CompiledKernel
 
         self.prim_func = prim_func
         self.backend_name = backend
+        n = len(prim_func.kernels[0].params)
+        scratch = tuple(range(n - getattr(prim_func, "n_scratch", 0), n))
+        own = n - len(scratch)
+        outs = () if out_idx is None else (out_idx,) if isinstance(out_idx, int) else tuple(out_idx)
+        for i in outs:
+            if not -own <= i < own:
+                raise ArgumentError(f"{prim_func.name}: out_idx {i} out of range for {own} parameters")
+        self.n_outputs = len(outs)
+        all_out = tuple(i % own for i in outs) + scratch
         self.parts = []
         for i, k in enumerate(prim_func.kernels):
             one = PrimFunc.from_kernels(prim_func.fn, k.name, [k])
-            self.parts.append(CompiledKernel(one, backend, out_idx if i == 0 else None, arch, checks))
+            self.parts.append(CompiledKernel(one, backend, (all_out or None) if i == 0 else None, arch, checks))
         self.out_idx = self.parts[0].out_idx
         self.returns = returns
         self.inputs = inputs
@@ -432,13 +448,14 @@ class Launch:
         outs = first(*args)
         out_list = [] if outs is None else (list(outs) if isinstance(outs, tuple) else [outs])
         if len(self.parts) > 1:
-            n = len(first.ir.params)
-            it, ot = iter(args), iter(out_list)
-            full = [next(ot) if i in self.out_idx else next(it) for i in range(n)]
+            made = dict(zip(self.out_idx, out_list))
+            it = iter(args)
+            full = [made[i] if i in made else next(it) for i in range(len(first.ir.params))]
             for part in self.parts[1:]:
                 part(*full)
         if self.inputs is None:
-            return outs
+            mine = out_list[:self.n_outputs]  # the scratch after them is dropped
+            return None if not mine else mine[0] if len(mine) == 1 else tuple(mine)
         if self.returns is None:
             return None
         given = dict(zip(self.inputs, args))

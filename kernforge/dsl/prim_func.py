@@ -55,7 +55,7 @@ def _annotations(fn, caller_locals: Optional[dict] = None) -> dict:
     strings that may name the enclosing factory's locals (``T.Tensor((M, K))``),
     which a closure does not capture; so the decorating frame's locals are used."""
     raw = getattr(fn, "__annotations__", {})
-    if not any(isinstance(v, str) for v in raw.values()):
+    if not any(type(v) is str for v in raw.values()):  # a DType annotation is a str too, not source
         return dict(raw)
     scope = dict(fn.__globals__)
     scope.update(caller_locals or {})
@@ -64,7 +64,7 @@ def _annotations(fn, caller_locals: Optional[dict] = None) -> dict:
     out = {}
     for k, v in raw.items():
         try:
-            out[k] = eval(v, scope) if isinstance(v, str) else v
+            out[k] = eval(v, scope) if type(v) is str else v
         except DTypeError as e:  # raised inside eval's "<string>": point at the parameter
             raise DTypeError(f"parameter {k!r}: {e.message}", _param_loc(fn, k)) from None
     return out
@@ -95,12 +95,14 @@ class PrimFunc:
         self.fn = fn
         self.name = name or fn.__name__
         self.kernels: tuple[ir.Kernel, ...] = trace_all(fn, self.name, attrs or {}, caller_locals)
+        #: trailing parameters that are ``T.alloc_global`` scratch, not the function's own
+        self.n_scratch = len(self.kernels[0].params) - len(inspect.signature(fn).parameters)
 
     @classmethod
-    def from_kernels(cls, fn, name: str, kernels) -> "PrimFunc":
+    def from_kernels(cls, fn, name: str, kernels, n_scratch: int = 0) -> "PrimFunc":
         """A PrimFunc over kernels traced elsewhere (``T.jit``'s specialisations)."""
         self = cls.__new__(cls)
-        self.fn, self.name, self.kernels = fn, name, tuple(kernels)
+        self.fn, self.name, self.kernels, self.n_scratch = fn, name, tuple(kernels), n_scratch
         return self
 
     @property
@@ -169,7 +171,8 @@ def trace_all(fn, name: str, attrs: dict, caller_locals: Optional[dict] = None) 
     b = B.Builder(name, tuple(params))
     with B.tracing(b):
         traced(*args)
-    return build_kernels(b, name, tuple(params), attrs, loc)
+    # T.alloc_global scratch: parameters after the declared ones, allocated per call by Launch
+    return build_kernels(b, name, tuple(params) + tuple(b.scratch), attrs, loc)
 
 
 def build_kernels(b: B.Builder, name: str, params: tuple, attrs: dict, loc) -> tuple:

@@ -19,6 +19,8 @@ def dtype_arg(x, what: str, loc=None) -> dtypes.DType:
 
     Every DSL entry point that takes a dtype goes through here, so that a typo is
     reported at the line that made it rather than deep in the tracer without a line."""
+    if getattr(x, "__kf_unsupported__", False):
+        x()  # a TileLang name kernforge lacks (T.float4_e2m1fn): its UnsupportedError names it
     try:
         return dtypes.dtype(x)
     except TypeError as e:

@@ -14,6 +14,7 @@ from kernforge.tilelang.autotune import autotune
 from kernforge.tilelang.jit import ENV, BackendChoiceError, JITKernel, compile, jit, select_backend
 from kernforge.tilelang.math import cdiv
 from kernforge.tilelang.profiler import TensorSupplyType
+from kernforge.tilelang.tvm import DataType
 
 
 class _PassConfigKeys:
@@ -29,7 +30,7 @@ class _PassConfigKeys:
 
 PassConfigKey = _PassConfigKeys()
 
-__all__ = ["ENV", "BackendChoiceError", "JITKernel", "PassConfigKey", "TensorSupplyType", "UnsupportedError", "autotune",
+__all__ = ["ENV", "BackendChoiceError", "DataType", "JITKernel", "PassConfigKey", "TensorSupplyType", "UnsupportedError", "autotune",
            "cdiv", "compile", "cuda", "disable_cache", "enable_cache", "jit", "language", "layout", "math", "profiler",
            "select_backend", "tvm", "utils"]
 

@@ -7,6 +7,9 @@ otherwise against the first configuration run on the ``interp`` backend, the sem
 oracle; ``skip_check=True`` times without checking), and every result is recorded in
 kernforge's tuning database, so a second run of the same problem returns at once.
 
+A call that itself gives a tunable parameter (``f(x, blk_m=64)``) is not tuned, as in
+TileLang: it compiles and runs that configuration directly.
+
 The configurations are swept as the grid of their values (``kernforge.tune``'s ``grid``
 strategy), which equals TileLang's list when it is a product (``itertools.product``, the
 usual spelling); points of the grid outside the list are tried too.
@@ -74,7 +77,7 @@ class AutoTuned:
         import kernforge.tune
         from kernforge.dsl.eager import _is_tensor
         from kernforge.kernels.registry import KernelSpec, Problem
-        from kernforge.tilelang.jit import _EagerJIT, select_backend
+        from kernforge.tilelang.jit import _EagerJIT, select_backend, tilelang_semantics
         from kernforge.tilelang.profiler import TensorSupplyType
 
         configs = self._configs(args, kwargs)
@@ -91,7 +94,9 @@ class AutoTuned:
                 return self.jitted.get_tir(**tensors, **params)
             build.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.name not in tensors])
         else:
-            build = fn
+            def build(*a, **params):
+                return tilelang_semantics(fn(*a, **params))
+            build.__signature__ = sig
         build.__name__ = fn.__name__
         factory = KernelFactory(build, space)
         first = factory(**dict(fixed, **configs[0]))
@@ -147,9 +152,18 @@ class AutoTuned:
         return kernforge.tune.tune(spec, backend=backend, problem="call", space=space,
                                    strategy=self.strategy, budget_s=self.budget_s, repeats=self.repeats)
 
+    def given_tunables(self, args, kwargs) -> list:
+        """The tunable parameters (the first configuration's keys) the call gives itself.  As
+        in TileLang's autotuner, a call that gives any of them is not tuned: it runs as a
+        plain ``@tilelang.jit`` call with the values given (and the defaults for the rest)."""
+        bound = inspect.signature(self.jitted.fn).bind_partial(*args, **kwargs).arguments
+        return [k for k in self._configs(args, kwargs)[0] if k in bound]
+
     def __call__(self, *args, **kwargs):
         from kernforge.tilelang.jit import _EagerJIT
 
+        if self.given_tunables(args, kwargs):
+            return self.jitted(*args, **kwargs)
         res = self.tune(*args, **kwargs)
         if res.best is None:
             reasons = "; ".join(r.reason for r in res.rejected[:3])

@@ -12,13 +12,16 @@ tensors must live in host memory instead, and the script must not be edited.
   target of ``Tensor.to``) to ``"cpu"``, and makes ``Tensor.cuda()`` return the tensor
   itself.  A mode is scoped: it is popped when the block exits, so nothing outside the run
   sees it, and it changes no torch attribute;
-* the few ``torch.cuda`` functions a script calls for synchronisation and timing
-  (``synchronize``, ``Event``, ``current_device``, ``set_device``, ``empty_cache``) are
-  replaced by host versions for the block and restored after it.
+* the few ``torch.cuda`` functions a script calls for synchronisation, timing and streams
+  (``synchronize``, ``Event``, ``current_device``, ``set_device``, ``empty_cache``,
+  ``Stream``, ``stream``, ``default_stream``, ``current_stream``) are replaced by host
+  versions for the block and restored after it.  Streams run in program order on the host,
+  one valid order of any multi-stream program;
+* ``torch.Generator(device="cuda")`` makes a host generator.
 
-Nothing else of torch changes: a script that really needs a GPU (``torch.cuda`` streams,
-CUDA graphs, ``torch.cuda.get_device_properties``) still fails as it would on a machine
-without one.
+Nothing else of torch changes: a script that really needs a GPU (CUDA graphs,
+``torch.cuda.get_device_properties``/``get_device_capability``) still fails as it would on a
+machine without one.
 """
 from __future__ import annotations
 
@@ -66,6 +69,58 @@ class _Event:
         return (end._t - self._t) * 1e3
 
 
+class _Stream:
+    """``torch.cuda.Stream()`` on the host.  A host backend runs every launch to completion
+    in program order, which is one valid order of any multi-stream program (streams only
+    relax ordering), so waits and records have nothing to do."""
+
+    def __init__(self, device=None, priority: int = 0, **_):
+        self.device = device
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        event = event or _Event()
+        event.record()
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+_DEFAULT_STREAM = _Stream()
+
+
+def _generator_class():
+    import torch
+
+    base = torch.Generator
+
+    class HostGenerator(base):
+        """``torch.Generator(device="cuda")`` makes a host generator (an ordinary
+        ``torch.Generator``, so ``isinstance`` and ``generator=`` arguments work).  Its numbers
+        are the CPU generator's: a seeded script is reproducible, but not bit-equal to a GPU
+        run, which no host run is."""
+
+        def __new__(cls, device="cpu"):
+            return base(device=_host(device))
+
+    return HostGenerator
+
+
 def _mode_class():
     import torch
     from torch.overrides import TorchFunctionMode
@@ -93,6 +148,10 @@ _PATCHES = {
     "current_device": lambda: 0,
     "set_device": lambda device: None,
     "empty_cache": lambda: None,
+    "Stream": _Stream,
+    "stream": lambda stream=None: stream if stream is not None else _DEFAULT_STREAM,
+    "default_stream": lambda device=None: _DEFAULT_STREAM,
+    "current_stream": lambda device=None: _DEFAULT_STREAM,
 }
 
 
@@ -102,11 +161,14 @@ def host_cuda():
     import torch
 
     saved = {k: getattr(torch.cuda, k) for k in _PATCHES}
+    saved_generator = torch.Generator
     for k, v in _PATCHES.items():
         setattr(torch.cuda, k, v)
+    torch.Generator = _generator_class()
     try:
         with _mode_class()():
             yield
     finally:
         for k, v in saved.items():
             setattr(torch.cuda, k, v)
+        torch.Generator = saved_generator

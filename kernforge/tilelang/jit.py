@@ -74,6 +74,18 @@ def select_backend(target=None, tensors=()) -> str:
     return backends.for_device("cpu")
 
 
+def tilelang_semantics(pf: PrimFunc) -> PrimFunc:
+    """``pf`` with TileLang's safe global accesses (:mod:`kernforge.codegen.passes.safe_access`):
+    a prim_func handed to the TileLang surface runs as TileLang runs it, while kernforge's own
+    ``@T.prim_func`` keeps reporting out-of-bounds accesses."""
+    from kernforge.codegen.passes.safe_access import safe_access
+
+    kernels = tuple(safe_access(k) for k in pf.kernels)
+    if all(a is b for a, b in zip(kernels, pf.kernels)):
+        return pf
+    return PrimFunc.from_kernels(pf.fn, pf.name, kernels, getattr(pf, "n_scratch", 0))
+
+
 class JITKernel:
     """A compiled TileLang kernel: ``kernel(*inputs)`` runs it (outputs in ``out_idx`` are
     allocated and returned), ``get_kernel_source()``, ``get_profiler()``.  With ``target``
@@ -81,7 +93,8 @@ class JITKernel:
     construction."""
 
     def __init__(self, prim_func: PrimFunc, out_idx=None, target=None, launch: Optional[Launch] = None):
-        self.prim_func = prim_func
+        # an eager function's launch was built from kernels that already have the safe accesses
+        self.prim_func = prim_func if launch is not None else tilelang_semantics(prim_func)
         self.out_idx = out_idx
         self.target = target
         self._launch = launch

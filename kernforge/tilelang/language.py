@@ -8,6 +8,9 @@ spellings (``kernforge.dsl.compat``): dtype aliases, ``T.Tensor[...]``, ``T.Cast
 name kernforge does not have raises :class:`UnsupportedError` naming it (never an
 ``AttributeError``); docs/tilelang.md lists what is supported, recorded and refused.
 """
+import re as _re
+
+from kernforge import dtypes as _dtypes
 from kernforge.dsl import *  # noqa: F401,F403 - the language is the DSL
 from kernforge.dsl import __all__ as _dsl_all
 from kernforge.dsl.compat import (Cast, DivergentBarrierError, Pipelined, alloc_local, alloc_var, Serial, Tensor, UnsupportedError, alloc_buffer,  # noqa: F401
@@ -19,6 +22,8 @@ from kernforge.dsl.compat import (Cast, DivergentBarrierError, Pipelined, alloc_
                                   thread_binding, unsupported, use_swizzle, vectorized, WarpLaneError)
 
 Buffer = Tensor
+
+_DTYPE_NAME = _re.compile(r"u?int\d+x?\d*|b?float\d+\w*|float\d*_e\d+m\d+\w*")
 
 _EXTRA = ["Buffer", "Cast", "DivergentBarrierError", "alloc_local", "alloc_var", "Pipelined", "Serial", "Tensor", "UnsupportedError", "alloc_buffer",
           "alloc_global", "alloc_reducer", "annotate_l2_hit_ratio", "annotate_layout", "clamp",
@@ -35,5 +40,7 @@ def __getattr__(name: str):
     ``AttributeError`` so that imports, ``hasattr`` and introspection keep working."""
     if name.startswith("__"):
         raise AttributeError(name)
+    if _DTYPE_NAME.fullmatch(name):
+        return unsupported(name, "kernforge has no such dtype; its dtypes are " + ", ".join(_dtypes.BY_NAME))
     return unsupported(name, "kernforge has no such construct (docs/tilelang.md lists the "
                        "supported TileLang names)")

@@ -20,6 +20,12 @@ def const(value, dtype="int32"):
     return ir.const(value, dtype_arg(dtype, "tvm.tir.const"))
 
 
+def DataType(dtype):  # noqa: N802 - TVM's spelling
+    """``tvm.DataType("float16")`` / ``tilelang.DataType``: kernforge's dtype, which has what
+    TileLang programs read off it (``.bits``, and it is the string of its name)."""
+    return dtype_arg(dtype, "tvm.DataType")
+
+
 def _namespace(name: str) -> types.ModuleType:
     mod = types.ModuleType(name, f"kernforge's stand-in for {name} (kernforge.tilelang.tvm)")
     mod.const = const

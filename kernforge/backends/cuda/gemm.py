@@ -66,8 +66,7 @@ def render_gemm(R, g: ir.Gemm) -> None:
         R.close()
         R.close()
         R.emit("kf::wgmma_commit();")
-        R.emit("kf::wgmma_wait<0>();")
-        R.emit(f"kf::wgmma_fence_operand({cn});")
+        _wait(R, cn)
         R.close()
         return
     # mma.sync m16n8k16 with ldmatrix from core-matrix tiles
@@ -132,8 +131,15 @@ def render_wgmma_fp8(R, g: ir.Gemm, lay: AccumLayout, K: int) -> None:
     R.close()
     R.close()
     R.emit("kf::wgmma_commit();")
-    R.emit("kf::wgmma_wait<0>();")
-    R.emit(f"kf::wgmma_fence_operand({cn});")
+    _wait(R, cn)
+
+
+def _wait(R, cn: str) -> None:
+    """Wait for this gemm's wgmmas, or (inside a release ring, ``R.wgmma_keep == 1``) for all but
+    the group just committed: the ring's loop waits for the last one after it ends."""
+    R.emit(f"kf::wgmma_wait<{R.wgmma_keep}>();")
+    if not R.wgmma_keep:
+        R.emit(f"kf::wgmma_fence_operand({cn});")
 
 
 def smem_desc(R, tile: ir.Buffer, r: str, c: str, k_major: bool, umma: bool = False) -> str:

@@ -13,6 +13,7 @@ out here as calls into the device library (``kf/*.cuh``).
 from __future__ import annotations
 
 from math import prod
+from typing import Optional
 
 from kernforge import dtypes
 from kernforge.codegen import arith, ir
@@ -377,6 +378,9 @@ def try_async_copy(R, c: ir.Copy, commit: bool = True) -> bool:
 
 def render_pipelined(R, loop: ir.For) -> None:
     """A ``num_stages``-deep ring: stage ``(k - start) % S`` of each prefetched tile holds iteration k."""
+    if loop in R.release_rings:
+        render_release_ring(R, loop)
+        return
     if loop in R.tma_loops:
         render_tma_pipelined(R, loop)
         return
@@ -475,3 +479,70 @@ def render_tma_pipelined(R, loop: ir.For) -> None:
     _render_stage(R, loop, [t.copy for t in tiles], v, start)
     R.close()
     cuda_tma.render_inval(R, bars, S)
+
+
+def render_release_ring(R, loop: ir.For) -> None:
+    """A TMA ring released by wgmma completion (``pipeline_plan.plan_release_rings``): stage s has
+    a *full* mbarrier ``bars[s]`` (one arrival: thread 0's expect_tx, plus the bytes) and an
+    *empty* one ``bars[S + s]`` (one arrival per thread).  Iteration k (j = k - start):
+
+    * every thread waits full[j % S] with parity ``(j / S) & 1``, issues the stage's wgmmas,
+      commits and waits until one group is left in flight (``wgmma_wait<1>``): iteration k-1's
+      group has retired, so the thread arrives on empty[(j - 1) % S];
+    * thread 0 then refills that stage with iteration k + S - 1, after waiting for its release
+      number ``(j - 1) / S`` (parity ``((j - 1) / S) & 1``); the first fill of each stage (the
+      prologue and j = 0) has no earlier reader and waits for nothing.
+
+    No block-wide barrier per iteration; the last group is waited for after the loop.  Each
+    barrier's phases count its fills or releases, so the parities hold across ring wraps."""
+    S = loop.num_stages
+    tiles = R.tma_loops[loop]
+    bars = f"kf_bars{list(R.mbarrier_offsets).index(loop)}"
+    start, v = R.expr(loop.start), R.var_name(loop.var)
+    end = R.fresh("end")
+    R.nonneg_vars.add(loop.var)
+    R.emit(f"const int32_t {end} = {start} + {R.cast_to(loop.extent, I32)};")
+    R.open(f"if ({R.tid} == 0)")
+    R.emit(f"for (int kf_s = 0; kf_s < {S}; ++kf_s) kf::mbarrier_init({bars} + kf_s, 1);")
+    R.emit(f"for (int kf_s = 0; kf_s < {S}; ++kf_s) kf::mbarrier_init({bars} + {S} + kf_s, {R.k.threads});")
+    R.emit("kf::mbarrier_init_fence();")
+    R.close()
+    R.emit("__syncthreads();")
+
+    j = R.fresh("j")
+
+    def issue(k_expr: str, stage_expr: str, release: Optional[str]) -> None:
+        kv = R.fresh("k")
+        R.emit(f"const int32_t {kv} = {k_expr};")
+        R.open(f"if ({kv} < {end})")
+        if release is not None:
+            R.open(f"if ({R.tid} == 0 && {j} > 0)")
+            R.emit(f"kf::mbarrier_wait_parity({bars} + {S} + ({stage_expr}), {release});")
+            R.close()
+        R.var_override[loop.var] = kv
+        cuda_tma.render_issue(R, tiles, stage_expr, f"{bars} + ({stage_expr})")
+        del R.var_override[loop.var]
+        R.close()
+
+    for s in range(S - 1):
+        R.open("")
+        issue(f"{start} + {s}", str(s), None)
+        R.close()
+    R.open(f"for (int32_t {v} = {start}; {v} < {end}; ++{v})")
+    R.emit(f"const int32_t {j} = {v} - {start};")
+    R.emit(f"kf::mbarrier_wait_parity({bars} + {j} % {S}, (uint32_t)(({j} / {S}) & 1));")
+    R.wgmma_keep = 1
+    _render_stage(R, loop, [t.copy for t in tiles], v, start)
+    R.wgmma_keep = 0
+    R.open(f"if ({j} > 0)")  # iteration k-1's wgmmas have retired: release its stage
+    R.emit(f"kf::mbarrier_arrive({bars} + {S} + ({j} - 1) % {S});")
+    R.close()
+    R.open("")
+    issue(f"{v} + {S - 1}", f"({j} + {S - 1}) % {S}", f"(uint32_t)((({j} - 1) / {S}) & 1)")
+    R.close()
+    R.close()
+    gemm = next(x for x in (loop.body.body if isinstance(loop.body, ir.Seq) else (loop.body,))
+                if isinstance(x, ir.Gemm))
+    R.emit("kf::wgmma_wait<0>();")
+    R.emit(f"kf::wgmma_fence_operand({R.buffer_name(gemm.c.buffer)});")
+    cuda_tma.render_inval(R, bars, 2 * S)

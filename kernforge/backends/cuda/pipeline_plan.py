@@ -116,3 +116,36 @@ def _touches_outside(root: ir.Stmt, loop: ir.For, b: ir.Buffer) -> bool:
     if isinstance(root, ir.For):
         return _touches_outside(root.body, loop, b)
     return _touches(root, b)
+
+
+def plan_release_rings(tma_loops: dict, layouts) -> set:
+    """The TMA rings whose stages are released by the consumers' wgmma completion (an *empty*
+    mbarrier per stage) instead of a block-wide barrier per iteration, so that one wgmma group
+    stays in flight across iterations (``wgmma_wait<1>``).
+
+    Why only this shape: a loop whose body, besides its TMA'd ring copies, is exactly one wgmma
+    ``T.gemm`` accumulating (no ``clear_accum``) into a register fragment that every warp of the
+    block drives.  Then the only shared-memory readers of a stage are that gemm's wgmmas (async
+    proxy; nothing else writes shared memory in the loop), the accumulator is touched by nothing
+    but the chained wgmmas until the wait after the loop, and every thread issues (and so
+    releases) every stage, which makes the empty barrier's arrival count the block size.  Every
+    tile must be issued by thread 0 alone (whole-tile boxes: swizzled or row-major, not the
+    core-matrix boxes the block's threads share), since only thread 0 waits on the empty barrier
+    before refilling a stage.
+    Anything else (an fp8 promotion reading the partial sum, a bf16 shadow conversion, MLA's
+    softmax) keeps the per-iteration barrier; ``tma_loops``: ``cuda_tma.plan_tma``'s loops,
+    ``layouts``: the layout plan."""
+    out = set()
+    for loop, tiles in tma_loops.items():
+        if any(t.layout == "core" for t in tiles):
+            continue
+        ring = [t.copy for t in tiles]
+        rest = [s for s in _stmts(loop.body) if not any(s is c for c in ring)]
+        if len(rest) != 1 or not isinstance(rest[0], ir.Gemm):
+            continue
+        g = rest[0]
+        lay = layouts.registers.get(g.c.buffer)
+        if (layouts.gemm_kind.get(g) == "wgmma" and not g.clear_accum and lay is not None
+                and lay.used_warps == lay.warps and g.c.buffer.scope == ir.Scope.FRAGMENT):
+            out.add(loop)
+    return out

@@ -51,7 +51,7 @@ from kernforge.backends.cuda.barriers import barrier_pass
 from kernforge.backends.cuda.fp8_operands import (cuda_fp8_operands, cuda_fp8_operands_tcgen05,
                                                   cuda_fp8_operands_wgmma)
 from kernforge.backends.cuda.layout_plan import SWIZZLE_ALIGN, LayoutPlan, plan_layouts
-from kernforge.backends.cuda.pipeline_plan import PipelinePlan, plan_pipelines
+from kernforge.backends.cuda.pipeline_plan import PipelinePlan, plan_pipelines, plan_release_rings
 from kernforge.backends.cuda import smem_layouts
 from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tcgen05 as cuda_tcgen05, tma as cuda_tma
 from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol, safe_identifier
@@ -158,6 +158,7 @@ class CudaRenderer(CRenderer, Renderer):
             Analysis("pipelines", lambda k, facts: plan_pipelines(k, facts["layouts"].staged)),
             Analysis("tma", lambda k, facts: cuda_tma.plan_tma(k, facts["layouts"], facts["pipelines"])
                      if tma else ({}, [])),
+            Analysis("release", lambda k, facts: plan_release_rings(facts["tma"][0], facts["layouts"])),
         )
 
     def native(self, kernel: ir.Kernel, target: Target) -> tuple[type, ...]:
@@ -182,6 +183,8 @@ class CudaRenderer(CRenderer, Renderer):
         self.plan: LayoutPlan = facts["layouts"]
         self.pipes: PipelinePlan = facts["pipelines"]
         self.tma_loops, self.tensor_maps = facts["tma"]
+        self.release_rings: set = facts.get("release", set())  # full + empty mbarriers, wgmma_wait<1>
+        self.wgmma_keep = 0  # wgmma groups a gemm leaves in flight (1 inside a release ring)
         self.mbarrier_offsets: dict[ir.For, int] = {}
         self.lines: list[str] = []
         self.depth = 1
@@ -285,7 +288,8 @@ class CudaRenderer(CRenderer, Renderer):
                          // SMEM_ALIGN) * SMEM_ALIGN
         for loop in self.tma_loops:
             self.mbarrier_offsets[loop] = off
-            off += -(-8 * loop.num_stages // SMEM_ALIGN) * SMEM_ALIGN
+            bars = loop.num_stages * (2 if loop in self.release_rings else 1)  # full (+ empty) per stage
+            off += -(-8 * bars // SMEM_ALIGN) * SMEM_ALIGN
         if self.plan.tmem_columns():  # the TMEM address tcgen05.alloc writes, then the MMA mbarrier
             self.tmem_slot_offset = off
             off += SMEM_ALIGN

@@ -14,6 +14,8 @@
 //    phase's expected transaction count, then arrives once.  The phase completes when
 //    all arrivals happened *and* every expected byte has been delivered by the copies
 //    that complete on `bar` (a copy may deliver before the expect: the count is signed).
+//  * mbarrier_arrive(bar): `mbarrier.arrive.shared::cta.b64 _, [bar];` one arrival, no
+//    transaction bytes (a consumer releasing a stage on the ring's empty barrier);
 //  * mbarrier_wait_parity(bar, parity): loops on
 //    `mbarrier.try_wait.parity.shared::cta.b64 p, [bar], parity;` until the phase with
 //    parity `parity` (0 for phases 0, 2, ...; 1 for 1, 3, ...) has completed.  The data
@@ -58,6 +60,10 @@ KF_DEVICE void mbarrier_inval(uint64_t* bar) {
 KF_DEVICE void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(tma_smem_addr(bar)), "r"(bytes)
                : "memory");
+}
+
+KF_DEVICE void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tma_smem_addr(bar)) : "memory");
 }
 
 KF_DEVICE void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
@@ -138,6 +144,7 @@ KF_DEVICE void mbarrier_init(uint64_t* bar, uint32_t count) { kf_emu::mbarrier_i
 KF_DEVICE void mbarrier_init_fence() {}  // one memory view on the host
 KF_DEVICE void mbarrier_inval(uint64_t* bar) { kf_emu::mbarrier_inval(bar); }
 KF_DEVICE void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) { kf_emu::mbarrier_arrive(bar, 1, bytes); }
+KF_DEVICE void mbarrier_arrive(uint64_t* bar) { kf_emu::mbarrier_arrive(bar); }
 KF_DEVICE void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) { kf_emu::mbarrier_wait_parity(bar, parity); }
 
 KF_DEVICE void tma_load_2d(void* dst, const CUtensorMap* map, int32_t c0, int32_t c1, uint64_t* bar) {

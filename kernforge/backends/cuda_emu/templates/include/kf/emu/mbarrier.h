@@ -16,6 +16,14 @@
 // not match the copies never completes the phase: the wait times out with a
 // message naming the missing arrivals and bytes.
 //
+// Phase bits: a wait on parity p returns once the current phase has the other parity, i.e. on
+// the newest completed phase.  Each thread remembers, per barrier object (and per init of it),
+// the newest phase its waits returned on; a wait that returns on "the phase before phase 0" (no
+// phase completed yet) or again on a phase it already returned on fails the launch: the parity
+// bit was wrong.  (PTX allows both; CUTLASS producers use the first to skip their first
+// empty-barrier wait.  kernforge's rings wait for each phase of a barrier once per thread and
+// never before phase 0, so on this emulator either is a bug report, not a pass.)
+//
 // State lives beside shared memory, keyed by the barrier's shared address, and
 // is reset before every block.
 #pragma once
@@ -39,6 +47,7 @@ struct Mbarrier {
   uint32_t expected = 0, pending = 0;
   int64_t tx = 0;
   uint32_t phase = 0;  // completed phases
+  uint32_t generation = 0;  // bumped by every init: a thread's phase memory of an older object is stale
   Vec<BulkCopy>* copies = nullptr;
 };
 
@@ -83,6 +92,7 @@ inline void mbarrier_init(const void* bar, uint32_t count) {
   b->expected = b->pending = count;
   b->tx = 0;
   b->phase = 0;
+  b->generation += 1;
   b->copies->clear();
 }
 
@@ -153,6 +163,29 @@ inline bool mbarrier_test_wait_parity(const void* bar, uint32_t parity) {
   return try_wait_locked(find_locked(smem_addr(bar), "mbarrier.test_wait"), parity);
 }
 
+// The newest phase each thread has seen complete, per barrier slot (see the header comment).
+struct SeenPhase {
+  uint32_t addr = UINT32_MAX, generation = 0;
+  int64_t phase = -1;
+};
+static thread_local SeenPhase g_seen[kMaxMbarriers];
+inline void seen_reset() {
+  for (SeenPhase& p : g_seen) p = SeenPhase{};
+}
+
+// Called under the table lock once a wait on `parity` succeeded: it returned on phase b.phase - 1.
+inline void check_phase_locked(const Mbarrier& b, uint32_t parity) {
+  const int64_t observed = int64_t(b.phase) - 1;
+  if (observed < 0)
+    fail("mbarrier wait (parity %u) returned before any phase completed: the phase bit is wrong", parity & 1u);
+  SeenPhase& seen = g_seen[&b - g_mbarriers.bars];
+  if (seen.addr != b.addr || seen.generation != b.generation) seen = SeenPhase{b.addr, b.generation, -1};
+  if (observed <= seen.phase)
+    fail("mbarrier wait (parity %u) returned on phase %lld, which this thread already waited for: the phase "
+         "bit is wrong", parity & 1u, (long long)observed);
+  seen.phase = observed;
+}
+
 // Blocks until the phase of this parity completed; fails the launch after the timeout.
 inline void mbarrier_wait_parity(const void* bar, uint32_t parity) {
   const int64_t timeout_ms = launch_error().timeout_ms.load();
@@ -164,7 +197,10 @@ inline void mbarrier_wait_parity(const void* bar, uint32_t parity) {
     {
       Lock g(g_mbarriers.mu);
       Mbarrier& b = find_locked(smem_addr(bar), "mbarrier.try_wait");
-      if (try_wait_locked(b, parity)) return;
+      if (try_wait_locked(b, parity)) {
+        check_phase_locked(b, parity);
+        return;
+      }
       pending = b.pending;
       expected = b.expected;
       tx = b.tx;
@@ -208,5 +244,6 @@ inline void mbarrier_wake() {
 }
 static RegisterHook mbarrier_reset_hook(hooks().block_start, mbarrier_reset);
 static RegisterHook mbarrier_wake_hook(hooks().wake, mbarrier_wake);
+static RegisterHook mbarrier_seen_hook(hooks().thread_start, seen_reset);
 
 }  // namespace kf_emu

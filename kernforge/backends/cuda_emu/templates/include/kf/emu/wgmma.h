@@ -28,6 +28,7 @@
 // thread returns (their registers are gone).
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #include "kf/emu/shared.h"
 #include "kf/emu/swizzle.h"
@@ -90,6 +91,7 @@ struct WgmmaOp {
   WgmmaType type;
   bool trans_a, trans_b;
   uint64_t group;  // commit-group number (the open group is `committed`)
+  uint64_t digest;  // of the operand elements this thread reads, at issue (operand_digest)
 };
 
 struct WgmmaState {
@@ -112,9 +114,34 @@ inline void execute(const WgmmaOp& op) {
     }
 }
 
+// FNV-1a over the bits of the operand elements this thread's share of `op` reads (A rows
+// 16w + g (+8), B columns 8j + 2t (+1), every k).  Taken at issue and again when the op executes
+// at its wait: operands are read asynchronously anywhere in between on the GPU, so bytes that
+// changed in that window (a ring stage refilled before the wgmmas reading it retired) are a race,
+// reported as an error rather than left to a result that depends on the emulator's timing.
+inline uint64_t operand_digest(const WgmmaOp& op) {
+  const SmemDesc a = decode_desc(op.desc_a, "A"), b = decode_desc(op.desc_b, "B");
+  const int lane = int(ctx().lane), w = int(ctx().warp % 4), g = lane / 4, t = lane % 4;
+  const int K = op.type == WG_E4M3 ? 32 : 16;
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](float x) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    h = (h ^ bits) * 1099511628211ull;
+  };
+  for (int k = 0; k < K; ++k) {
+    for (int r = 0; r < 2; ++r) mix(desc_elem(a, 16 * w + g + 8 * r, k, op.trans_a, op.type));
+    for (int j = 0; j < op.n / 8; ++j)
+      for (int c = 0; c < 2; ++c) mix(desc_elem(b, 8 * j + 2 * t + c, k, op.trans_b, op.type));
+  }
+  return h;
+}
+
 inline void wgmma_issue(float* d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, WgmmaType type, int ta,
                         int tb) {
-  g_wgmma.ops.push(WgmmaOp{d, n, desc_a, desc_b, scale_d != 0, type, ta != 0, tb != 0, g_wgmma.committed});
+  WgmmaOp op{d, n, desc_a, desc_b, scale_d != 0, type, ta != 0, tb != 0, g_wgmma.committed, 0};
+  op.digest = operand_digest(op);
+  g_wgmma.ops.push(op);
 }
 inline void wgmma_commit() { g_wgmma.committed += 1; }
 // Executes every op of the committed groups but the newest n, in issue order.
@@ -123,7 +150,12 @@ inline void wgmma_wait(int n) {
   if (s.committed < uint64_t(n)) return;
   const uint64_t limit = s.committed - uint64_t(n);
   for (size_t i = 0; i < s.ops.size(); ++i)
-    if (s.ops[i].group < limit) execute(s.ops[i]);
+    if (s.ops[i].group < limit) {
+      if (operand_digest(s.ops[i]) != s.ops[i].digest)
+        fail("wgmma: its operands in shared memory changed between the wgmma's issue and the wait that "
+             "retired it (a stage refilled before the wgmmas reading it completed)");
+      execute(s.ops[i]);
+    }
   s.ops.retain([limit](const WgmmaOp& op) { return op.group >= limit; });
 }
 inline void wgmma_reset() {

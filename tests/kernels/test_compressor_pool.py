@@ -139,7 +139,8 @@ def test_engine_step_is_the_models_pool_and_finish(fake_quant):
         n, first, r = 2, 3, comp.ratio
         kv = torch.randn((n + 1) * r, comp.width, generator=g)
         score = torch.randn((n + 1) * r, comp.width, generator=g)
-        got = ks.compressor_pool(comp, ops.rope_cos_sin(comp.rope), kv, score, n, first, "cpu")
+        chosen, entry_ids = torch.arange(n), torch.arange(first, first + n)  # every entry, numbered from first
+        got = ks.compressor_pool(comp, ops.rope_cos_sin(comp.rope), kv, score, n, chosen, entry_ids, "cpu")
         blocks = (kv[None].unflatten(1, (n + 1, r)), score[None].unflatten(1, (n + 1, r)))
         pooled = comp._pool(*blocks, n)
         want = comp._finish(pooled, first)[0]
@@ -150,7 +151,7 @@ def test_engine_step_is_the_models_pool_and_finish(fake_quant):
         # rounding of the unrounded kernel chain's result instead, bit for bit
         comp.fake_quant = False
         try:
-            unrounded = ks.compressor_pool(comp, ops.rope_cos_sin(comp.rope), kv, score, n, first, "cpu")
+            unrounded = ks.compressor_pool(comp, ops.rope_cos_sin(comp.rope), kv, score, n, chosen, entry_ids, "cpu")
         finally:
             comp.fake_quant = True
         if comp.rotate:

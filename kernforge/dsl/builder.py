@@ -27,6 +27,8 @@ class Frame:
     kind: str
     stmts: list = field(default_factory=list)
     buffers: set = field(default_factory=set)
+    loop: tuple = ()  # (start, stop) of a T.serial/T.Pipelined/T.unroll frame
+    hoisted: bool = False  # a uniform loop lifted out of its thread region (kernforge.dsl.compat)
 
 
 class Builder:
@@ -40,6 +42,8 @@ class Builder:
         self.blocks: list[dict] = []  # every closed `with T.Kernel` block, in order (one launch each)
         self.hints: list[tuple] = []  # TileLang performance hints recorded (kernforge.dsl.compat)
         self.thread_region: Optional[dict] = None  # open thread-level region (kernforge.dsl.compat)
+        self.last_region: Optional[dict] = None  # the region a lifted loop interrupted
+        self.early_locals: list = []  # T.alloc_local before the thread region (kernforge.dsl.compat)
         self.names: set[str] = {p.name for p in params}
         self.var_count = 0
         self.global_buffers = {p for p in params if isinstance(p, ir.Buffer)}

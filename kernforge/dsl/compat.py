@@ -19,6 +19,7 @@ from kernforge.dsl import loop as _loop
 from kernforge.dsl import math as _math
 from kernforge.dsl import reduce as _reduce
 from kernforge.dsl.handles import TensorHandle, VarHandle
+from kernforge.dsl.thread_sync import thread_maps
 from kernforge.dsl.types import TensorType
 from kernforge.dsl.types import Tensor as _tensor
 from kernforge.dsl.types import dtype_arg
@@ -262,17 +263,65 @@ def _open_region(b, var, extent, loc) -> None:
     b.thread_region = {"var": var, "extent": extent, "loc": loc, "frame": f}
 
 
-def close_thread_region(b) -> None:
-    """End the open thread region: its statements become one ``T.Parallel`` over the threads."""
+def _uniform(b, frame) -> bool:
+    """``frame`` is a ``T.serial``/``T.Pipelined``/``T.unroll`` loop whose bounds every thread
+    of the block sees alike: no thread index and no loaded (possibly per-thread) value in them."""
+    if frame.kind != "loop" or not frame.loop:
+        return False
+    var = b.thread_region["var"]
+    return not any(n is var or isinstance(n, ir.Load) for e in frame.loop for n in ir.nodes(e))
+
+
+def _hoist(b, name: str, loc) -> None:
+    """Make a barrier or shuffle under uniform loops of a thread region legal, by lifting the
+    loops out of the region: ``for tx: ...; for k: body`` becomes ``for tx: ...`` then
+    ``for k: (for tx: body)``, the inner map split where the barrier or shuffle stands.  Every
+    thread runs the same iterations, so all of them reach it; the interchange keeps each
+    thread's results because a thread region's iterations are independent between barriers
+    (per-thread state lives in per-thread arrays indexed by the thread).  A branch or a loop
+    whose bounds depend on the thread is a :class:`DivergentBarrierError`."""
     region = b.thread_region
-    if b.top is not region["frame"]:
+    at = b.frames.index(region["frame"])
+    loops = b.frames[at + 1:]
+    if not all(_uniform(b, f) for f in loops):
+        raise DivergentBarrierError(f"{name} under a branch, or a loop whose trip count depends on the "
+                                    "thread, in thread-level code: threads that skip it would never "
+                                    "reach it; move it out to the top level of the kernel block or into "
+                                    "a loop with uniform bounds", loc)
+    close_thread_region(b, frames_above=len(loops))
+    for f in loops:
+        f.hoisted = True
+        if f.stmts:
+            f.stmts[:] = thread_maps(f.stmts, region["var"], region["extent"], loc)
+    _open_region(b, region["var"], region["extent"], region["loc"])
+
+
+def leave_hoisted_loop(b) -> None:
+    """End the body of a loop :func:`_hoist` lifted: its last map closes into the loop."""
+    close_thread_region(b)
+
+
+def reopen_region(b) -> None:
+    """After a lifted loop, the thread region goes on in the frame that holds the loop."""
+    region = b.last_region
+    _open_region(b, region["var"], region["extent"], region["loc"])
+
+
+def close_thread_region(b, frames_above: int = 0) -> None:
+    """End the open thread region: its statements become a ``T.Parallel`` over the threads, split
+    where TileLang would place a barrier itself (:mod:`kernforge.dsl.thread_sync`)."""
+    region = b.thread_region
+    at = len(b.frames) - 1 - frames_above
+    if b.frames[at] is not region["frame"]:
         raise DivergentBarrierError("a thread region ends inside a loop or branch", region["loc"])
-    b.frames.pop()
+    del b.frames[at]
     b.thread_region = None
+    b.last_region = region
+    below = b.frames[at - 1]
     stmts = region["frame"].stmts
     if stmts:
         loc = region["loc"]
-        b.emit(ir.Parallel((region["var"],), (region["extent"],), ir.seq(stmts, loc), loc))
+        below.stmts.extend(thread_maps(stmts, region["var"], region["extent"], loc))
 
 
 def get_thread_binding(dim: int = 0):
@@ -291,6 +340,7 @@ def get_thread_binding(dim: int = 0):
             raise _region_error("T.get_thread_binding", loc)
         var = b.new_var("tx" if len(b.kernel["thread_dims"]) == 1 else "tid")
         _open_region(b, var, b.kernel["threads"], loc)
+        _localize_early(b)
     return _thread_index(b, dim)
 
 
@@ -340,9 +390,7 @@ def _barrier(name: str) -> None:
     if region is None:
         return
     if b.top is not region["frame"]:
-        raise DivergentBarrierError(f"{name} under a branch or loop of thread-level code: "
-                                    "threads that skip it would never reach the barrier; move it out "
-                                    "to the top level of the kernel block", loc)
+        _hoist(b, name, loc)
     close_thread_region(b)
     _open_region(b, region["var"], region["extent"], region["loc"])
 
@@ -354,6 +402,8 @@ class _PerThread(TensorHandle):
     __slots__ = ("tvar",)
 
     def _key(self, key):
+        if self.tvar is None:  # a block-uniform local (see alloc_local)
+            return key
         return (self.tvar,) + (key if isinstance(key, tuple) else (key,))
 
     def __getitem__(self, key):
@@ -378,6 +428,7 @@ class _PerThreadVar(VarHandle):
         TensorHandle.__setitem__(self, (self.tvar, 0), value)
 
 
+
 def _per_thread(shape, dtype, cls, base):
     region = B.current().thread_region
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
@@ -388,10 +439,38 @@ def _per_thread(shape, dtype, cls, base):
 
 def alloc_local(shape, dtype, scope: str = "local"):
     """``T.alloc_local``: in a thread region, an array of each thread's own (one row per
-    thread); elsewhere kernforge's block-uniform local (:func:`kernforge.dsl.alloc_local`)."""
-    if B.current().thread_region is None:
-        return _alloc.alloc_local(shape, dtype, scope)
+    thread); elsewhere kernforge's block-uniform local (:func:`kernforge.dsl.alloc_local`),
+    unless the thread region opens later in the block before anything used it: TileLang's
+    locals are always per thread, so such a local becomes per-thread then (:func:`_localize_early`)."""
+    b = B.current()
+    if b.thread_region is None:
+        h = _alloc._alloc(shape, dtype, ir.Scope.LOCAL, "local", _PerThread)
+        h.tvar = None
+        if b.kernel is not None and b.top.kind == "kernel":
+            b.early_locals.append(h)
+        return h
     return _per_thread(shape, dtype, _PerThread, "local")
+
+
+def _localize_early(b) -> None:
+    """The thread region opens: each ``T.alloc_local`` made before it at the block's top level and
+    not used since becomes one row per thread (its ``Allocate`` moves to the region's start)."""
+    kernel_frame = b.frames[-2]
+    used = {n.buffer for st in kernel_frame.stmts if not isinstance(st, ir.Allocate)
+            for n in ir.nodes(st) if isinstance(n, (ir.Load, ir.Store, ir.Region))}
+    for h in b.early_locals:
+        old = h.buffer
+        if old in used or old not in kernel_frame.buffers:
+            continue
+        kernel_frame.stmts[:] = [st for st in kernel_frame.stmts
+                                 if not (isinstance(st, ir.Allocate) and st.buffer is old)]
+        kernel_frame.buffers.discard(old)
+        new = ir.Buffer(old.name, (ir.const(b.thread_region["extent"]),) + tuple(old.shape), old.dtype,
+                        ir.Scope.FRAGMENT)
+        kernel_frame.buffers.add(new)
+        kernel_frame.stmts.append(ir.Allocate(new, b.thread_region["loc"]))
+        h.buffer, h.tvar = new, b.thread_region["var"]
+    b.early_locals = []
 
 
 def alloc_var(dtype, init=None, scope: str = "local.var"):
@@ -428,9 +507,8 @@ def _shuffle(name: str, kind: str, value, arg, width, mask):
                                "values between the threads of a warp; call tx = T.get_thread_binding() "
                                "first (kernforge's tile code has no per-thread values to exchange)", loc)
     if b.top is not region["frame"]:
-        raise DivergentBarrierError(f"T.{name}() under a branch or loop of thread-level code: every lane of "
-                                    "the warp must reach a shuffle; move it out to the top level of the "
-                                    "kernel block", loc)
+        _hoist(b, f"T.{name}()", loc)
+        region = b.thread_region
     if region["extent"] % 32:
         raise UnsupportedError(f"T.{name} in a block of {region['extent']} threads: warp shuffles need "
                                "whole warps (threads a multiple of 32)", loc)
@@ -488,6 +566,15 @@ def shfl_sync(*args, **kwargs):
 
 def _shuffle_idx(value, srcLane, width: int = 32, mask=_FULL_MASK):  # noqa: N803 - TileLang's name
     return _shuffle("shfl_sync", "idx", value, srcLane, width, mask)
+
+
+def tvm_warp_shuffle(mask, value, lane, width: int = 32, warp_size: int = 32):
+    """TVM's ``T.tvm_warp_shuffle(mask, value, lane, width, warp_size)``: ``__shfl_sync(mask, value,
+    lane, width)``, the value of lane ``lane`` of the caller's ``width`` segment (only warps of 32)."""
+    if warp_size != 32:
+        raise UnsupportedError(f"T.tvm_warp_shuffle(warp_size={warp_size!r}): warps have 32 lanes",
+                               ir.caller_loc())
+    return _shuffle("tvm_warp_shuffle", "idx", value, lane, width, mask)
 
 
 def sync_warp(mask=None) -> None:

@@ -73,9 +73,15 @@ class _Sequential(_Loop):
         var = b.new_var(self.names[0] if self.names else "k", dt)
         extent = ir.fold(ir.binary(ir.Op.SUB, self.stop, self.start))
         with b.frame("loop") as f:
+            f.loop = (self.start, self.stop)
             yield var
+            if f.hoisted:  # thread-level code split inside this loop (kernforge.dsl.compat)
+                from kernforge.dsl import compat
+                compat.leave_hoisted_loop(b)
         b.emit(ir.For(var, extent, ir.seq(f.stmts, self.loc), self.kind, self.num_stages,
                       self.start, self.loc))
+        if f.hoisted:
+            compat.reopen_region(b)
 
 
 class serial(_Sequential):  # noqa: N801 - TileLang spelling

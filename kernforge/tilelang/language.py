@@ -19,7 +19,7 @@ from kernforge.dsl.compat import (Cast, DivergentBarrierError, Pipelined, alloc_
                                   floordiv, floormod, get_thread_binding, get_thread_bindings,
                                   no_set_max_nreg, print, reduce_absmax, reinterpret, shfl_down,
                                   shfl_sync, shfl_up, shfl_xor, sync_threads, sync_warp, tfloat32,
-                                  thread_binding, unsupported, use_swizzle, vectorized, WarpLaneError)
+                                  thread_binding, tvm_warp_shuffle, unsupported, use_swizzle, vectorized, WarpLaneError)
 
 Buffer = Tensor
 
@@ -30,7 +30,7 @@ _EXTRA = ["Buffer", "Cast", "DivergentBarrierError", "alloc_local", "alloc_var",
           "device_assert", "dtype", "finalize_reducer", "float", "float8_e4m3fn", "floordiv",
           "floormod", "get_thread_binding", "get_thread_bindings", "no_set_max_nreg", "print",
           "reduce_absmax", "reinterpret", "shfl_down", "shfl_sync", "shfl_up", "shfl_xor",
-          "sync_threads", "sync_warp", "tfloat32", "thread_binding", "use_swizzle", "vectorized", "WarpLaneError"]
+          "sync_threads", "sync_warp", "tfloat32", "thread_binding", "tvm_warp_shuffle", "use_swizzle", "vectorized", "WarpLaneError"]
 __all__ = sorted(set(_dsl_all) | set(_EXTRA))
 
 

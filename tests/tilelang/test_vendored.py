@@ -145,6 +145,15 @@ def _gqa_decode():
         g["assert_similar"](o, g["ref_split_program"](q, k, v, mask), name="o_ref_split", assert_=True)
 
 
+def _hadamard():
+    """hadamard_transform/example_hadamard.py as a script at 4 x 1024 (four warps: the in-thread,
+    warp-shuffle and shared-memory exchange stages, the last relying on TileLang's automatic
+    barriers, kernforge.dsl.thread_sync); its reference builds the
+    matrix with ``scipy.linalg.hadamard`` (scipy is not a kernforge dependency)."""
+    pytest.importorskip("scipy")
+    _script("hadamard_transform/example_hadamard.py", "--batch", "4", "--dim", "1024")()
+
+
 CASES = {
     "gemm/example_gemm.py": _call("gemm/example_gemm.py", "main"),
     "quickstart.py": _script("quickstart.py"),
@@ -182,6 +191,7 @@ CASES = {
     "fusedmoe/example_fusedmoe_tilelang.py": _call(
         "fusedmoe/example_fusedmoe_tilelang.py", "main", d_hidden=256, d_expert=128, n_routed_experts=4,
         n_shared_experts=1, n_experts_per_token=2, batch_size=1, seq_len=64),
+    "hadamard_transform/example_hadamard.py": _hadamard,
 }
 
 # published files the examples import (vendored unchanged too, not run on their own)

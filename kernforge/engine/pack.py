@@ -230,9 +230,12 @@ def engine_kernels(config, backend: str, dtype: str = "float32",
             if c.fake_quant:
                 plan.fp4_round("indexer_fp4_round")
                 plan.fp4_round("compressor_pool")
-            plan.add("indexer_scores", "indexer_scores", indexer.choose(b, ih, ihd, dt))
-            plan.add("indexer_topk", "topk_select", topk.config.choose(b, c.index_topk, "float32", "int64", False,
-                                                                        False))
+            for rows in (1, 8, 32):  # the query-count tiles (indexer.config.row_block)
+                plan.add("indexer_scores", "indexer_scores", indexer.choose(b, ih, ihd, dt, rows))
+            # rows of up to max_seq_len // 4 scores: the short-row configuration, and the long one past it
+            for row in {topk.config.row_bucket(1), topk.config.row_bucket(c.max_seq_len // 4)}:
+                plan.add("indexer_topk", "topk_select", topk.config.choose(b, c.index_topk, "float32", "int64",
+                                                                            False, False, row=row))
             extra = c.index_topk
         plan.add("sparse_mla", "mla_decode_sparse",
                  mla_decode.config.choose_sparse(b, h, c.sliding_window + extra, 1, d, d, False))

@@ -5,11 +5,12 @@
 float32 ``scores [S, N] = sum_h relu(q[s, h] . keys[n]) * (head_weights[s, h] * scale)``,
 with ``-0.0`` written as ``+0.0``: the scores `kernforge.model.compressor.Indexer` ranks.
 
-Each score is summed in the reference's deterministic order (`nx.tree_sum` over ``D``,
-`nx.sum_terms` over ``H``), so a score's bits depend on its own inputs only: the same for
-any ``S``, ``N`` or tile (the engine's deterministic rows rely on it), and at float32 on
-interp and cpu equal to the reference's deterministic mode bit for bit; its default mode
-(a matmul) agrees to float32 rounding.  Validation raises before launch:
+The kernel is GEMM-shaped (one ``T.gemm`` over ``D`` per head, the heads added in order),
+so each score is summed in a fixed order whatever ``S``, ``N`` or the tile: on a CPU its
+bits depend on its own inputs only (the engine's deterministic rows rely on it).  The
+scores agree with the reference, in either mode, to float32 rounding.  The query count
+picks the tile (:func:`kernforge.kernels.indexer.config.row_block`: at most three
+compiled kernels per shape).  Validation raises before launch:
 :class:`IndexerTypeError` (types, dtypes) and :class:`IndexerValueError` (shapes, layout,
 devices, a non-finite scale), both naming the argument.
 """
@@ -76,6 +77,6 @@ def indexer_scores(q: torch.Tensor, keys: torch.Tensor, head_weights: torch.Tens
     if s == 0 or n == 0 or h == 0 or d == 0:
         return scores.zero_() if s and n else scores  # no heads or dims: every sum is +0.0
     name = backends.for_tensor(q, backend)
-    params = kernels.choose(name, h, d, _DTYPES[q.dtype])
+    params = kernels.choose(name, h, d, _DTYPES[q.dtype], kernels.config.row_block(s))
     _kernel(name, tuple(sorted(params.items())))(q, keys, head_weights, scores, float(scale))
     return scores

@@ -98,7 +98,7 @@ def topk(input: torch.Tensor, topk: int, sorted: bool = False, begin=None, end=N
     if b == 0:
         return values, idx
     kernel = _compiled(name, topk, _DTYPE_NAME[input.dtype], _DTYPE_NAME[indices_type],
-                       bool(sorted), bool(return_value), consult.stamp())
+                       bool(sorted), bool(return_value), config.row_bucket(vocab), consult.stamp())
     if end is None:
         end = torch.full((b,), vocab, dtype=torch.int32, device=input.device)
     if output_idx_offset is None:
@@ -127,12 +127,14 @@ kernel_params = config.choose
 
 @functools.lru_cache(maxsize=None)
 def _compiled(backend: str, k: int, dtype: str, index_dtype: str, sorted_values: bool,
-              return_value: bool, stamp: tuple):
+              return_value: bool, row, stamp: tuple):
     """The kernel for one call signature, the chooser asked once per signature and
     ``stamp`` (:func:`kernforge.tune.consult.stamp`: a sweep recorded in this process, or
     ``KERNFORGE_TUNE``/``KERNFORGE_TUNE_DB`` changed, gives a new one), so a hot call
-    skips the chooser and still follows the tuning database."""
-    params = config.choose(backend, k, dtype, index_dtype, sorted_values, return_value)
+    skips the chooser and still follows the tuning database.  ``row`` is the row-length
+    bucket (:func:`~kernforge.kernels.topk.config.row_bucket`): short rows get their own
+    configuration on a CPU."""
+    params = config.choose(backend, k, dtype, index_dtype, sorted_values, return_value, row=row)
     return kernforge.compile(kernels.topk_select, backend=backend, **params)
 
 

@@ -122,6 +122,34 @@ def test_prescan_k_equal_to_the_row_and_unaligned_lengths():
         assert torch.equal(val.view(torch.int32), ref_v.view(torch.int32)), (vocab, k)
 
 
+@pytest.mark.parametrize("k,sorted_values", [(8, False), (64, True), (512, False)])
+def test_short_row_configuration_matches_reference(k, sorted_values):
+    """The CPU chooser's short-row configuration (rows of at most SHORT_ROW scores: the
+    engine's indexer) against the reference, with ragged ends (the indexer's causal rows),
+    ties and -inf padding; `row_bucket` sends longer rows (and unknown ones) to the long one."""
+    if "cpu" not in BACKENDS:
+        pytest.skip("cpu backend not available (no C++ compiler)")
+    from kernforge.kernels.topk import config
+    short = config.choose.heuristic("cpu", k, "float32", "int64", sorted_values, True,
+                                    row=config.row_bucket(config.SHORT_ROW))
+    long_ = config.choose.heuristic("cpu", k, "float32", "int64", sorted_values, True,
+                                    row=config.row_bucket(config.SHORT_ROW + 1))
+    assert (short["tile"], short["prescan"]) == (256, 0) and (long_["tile"], long_["prescan"]) == (1024, 128)
+    assert long_ == config.choose.heuristic("cpu", k, "float32", "int64", sorted_values, True)
+    g = torch.Generator().manual_seed(k)
+    for vocab in (64, 257, 1024):
+        x = torch.randn((6, vocab), generator=g)
+        x[1] = torch.round(x[1] * 2)  # heavy ties
+        x[2, vocab // 2:] = float("-inf")  # the engine pads rows past a sequence's keys with -inf
+        end = torch.tensor([vocab, vocab - 1, vocab // 2, 1, 0, min(k, vocab)], dtype=torch.int32)
+        offset = torch.zeros(6, dtype=torch.int32)
+        nan, idx, val = run(kernforge.compile(K.topk_select, backend="cpu", **short), x, end, offset, k,
+                            torch.float32, torch.int64)
+        ref_v, ref_i, _ = K.reference(x, k, end, sorted_values, offset, -9, -5.5)
+        assert torch.equal(idx, ref_i), vocab
+        assert torch.equal(val.view(torch.int32), ref_v.view(torch.int32)), vocab
+
+
 @pytest.mark.parametrize("compaction", ["group_serial", "tile_scan"])
 def test_interpreter_runs_both_compactions(compaction):
     pf = K.topk_select(k=8, dtype="float32", index_dtype="int64", compaction=compaction, return_value=False,

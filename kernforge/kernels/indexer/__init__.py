@@ -1,7 +1,7 @@
 """The lightning indexer's entry scores: the kernel family as a package.
 
-* :mod:`.kernel`: the DSL factory :func:`indexer_scores` (the reference's deterministic
-  summation order);
+* :mod:`.kernel`: the DSL factory :func:`indexer_scores` (one GEMM over the head dimension
+  per head, the heads added in order: a fixed summation order);
 * :mod:`.reference`: the torch oracle (the engine's former torch step);
 * :mod:`.problems`: the catalogue entry ``indexer_scores``;
 * :mod:`.config`: :func:`choose`, used by :func:`kernforge.ops.indexer_scores` and the catalogue.

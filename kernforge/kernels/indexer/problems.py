@@ -54,11 +54,11 @@ def _problems(sizes: dict, **kernel) -> dict:
 SPEC = register(KernelSpec(
     name="indexer_scores",
     family="indexer",
-    description="lightning indexer entry scores sum_h relu(q_h . k) * w_h * scale (reference's summation order)",
+    description="lightning indexer entry scores sum_h relu(q_h . k) * w_h * scale (a GEMM per head, heads in order)",
     factory=indexer_scores,
     runtime_sizes=("S", "N"),
     problems={
-        "small": Problem("small", dict(S=3, N=37, **choose.heuristic("cpu", 4, 64))),
+        "small": Problem("small", dict(S=3, N=37, **choose.heuristic("cpu", 4, 64, "float32", 3))),
         # V4-Flash: 64 indexer heads of 128 dims; a prefill chunk against 4096 compressed keys
         **_problems(dict(demo=dict(S=64, N=1024), bench=dict(S=256, N=4096)),
                     **choose.heuristic("cuda", 64, 128, "bfloat16")),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 DIGESTS = Path(__file__).resolve().parents[1] / "tests" / "codegen" / "data" / "source_digests.json"
 CPU_PATHS = ("avx2", "avx512bf16")  # float-widening and native-bf16 operand layouts
-CUDA_TARGETS = (("sm_80", ""), ("sm_90a", ""), ("sm_90a", "cp.async"), ("sm_100a", ""))
+CUDA_TARGETS = (("sm_80", ""), ("sm_90a", ""), ("sm_90a", "cp.async"), ("sm_100a", ""), ("sm_100a", "cp.async"))
 
 
 def sources():

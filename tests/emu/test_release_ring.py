@@ -20,9 +20,10 @@ import torch
 
 import kernforge
 from kernforge.backends.cuda.renderer import render_cuda
-from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError
+from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulationError
 from kernforge.codegen.renderer import Target
 from kernforge.kernels.registry import all_specs
+from tests.emu.planted import agree, assert_caught, plant, run
 
 SPECS = all_specs()
 # K = 4 block_K: the 2- and 3-stage rings wrap, so every parity of both barriers is exercised
@@ -109,56 +110,19 @@ BUGS = {"consumer_never_releases": (_no_empty_arrive, "deadlock"),
         "last_group_read_unwaited": (_no_final_wait, None)}
 
 
-def _renamed(src, tag, kernel):
-    return src.replace(f"kf_emu_{kernel}(", f"kf_emu_{tag}(").replace(f"kf_{kernel}(", f"kf_{kernel}_{tag}(")
-
-
 @pytest.fixture(scope="module")
 def planted():
     """One module holding the clean source and every mutation (one compile)."""
-    spec, params = SPECS[GEMM], CASES[GEMM]
-    ir = spec.factory(**params).ir
-    clean = CudaEmuBackend().source(ir, "sm_90a")
-    parts = [_renamed(clean, "clean", ir.name)]
-    for bug, (mutate, _) in BUGS.items():
-        mutated = mutate(clean)
-        assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(_renamed(mutated, bug, ir.name))
-    module = EmulatedModule("emu_test_release_ring_planted", "\n".join(parts),
-                            dynamic_smem=render_cuda(ir, "sm_90a").dynamic_smem, arch="sm_90a")
-    emu = kernforge.compile(spec.factory, backend="cuda-emu", arch="sm_90a", **params)
-    ref = kernforge.compile(spec.factory, backend="interp", **params)
-    return spec, params, module, emu, ref
-
-
-def _run(planted, tag):
-    spec, params, module, emu, ref = planted
-    emu.launcher.emulated = module.kernel(tag, timeout_ms=2_000)
-    inputs = spec.make_inputs(params, 0, "cpu")
-    oracle = [t.clone() if hasattr(t, "clone") else t for t in inputs]
-    emu(*inputs)
-    ref(*oracle)
-    return [(inputs[i].float().numpy(), oracle[i].float().numpy()) for i in spec.outputs]
-
-
-def _agree(pairs):
-    return all(np.allclose(g, w, rtol=2.0 ** -7, atol=1e-3) for g, w in pairs)
+    return plant(SPECS[GEMM], CASES[GEMM], "sm_90a", BUGS, "emu_test_release_ring_planted", timeout_ms=2_000)
 
 
 def test_unmutated_copy_passes_the_harness(planted):
-    assert _agree(_run(planted, "clean"))
+    assert agree(run(planted, "clean"))
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_planted_release_ring_bug_is_caught(planted, bug):
-    message = BUGS[bug][1]
-    try:
-        pairs = _run(planted, bug)
-    except EmulationError as e:
-        assert message is None or message in str(e), str(e)
-        return
-    assert message is None, f"planted bug {bug} ran to completion"
-    assert not _agree(pairs), f"planted bug {bug} went unnoticed"
+    assert_caught(planted, bug, BUGS)
 
 
 # ---------------------------------------------------------------- the emulator's phase-bit check

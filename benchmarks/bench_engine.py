@@ -62,14 +62,17 @@ def interleaved(fns: dict, repeats: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--prompt", type=int, default=256)
-    ap.add_argument("--context", type=int, nargs="+", default=[256])
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--cpu-time", action="store_true")
-    ap.add_argument("--json", action="store_true")
+    ap = argparse.ArgumentParser(description="The kernel-built engine against the torch reference model "
+                                 "(tiny config, CPU), interleaved in one process; medians and ratios.")
+    ap.add_argument("--threads", type=int, default=2, help="torch and OpenMP threads (default 2)")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats per row (default 5)")
+    ap.add_argument("--prompt", type=int, default=256, help="prefill length per sequence (default 256)")
+    ap.add_argument("--context", type=int, nargs="+", default=[256],
+                    help="positions at which decode steps are timed (default 256)")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (default 1 8)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time process CPU time instead of the wall clock (for a loaded machine; use --threads 1)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--rebuild", type=int, nargs="*", default=[],
                     help="also time rebuild_cache of batch-1 sequences of these lengths: full, and the exact tail")
     ap.add_argument("--deterministic", action="store_true",

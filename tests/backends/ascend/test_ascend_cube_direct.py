@@ -192,7 +192,10 @@ def test_generated_direct_code_built_for_dav_c220_is_refused(shim_cxx, tmp_path)
     a, b = _inputs(dtype, ta, tb, m, n, k, seed=4)
     with pytest.raises(emu.AscendEmuError) as e:
         _launch(emu.EmuLauncher(kernel, module, program), a, b, m, n)
-    assert e.value.rule == "position" and "AIV has only UB on dav-c220" in str(e.value)
+    # whichever core of the MIX group runs into 910B's memory map first names it: the AIV carving
+    # L1 ("AIV has only UB") or the AIC touching UB ("AIC has no UB") -- thread order decides
+    assert e.value.rule == "position", str(e.value)
+    assert "AIV has only UB on dav-c220" in str(e.value) or "AIC has no UB on dav-c220" in str(e.value)
 
 
 def _library_replacing(tmp_path, old: str, new: str):

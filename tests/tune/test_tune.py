@@ -383,11 +383,16 @@ def test_cli_sweep_show_export_import_and_errors(capsys, tmp_path, monkeypatch):
         assert code == 1 and out == "" and err.count("\n") == 1 and text in err, (argv, err)
 
 
-def test_parallel_builds_then_serial_timing_via_the_callable_module(monkeypatch):
+def test_parallel_builds_then_serial_timing_via_the_callable_module(monkeypatch, tmp_path):
     """``jobs=2`` builds in worker processes; the parent's builds are then JIT cache hits, and
-    the result is the same kind of verified ranking.  ``kernforge.tune(...)`` is the call."""
+    the result is the same kind of verified ranking.  ``kernforge.tune(...)`` is the call.
+    The environment is changed after the parent's runtime read it (as an earlier test in the
+    same process can leave it): the workers must still build into the parent's cache tiers."""
     from kernforge.runtime import compilers
+    from kernforge.runtime.runtime import get_runtime
 
+    get_runtime()
+    monkeypatch.setenv("KERNFORGE_CACHE_DIR", str(tmp_path / "not_the_parents_cache"))
     space = dict(block_M=[32], block_N=[64], block_K=[32, 64])  # not built by the other tests
     compiled = []
     real = compilers.cpu.CpuCompiler.compile

@@ -161,7 +161,8 @@ def mla_peers(spec, inputs, params):
 
     def dense():
         keys = cache[tokens]  # [b, L, d]
-        scores = torch.einsum("bshd,bld->bshl", q.float(), keys.float()) * inputs[5]
+        scale = inputs[7] if spec.name == "mla_decode_scheduled" else inputs[5]   # after the schedule's tensors
+        scores = torch.einsum("bshd,bld->bshl", q.float(), keys.float()) * scale
         scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
         return torch.einsum("bshl,bld->bshd", torch.softmax(scores, dim=-1), keys[..., :dim_v].float())
     return {"torch attention (gather+softmax)": dense}
@@ -270,7 +271,9 @@ def gpu_run(specs: dict, problems: list[str], arch: str | None, repeat: int, job
             row = {"kernel": name, "problem": label, "arch": arch}
             rows.append(row)
             try:
-                kernel = kernforge.compile(spec.factory, backend="cuda", arch=arch, **params)
+                # a kernel of several launches (mla_decode_scheduled: split + combine) runs as the op runs it
+                kernel = (spec.compile("cuda", arch=arch, **params) if spec.build is not None
+                          else kernforge.compile(spec.factory, backend="cuda", arch=arch, **params))
                 inputs = spec.make_inputs(params, 0, "cuda")
                 kernel(*inputs)
                 torch.cuda.synchronize()

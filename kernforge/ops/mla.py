@@ -13,12 +13,21 @@ Differences from FlashMLA, all of them widenings: any head dims with
 page 64), any architecture, ``attn_sink`` on the dense path too, and a bf16 cache on
 the sparse (``indices``) path besides the V3.2 FP8 one (``is_fp8_kvcache=True``, 656
 bytes per token).  Not yet supported (``NotImplementedError``): the MODEL1 (V4) FP8
-layout and the extra KV cache.  The dense path splits the KV range of small batches
-over several blocks plus a combine kernel (``config.choose_splits``: the tuning
-database's count for the shape, batch and table width, else a heuristic); a
-``tile_scheduler_metadata`` from ``get_mla_metadata`` records the shape configuration
-and the split count of its first call, which later calls reuse, but no per-request
-schedule.
+layout and the extra KV cache.
+
+Dense split-KV, as FlashMLA: on a CUDA device (or anywhere with ``num_sm_parts=``) the
+first call computes FlashMLA's balanced schedule from ``cache_seqlens``
+(:mod:`kernforge.kernels.mla_decode.schedule`: ``tile_scheduler_metadata int32
+[num_sm_parts, 8]`` and ``num_splits int32 [b + 1]``), stores it in the
+``FlashMLASchedMeta`` from ``get_mla_metadata``, and runs the kernel that walks it plus
+the combine (``mla_decode_scheduled``); later calls with that object reuse it (valid
+while the lengths are unchanged, as in FlashMLA).  The schedule is computed on the
+host, so a CUDA-graph capture needs it recorded by an earlier call.  Host backends do
+not split by default (two splits measured slower on the 2-core machine).
+``num_kv_splits=`` (or a recorded ``kv_splits``) keeps the older uniform split (every
+request cut into the same power of two, ``config.choose_splits``; what the
+``mla_decode_splitkv`` tuning entry sweeps).  Legacy metadata tensors (v1/v2 API) are
+accepted and ignored: FlashMLA's own encodings differ between versions.
 """
 from __future__ import annotations
 
@@ -33,7 +42,8 @@ from kernforge.ops._capture import capturing
 import kernforge
 from kernforge import backends
 from kernforge.kernels import mla_decode as kernels
-from kernforge.kernels.mla_decode import config
+from kernforge.kernels.mla_decode import config, schedule
+from kernforge.kernels.mla_decode.scheduled import Scheduled
 from kernforge.kernels.mla_decode.split_kv import SplitKV
 
 _DTYPES = (torch.bfloat16,)
@@ -43,9 +53,11 @@ _DTYPES = (torch.bfloat16,)
 class FlashMLASchedMeta:
     """FlashMLA's lazily filled schedule object.  The first call records the shape
     configuration in ``config``; later calls must match it (as in FlashMLA).  The dense
-    path records its split-KV count in ``kv_splits`` (a kernforge field; the caller may
-    set it) and every later call with this object uses it: FlashMLA computes one schedule
-    per decode step and shares it across the layers, so a tuning database that changes
+    path's first call fills ``tile_scheduler_metadata`` and ``num_splits`` with the balanced
+    schedule of its ``cache_seqlens`` (when it runs the scheduled kernel), or records the
+    uniform split count in ``kv_splits`` (a kernforge field; the caller may set it), and every
+    later call with this object uses what was recorded: FlashMLA computes one schedule per
+    decode step and shares it across the layers, so a tuning database that changes
     mid-step does not split one layer differently from the next."""
 
     have_initialized: bool = False
@@ -56,7 +68,9 @@ class FlashMLASchedMeta:
 
 
 def get_mla_metadata(*args, **kwargs) -> tuple[FlashMLASchedMeta, None]:
-    """Current FlashMLA form: arguments are accepted for compatibility and ignored."""
+    """Current FlashMLA form: arguments are accepted for compatibility and ignored; the
+    schedule is computed by the first :func:`flash_mla_with_kvcache` call that uses the
+    returned object (FlashMLA's lazy ``FlashMLASchedMeta``)."""
     return FlashMLASchedMeta(), None
 
 
@@ -68,7 +82,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                            attn_sink: Optional[torch.Tensor] = None, extra_k_cache=None,
                            extra_indices_in_kvcache=None, topk_length=None,
                            extra_topk_length=None, *, backend: Optional[str] = None,
-                           num_kv_splits: Optional[int] = None
+                           num_kv_splits: Optional[int] = None, num_sm_parts: Optional[int] = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged MLA decode attention.
 
@@ -85,9 +99,12 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     (``block_table``/``cache_seqlens`` are then ignored and may be ``None``), limited to
     the first ``topk_length[i]`` slots when that is given.
 
-    kernforge additions (keyword-only): ``backend``, and ``num_kv_splits`` to force the
-    dense path's split-KV factor (default: the ``kv_splits`` a ``FlashMLASchedMeta``
-    recorded, else :func:`kernforge.kernels.mla_decode.config.choose_splits`)."""
+    kernforge additions (keyword-only): ``backend``; ``num_sm_parts`` to run the dense path
+    over FlashMLA's balanced schedule with that many partitions on any backend (default:
+    on a CUDA device, FlashMLA's count for its SMs; elsewhere no split); ``num_kv_splits``
+    to force a uniform split-KV factor instead (default: the ``kv_splits`` a
+    ``FlashMLASchedMeta`` recorded, else
+    :func:`kernforge.kernels.mla_decode.config.choose_splits`)."""
     if extra_k_cache is not None or extra_indices_in_kvcache is not None or extra_topk_length is not None:
         raise NotImplementedError("extra_k_cache / extra_indices_in_kvcache are not supported yet")
     _check_schedule_args(tile_scheduler_metadata, num_splits)
@@ -111,6 +128,11 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     backend = backends.for_tensor(q, backend)
     cfg = config.choose(backend, h_q, h_kv, s_q, d, head_dim_v, page, causal)
     meta = tile_scheduler_metadata if isinstance(tile_scheduler_metadata, FlashMLASchedMeta) else None
+    sink = attn_sink if attn_sink is not None else torch.full((h_q,), -float("inf"), device=q.device)
+    parts = _schedule_parts(backend, cfg, q, meta, num_kv_splits, num_sm_parts)
+    if parts is not None:
+        return _scheduled(backend, cfg, q, k_cache.view(-1, h_kv * d), block_table, cache_seqlens, sink, scale,
+                          head_dim_v, meta, parts)
     if num_kv_splits is not None:
         splits = _check_splits("num_kv_splits", num_kv_splits)
     elif meta is not None and meta.kv_splits is not None:
@@ -119,7 +141,6 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         splits = config.choose_splits(backend, cfg, b, block_table.shape[1], q.device)["num_splits"]
     if meta is not None and meta.kv_splits is None:
         meta.kv_splits = splits
-    sink = attn_sink if attn_sink is not None else torch.full((h_q,), -float("inf"), device=q.device)
     out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     kv_flat = k_cache.view(-1, h_kv * d)
@@ -131,6 +152,53 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     SplitKV(_kernel(backend, kernels.mla_decode, **cfg, num_splits=splits),
             _kernel(backend, kernels.mla_decode_combine, **combine),
             splits)(q, kv_flat, block_table, cache_seqlens, sink, scale, out, lse)
+    return out, lse
+
+
+def _schedule_parts(backend, cfg, q, meta, num_kv_splits, num_sm_parts) -> Optional[int]:
+    """The partition count of the balanced split-KV schedule this call runs, or ``None``
+    for the uniform path (``num_kv_splits`` or a recorded ``kv_splits`` given, a host
+    device without ``num_sm_parts``, or CUDA-graph capture with no schedule recorded: the
+    schedule is computed on the host from ``cache_seqlens``, which capture cannot read)."""
+    if num_sm_parts is not None:
+        if num_kv_splits is not None:
+            raise ValueError("pass num_kv_splits (uniform splits) or num_sm_parts (balanced schedule), not both")
+        parts = _check_splits("num_sm_parts", num_sm_parts)
+        if meta is not None and meta.tile_scheduler_metadata is not None \
+                and meta.tile_scheduler_metadata.shape[0] != parts:
+            raise ValueError(f"num_sm_parts={parts}, but tile_scheduler_metadata holds a schedule of "
+                             f"{meta.tile_scheduler_metadata.shape[0]} partitions")
+        return parts
+    if num_kv_splits is not None or (meta is not None and meta.kv_splits is not None):
+        return None
+    if meta is not None and meta.tile_scheduler_metadata is not None:
+        return meta.tile_scheduler_metadata.shape[0]
+    if backends.device(backend) == "cuda" and not capturing(q):
+        return config.sm_parts(cfg, q.device)
+    return None
+
+
+def _scheduled(backend, cfg, q, kv_flat, block_table, cache_seqlens, sink, scale, head_dim_v, meta, parts):
+    """Dense decode over FlashMLA's balanced schedule (:mod:`kernforge.kernels.mla_decode.schedule`):
+    computed from ``cache_seqlens`` on the first call and kept in ``meta`` (FlashMLA's
+    ``tile_scheduler_metadata`` and ``num_splits``), which later calls reuse, as FlashMLA
+    does for every layer of a decode step (valid while the lengths are unchanged)."""
+    if meta is not None and meta.tile_scheduler_metadata is not None:
+        sched, num_splits = meta.tile_scheduler_metadata, meta.num_splits
+    else:
+        sched, num_splits = schedule.schedule(cache_seqlens.cpu(), parts)
+        sched, num_splits = sched.to(q.device), num_splits.to(q.device)
+        if meta is not None:
+            meta.tile_scheduler_metadata, meta.num_splits = sched, num_splits
+    b, s_q, h_q, _ = q.shape
+    out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
+    o_acc = torch.empty(b + parts, s_q, h_q, head_dim_v, dtype=torch.float32, device=q.device)
+    lse_acc = torch.empty(b + parts, h_q, s_q, dtype=torch.float32, device=q.device)
+    Scheduled(_kernel(backend, kernels.mla_decode_scheduled, **cfg),
+              _kernel(backend, kernels.mla_decode_combine_scheduled,
+                      **config.choose_combine_scheduled(backend, h_q, s_q, head_dim_v)))(
+        q, kv_flat, block_table, cache_seqlens, sched, num_splits, sink, scale, out, lse, o_acc, lse_acc)
     return out, lse
 
 
@@ -210,8 +278,8 @@ def _check_schedule_args(meta, num_splits) -> None:
     elif not isinstance(meta, torch.Tensor):
         raise TypeError(f"tile_scheduler_metadata must be a FlashMLASchedMeta (or a legacy "
                         f"metadata tensor), got {type(meta).__name__}")
-    # legacy tensors (v1/v2 API) carry FlashMLA's own per-SM split schedule, which kernforge's
-    # uniform splits cannot follow: the count comes from num_kv_splits or choose_splits
+    # legacy tensors (v1/v2 API) carry FlashMLA's own per-SM schedule, whose encoding changed
+    # between versions (token vs block ranges): ignored, the op computes its own
 
 
 def _record_config(meta: FlashMLASchedMeta, config: dict) -> None:

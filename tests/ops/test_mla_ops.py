@@ -248,3 +248,49 @@ def test_sparse_fp8_bad_cache():
     with pytest.raises(TypeError, match="holds bytes"):
         mla.flash_mla_with_kvcache(q, kv, None, None, 512, indices=indices, is_fp8_kvcache=True,
                                    backend="interp")
+
+
+def test_cuda_devices_run_the_balanced_schedule_by_default(monkeypatch):
+    """Where buffers live on a CUDA device the dense path runs FlashMLA's balanced schedule
+    with FlashMLA's partition count (``config.sm_parts``) unless a uniform split is asked
+    for; under CUDA-graph capture with no schedule recorded it cannot read the lengths and
+    takes the uniform path.  Emulated here: the interpreter posing as a CUDA device."""
+    from kernforge.kernels.mla_decode import config, schedule
+
+    q, kv, table, lens = make([700, 3, 0, 2000], heads=8, d=96, page=16)
+    monkeypatch.setattr(mla.backends, "device", lambda backend: "cuda")
+    monkeypatch.setattr(config, "sm_parts", lambda cfg, device=None: 5)
+    monkeypatch.setattr(config, "choose_splits", lambda backend, cfg, b, pages, device=None: dict(cfg, num_splits=2))
+    meta, _ = mla.get_mla_metadata()
+    out, lse = mla.flash_mla_with_kvcache(q, kv, table, lens, 64, meta, backend="interp")
+    want_meta, want_splits = schedule.schedule([700, 3, 0, 2000], 5)
+    assert torch.equal(meta.tile_scheduler_metadata, want_meta) and torch.equal(meta.num_splits, want_splits)
+    assert meta.kv_splits is None and want_splits[-1] > 4          # some request was cut
+    check(out, lse, q, kv, table, lens, None, 96 ** -0.5, False, dim_v=64)
+    # an explicit uniform split wins, and is recorded as before
+    meta2, _ = mla.get_mla_metadata()
+    mla.flash_mla_with_kvcache(q, kv, table, lens, 64, meta2, backend="interp", num_kv_splits=2)
+    assert meta2.kv_splits == 2 and meta2.tile_scheduler_metadata is None
+    # capture without a recorded schedule: the uniform path (choose_splits), no host read
+    monkeypatch.setattr(mla, "capturing", lambda t: True)
+    meta3, _ = mla.get_mla_metadata()
+    out3, lse3 = mla.flash_mla_with_kvcache(q, kv, table, lens, 64, meta3, backend="interp")
+    assert meta3.tile_scheduler_metadata is None and meta3.kv_splits == 2
+    check(out3, lse3, q, kv, table, lens, None, 96 ** -0.5, False, dim_v=64)
+    # capture with the schedule recorded by an earlier call reuses it
+    again, _ = mla.flash_mla_with_kvcache(q, kv, table, lens, 64, meta, backend="interp")
+    assert torch.equal(again, out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("h_kv,s_q,causal", [(2, 2, True), (1, 1, False)])
+def test_balanced_schedule_gqa_and_mtp(backend, h_kv, s_q, causal):
+    """The scheduled kernel's grid covers every latent head's row blocks (GQA) and the causal
+    MTP mask across the pieces of a cut request."""
+    q, kv, table, lens = make([333, 0, 1200, 17], heads=8, s_q=s_q, h_kv=h_kv, d=96, page=16, seed=5)
+    sink = torch.randn(8)
+    meta, _ = mla.get_mla_metadata()
+    out, lse = mla.flash_mla_with_kvcache(q, kv, table, lens, 64, meta, causal=causal, attn_sink=sink,
+                                          backend=backend, num_sm_parts=7)
+    assert meta.num_splits[-1] > 4
+    check(out, lse, q, kv, table, lens, sink, 96 ** -0.5, causal, dim_v=64)

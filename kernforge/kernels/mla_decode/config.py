@@ -86,3 +86,24 @@ def split_count(backend: str, blocks: int, max_tiles: int, device) -> int:
     while blocks * splits < units and max_tiles >= 8 * splits and splits < 32:
         splits *= 2
     return splits
+
+
+def choose_combine_scheduled(backend: str, heads: int, seq_q: int = 1, dim_v: int = 512) -> dict:
+    """:func:`~kernforge.kernels.mla_decode.scheduled.mla_decode_combine_scheduled`
+    parameters: the row block of :func:`choose_combine` (its split loop runs over the
+    accumulator in global memory, so the block's registers do not grow with the splits)."""
+    block_R = choose_combine.heuristic(backend, heads, 2, seq_q, dim_v)["block_R"]
+    return dict(heads=heads, seq_q=seq_q, dim_v=dim_v, block_R=block_R)
+
+
+def sm_parts(config: dict, device=None) -> int:
+    """FlashMLA's partition count for the balanced schedule (:mod:`.schedule`): the SMs
+    of ``device`` shared out among one partition's CTAs (latent heads x row blocks of
+    ``config``).  Only meaningful for CUDA devices; host backends do not split by default
+    (the caller passes ``num_sm_parts`` to force it)."""
+    import torch
+
+    from kernforge.kernels.mla_decode import schedule
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return schedule.num_sm_parts(sms, config["heads"], config["heads_kv"], config["seq_q"], config["block_H"])

@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from kernforge.kernels.mla_decode import config, split_kv
+from kernforge.kernels.mla_decode import config, scheduled, split_kv
 from kernforge.kernels.mla_decode.kernel import mla_decode, mla_decode_combine, mla_decode_sparse
 from kernforge.kernels.mla_decode.reference import reference, reference_sparse
 from kernforge.kernels.registry import KernelSpec, Problem, register
@@ -329,4 +329,59 @@ SPEC_SPLITKV = register(KernelSpec(
     bytes=lambda p: _bytes(_splitkv_lengths(p)),
     tags=("attention", "decode", "paged", "split-kv"),
     build=split_kv.build,
+))
+
+
+# ---------------------------------------------------------------- balanced split-KV schedule
+# The dense kernel over FlashMLA's balanced schedule (:mod:`.schedule`); ``num_sm_parts``
+# sizes the schedule (FlashMLA's partition count) and, like the lengths, is a runtime size.
+_SCHED_SIZES = ("batch", "seqlens", "num_sm_parts")
+
+
+def make_inputs_scheduled(params: dict, seed: int, device: str = "cpu") -> list:
+    """The dense inputs with the schedule of their lengths inserted after ``cache_seqlens``
+    and the float32 accumulators (``batch + num_sm_parts`` rows, NaN-poisoned) appended."""
+    from kernforge.kernels.mla_decode import schedule
+
+    q, kv, table, lens, sink, scale, out, lse = make_inputs(params, seed, device)
+    meta, num_splits = schedule.schedule(params["seqlens"], params["num_sm_parts"])
+    rows = params["batch"] + params["num_sm_parts"]
+    seq_q, heads, dim_v = q.shape[1], q.shape[2], out.shape[-1]
+    o_acc = torch.full((rows, seq_q, heads, dim_v), float("nan"), device=device)
+    lse_acc = torch.full((rows, heads, seq_q), float("nan"), device=device)
+    return [q, kv, table, lens, meta.to(device), num_splits.to(device), sink, scale, out, lse, o_acc, lse_acc]
+
+
+def _unscheduled(inputs: list) -> list:
+    """The dense entry's inputs from the scheduled entry's."""
+    return inputs[:4] + inputs[6:10]
+
+
+SPEC_SCHEDULED = register(KernelSpec(
+    name="mla_decode_scheduled",
+    family="mla_decode",
+    description="Dense paged MLA decode over FlashMLA's balanced split-KV schedule (split kernel + combine)",
+    factory=scheduled.mla_decode_scheduled,
+    runtime_sizes=_SCHED_SIZES,
+    # "small" has no request cut (two partitions, three one-block requests, one empty),
+    # so the tools that compile the factory alone run a complete kernel; cut requests
+    # and the combine are tested in tests/emu/test_mla_schedule.py.  "demo" and "bench"
+    # cut requests (built through ``build``: the split kernel, then the combine)
+    problems={
+        "small": Problem("small", dict(batch=3, seqlens=[37, 5, 0], num_sm_parts=2, **config.choose.heuristic(
+            "cpu", heads=8, heads_kv=1, seq_q=2, dim=96, dim_v=64, page_size=16, causal=True))),
+        "demo": Problem("demo", dict(batch=3, seqlens=[700, 333, 5000], num_sm_parts=8, **config.choose.heuristic(
+            "cuda", heads=64, seq_q=1, dim=576, dim_v=512))),
+        # FlashMLA's dense perf shape on a 132-SM H100/H200: 132 / 2 row blocks = 66 partitions
+        "bench": Problem("bench", dict(batch=128, seqlens=[4096] * 128, num_sm_parts=66, **config.choose.heuristic(
+            "cuda", heads=128, seq_q=1, dim=576, dim_v=512))),
+    },
+    make_inputs=make_inputs_scheduled,
+    outputs=(8, 9),
+    reference=lambda inputs, params: _reference(_unscheduled(inputs), params),
+    check=lambda outputs, expected, inputs, params: _check(outputs, expected, _unscheduled(inputs), params),
+    flops=_flops,
+    bytes=_bytes,
+    tags=("attention", "decode", "paged", "split-kv"),
+    build=scheduled.build,
 ))

@@ -16,6 +16,8 @@ _WHAT = {ir.Scope.SHARED: "T.alloc_shared", ir.Scope.FRAGMENT: "T.alloc_fragment
 def _alloc(shape, dtype, scope: ir.Scope, base: str, cls=TensorHandle):
     loc = B.user_loc(3)
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    # a folded integer expression (TileLang's T.ceildiv of two ints) is a compile-time size
+    shape = tuple(int(s.value) if isinstance(s, ir.Const) and s.dtype.is_int else s for s in shape)
     for s in shape:
         if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
             raise B.error(f"{scope.value} allocation needs positive compile-time dimensions, "

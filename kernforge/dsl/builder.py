@@ -28,6 +28,8 @@ class Frame:
     stmts: list = field(default_factory=list)
     buffers: set = field(default_factory=set)
     loop: tuple = ()  # (start, stop) of a T.serial/T.Pipelined/T.unroll frame
+    parallel: tuple = ()  # (vars, extents) of a T.Parallel frame (kernforge.dsl.reducer)
+    cond: object = None  # a runtime branch's condition (kernforge.dsl.compat.subset_tile_code)
     hoisted: bool = False  # a uniform loop lifted out of its thread region (kernforge.dsl.compat)
 
 
@@ -43,7 +45,9 @@ class Builder:
         self.hints: list[tuple] = []  # TileLang performance hints recorded (kernforge.dsl.compat)
         self.thread_region: Optional[dict] = None  # open thread-level region (kernforge.dsl.compat)
         self.last_region: Optional[dict] = None  # the region a lifted loop interrupted
+        self.thread_vars: list[str] = []  # thread-region variables: their maps are thread maps (interp)
         self.early_locals: list = []  # T.alloc_local before the thread region (kernforge.dsl.compat)
+        self.subset: Optional[dict] = None  # a thread-subset branch of tile code (kernforge.dsl.compat)
         self.names: set[str] = {p.name for p in params}
         self.var_count = 0
         self.global_buffers = {p for p in params if isinstance(p, ir.Buffer)}
@@ -76,6 +80,8 @@ class Builder:
     def emit(self, stmt: ir.Stmt) -> ir.Stmt:
         if self.kernel is None or self.top.kind == "prim_func":
             raise error(f"{type(stmt).__name__.lower()} outside `with T.Kernel(...)`", stmt.loc)
+        if isinstance(stmt, _TILE_STMTS):
+            self.tile_code()
         self.top.stmts.append(stmt)
         return stmt
 
@@ -93,7 +99,17 @@ class Builder:
         return any(f.kind == kind for f in self.frames)
 
     # buffers ----------------------------------------------------------------
+    def tile_code(self) -> None:
+        """Tile-level code starts: inside a branch of thread-level code on the thread index
+        alone, that branch becomes tile code run by a subset of the threads
+        (:func:`kernforge.dsl.compat.subset_tile_code`)."""
+        if self.thread_region is not None and self.top.kind == "branch":
+            from kernforge.dsl.compat import subset_tile_code
+
+            subset_tile_code(self)
+
     def declare(self, buffer: ir.Buffer, loc) -> None:
+        self.tile_code()
         region = self.thread_region
         if region is not None and self.top is region["frame"]:
             # thread-level code (kernforge.dsl.compat): the region is a T.Parallel over the
@@ -113,6 +129,8 @@ class Builder:
         raise error(f"buffer {buffer.name!r} used out of scope: it was allocated in a loop, "
                     "branch or kernel that has already closed", loc)
 
+
+_TILE_STMTS = (ir.Copy, ir.Fill, ir.Reduce, ir.Gemm, ir.Parallel)
 
 _stack: list[Builder] = []
 

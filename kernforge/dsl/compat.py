@@ -94,6 +94,14 @@ def clamp(x, lo, hi):
     return _math.min(_math.max(x, lo), hi)
 
 
+def sigmoid(x):
+    """``1 / (1 + exp(-x))``, in float32 for narrower inputs (mHC's mixes)."""
+    e = ir.as_expr(x)
+    if not e.dtype.is_float or e.dtype.is_low_precision:
+        e = ir.cast(e, dtypes.float32)
+    return 1.0 / (1.0 + _math.exp(-e))
+
+
 def floordiv(a, b):
     """``a // b`` rounding toward minus infinity (Python's ``//``; the IR's FLOORDIV)."""
     return ir.binary(ir.Op.FLOORDIV, a, b)
@@ -104,9 +112,17 @@ def floormod(a, b):
     return ir.binary(ir.Op.MOD, a, b)
 
 
-def reinterpret(a, b):
+def reinterpret(a, b=None, dtype=None):
     """``T.reinterpret``, either argument order: TileLang's ``(value, dtype)`` and kernforge's
-    ``(dtype, value)``: the bits of the value read as the dtype of the same width."""
+    ``(dtype, value)``: the bits of the value read as the dtype of the same width.  TVM's
+    ``T.reinterpret(T.uint64(0), dtype="handle")`` (a null handle, the value of a
+    ``T.attr(..., "reduce_scope", ...)``) gives an opaque :class:`kernforge.dsl.reducer.Handle`."""
+    if dtype is not None:
+        if dtype == "handle":
+            from kernforge.dsl.reducer import Handle
+
+            return Handle()
+        a, b = a, dtype
     a_is_dtype = isinstance(a, (str, dtypes.DType)) or type(a).__module__.startswith("torch") and not hasattr(a, "shape")
     return _math.reinterpret(a, b) if a_is_dtype else _math.reinterpret(b, a)
 
@@ -165,13 +181,6 @@ def alloc_buffer(shape, dtype, scope: str = "global"):
         return alloc_global(shape, dtype)
     raise UnsupportedError(f"T.alloc_buffer(scope={scope!r}): kernforge knows the scopes 'global', "
                            "'shared', 'shared.dyn', 'local.fragment' and 'local'", loc)
-
-
-alloc_reducer = unsupported(
-    "alloc_reducer", "a reducer is accumulated by many T.Parallel iterations into one element "
-    "(`r[j] += x[i, j]`), which kernforge's T.Parallel forbids as a race; reduce the tile with "
-    "T.reduce_sum/T.reduce_max into a fragment, or use T.atomic_add for cross-block sums")
-finalize_reducer = unsupported("finalize_reducer", "T.alloc_reducer is not supported (see there)")
 
 
 # ---------------------------------------------------------------- loops
@@ -324,6 +333,48 @@ def close_thread_region(b, frames_above: int = 0) -> None:
         below.stmts.extend(thread_maps(stmts, region["var"], region["extent"], loc))
 
 
+def _thread_only(cond, tvar) -> bool:
+    """``cond`` reads nothing but the thread index and constants (no memory, no other variable)."""
+    return all(n is tvar for n in ir.nodes(cond) if isinstance(n, (ir.Var, ir.Load)))
+
+
+def subset_tile_code(b) -> None:
+    """Tile-level code (an allocation, ``T.Parallel``, a tile op) starts inside a branch at the top
+    level of a thread region, as mHC's ``if T.get_thread_binding() < 32:`` writes it: in TileLang
+    the threads that take the branch run its tile operations together.  If the condition reads
+    only the thread index, and the branch has no per-thread statement yet, the branch becomes
+    block-level tile code: the thread region closes before it, the branch runs when any thread of
+    the block takes it (decided now, the condition being a function of the thread index alone),
+    its ``else`` when any thread does not (one after the other: as on a GPU, where the two sides
+    run at once, they must not depend on each other), and the region reopens after it
+    (:func:`end_subset`).  Otherwise nothing changes (and tile code there stays an error)."""
+    region = b.thread_region
+    f = b.top
+    at = b.frames.index(region["frame"])
+    tvar = region["var"]
+    if (len(b.frames) != at + 2 or f.cond is None or not _thread_only(f.cond, tvar)
+            or any(n is tvar for st in f.stmts for n in ir.nodes(st))):
+        return
+    from kernforge.interp.values import Evaluator  # the oracle's arithmetic, on every thread index
+    import numpy as np
+
+    class _Threads:
+        env = {tvar: np.arange(region["extent"], dtype=np.int32)}
+
+    taken = np.broadcast_to(np.asarray(Evaluator(_Threads())(f.cond)).astype(bool), (region["extent"],))
+    b.frames.pop()
+    close_thread_region(b)
+    b.frames.append(f)
+    b.subset = {"frame": f, "region": region, "then": bool(taken.any()), "else": bool((~taken).any())}
+
+
+def end_subset(b) -> None:
+    """After a thread-subset branch of tile code, the thread region goes on."""
+    region = b.subset["region"]
+    b.subset = None
+    _open_region(b, region["var"], region["extent"], region["loc"])
+
+
 def get_thread_binding(dim: int = 0):
     """``tx = T.get_thread_binding()``: this thread's index along block dimension ``dim`` (0, 1
     or 2 for threadIdx.x/y/z; a block of ``threads=n`` has only x).  The first call opens the
@@ -339,6 +390,7 @@ def get_thread_binding(dim: int = 0):
         if b.kernel is None or b.top.kind != "kernel":
             raise _region_error("T.get_thread_binding", loc)
         var = b.new_var("tx" if len(b.kernel["thread_dims"]) == 1 else "tid")
+        b.thread_vars.append(var.name)
         _open_region(b, var, b.kernel["threads"], loc)
         _localize_early(b)
     return _thread_index(b, dim)
@@ -346,15 +398,21 @@ def get_thread_binding(dim: int = 0):
 
 def _thread_index(b, dim: int) -> ir.Expr:
     """Index ``dim`` of the thread whose linear id is the region's variable."""
+    cache = b.kernel.setdefault("thread_index", {})  # one expression per dimension (reducer.py)
+    if dim in cache:
+        return cache[dim]
     var = b.thread_region["var"]
     dims = b.kernel["thread_dims"] + (1, 1)
     inner = 1
     for d in dims[:dim]:
         inner *= d
     if dims[dim] == 1:
-        return ir.const(0)
-    e = var if inner == 1 else ir.binary(ir.Op.FLOORDIV, var, inner)
-    return e if inner * dims[dim] == b.kernel["threads"] else ir.binary(ir.Op.MOD, e, dims[dim])
+        e = ir.const(0)
+    else:
+        e = var if inner == 1 else ir.binary(ir.Op.FLOORDIV, var, inner)
+        e = e if inner * dims[dim] == b.kernel["threads"] else ir.binary(ir.Op.MOD, e, dims[dim])
+    cache[dim] = e
+    return e
 
 
 def get_thread_bindings():
@@ -411,6 +469,23 @@ class _PerThread(TensorHandle):
 
     def __setitem__(self, key, value):
         TensorHandle.__setitem__(self, self._key(key), value)
+
+    @property
+    def owns_fill(self) -> bool:
+        return self.tvar is not None
+
+    def fill_own(self, value, loc) -> None:
+        """``T.fill``/``T.clear`` of a thread's own array: this thread's row only, as element
+        stores in loops (a tile op over the whole buffer would clear every thread's row, and
+        a tile whose start is the thread index is not a tile op every backend can run)."""
+        b = B.current()
+        shape = self.buffer.static_shape()[1:]
+        v = ir.cast(value, self.buffer.dtype)
+        idx = tuple(b.new_var(f"e{d}") for d in range(len(shape)))
+        body: ir.Stmt = ir.Store(self.buffer, (self.tvar,) + idx, v, loc)
+        for var, n in reversed(list(zip(idx, shape))):
+            body = ir.For(var, ir.const(n), body, loc=loc)
+        b.emit(body)
 
 
 class _PerThreadVar(VarHandle):
@@ -509,11 +584,16 @@ def _shuffle(name: str, kind: str, value, arg, width, mask):
     if b.top is not region["frame"]:
         _hoist(b, f"T.{name}()", loc)
         region = b.thread_region
-    if region["extent"] % 32:
-        raise UnsupportedError(f"T.{name} in a block of {region['extent']} threads: warp shuffles need "
-                               "whole warps (threads a multiple of 32)", loc)
     if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= 32 or width & (width - 1):
         raise WarpLaneError(f"T.{name} width must be a power of two from 1 to 32, got {width!r}", loc)
+    n = region["extent"]
+    if n % 32 and not (n < 32 and n % width == 0):
+        # a block of fewer than 32 threads is one partial warp: whole segments of `width` lanes keep
+        # every source lane of the PTX rule among the block's threads (a later segment's lane gives
+        # the caller its own value, an earlier one exists)
+        raise UnsupportedError(f"T.{name} in a block of {n} threads with width={width}: warp shuffles need "
+                               "whole warps (threads a multiple of 32), or a block of fewer than 32 threads "
+                               "made of whole segments of `width` lanes", loc)
     if not (isinstance(mask, int) and mask == _FULL_MASK):
         raise UnsupportedError(f"T.{name}(mask={mask!r}): only the full-warp mask 0xFFFFFFFF is supported "
                                "(every lane of the warp takes part)", loc)
@@ -571,9 +651,11 @@ def _shuffle_idx(value, srcLane, width: int = 32, mask=_FULL_MASK):  # noqa: N80
 def tvm_warp_shuffle(mask, value, lane, width: int = 32, warp_size: int = 32):
     """TVM's ``T.tvm_warp_shuffle(mask, value, lane, width, warp_size)``: ``__shfl_sync(mask, value,
     lane, width)``, the value of lane ``lane`` of the caller's ``width`` segment (only warps of 32)."""
-    if warp_size != 32:
-        raise UnsupportedError(f"T.tvm_warp_shuffle(warp_size={warp_size!r}): warps have 32 lanes",
-                               ir.caller_loc())
+    region = B.current().thread_region if B._stack else None
+    partial = region is not None and region["extent"] < 32 and warp_size == region["extent"]
+    if warp_size != 32 and not partial:  # a block of fewer than 32 threads is one warp of that size
+        raise UnsupportedError(f"T.tvm_warp_shuffle(warp_size={warp_size!r}): warps have 32 lanes (or, in a "
+                               "block of fewer than 32 threads, as many as the block)", ir.caller_loc())
     return _shuffle("tvm_warp_shuffle", "idx", value, lane, width, mask)
 
 

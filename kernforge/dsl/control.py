@@ -55,11 +55,17 @@ def branches(cond, has_else: bool):
     if is_static(cond):
         yield truth(cond)
         return
-    with then_(cond):
+    b = B.current()
+    with then_(cond) as f:
         yield True
+    subset = b.subset if b.subset is not None and b.subset["frame"] is f else None
     if has_else:
-        with else_():
+        with (_subset_else(b) if subset else else_()):
             yield False
+    if subset:  # thread-level code goes on after a thread-subset branch of tile code
+        from kernforge.dsl.compat import end_subset
+
+        end_subset(b)
 
 
 @contextmanager
@@ -70,8 +76,24 @@ def then_(cond):
     if not c.dtype.is_bool:
         c = c != ir.as_expr(0, c.dtype)
     with b.frame("branch") as f:
-        yield
+        f.cond = c
+        yield f
+    if b.subset is not None and b.subset["frame"] is f:  # tile code of a subset of the threads
+        if b.subset["then"] and f.stmts:
+            b.emit(ir.seq(f.stmts, loc))
+        return
     b.emit(ir.If(c, ir.seq(f.stmts, loc), None, loc))
+
+
+@contextmanager
+def _subset_else(b):
+    """The else-branch of a thread-subset branch of tile code: tile code too, run when some
+    thread fails the condition (kernforge.dsl.compat.subset_tile_code)."""
+    loc = B.user_loc(3)
+    with b.frame("branch") as f:
+        yield
+    if b.subset["else"] and f.stmts:
+        b.emit(ir.seq(f.stmts, loc))
 
 
 @contextmanager

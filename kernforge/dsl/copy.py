@@ -59,6 +59,8 @@ def fill(buffer, value) -> None:
     fall outside its buffer are skipped, as in :func:`copy`.  An element (``T.fill(s[0], 0)``)
     is a one-element tile, as in TileLang."""
     loc = B.user_loc(2)
+    if getattr(buffer, "owns_fill", False):  # a thread's own array, a reducer (compat, reducer)
+        return buffer.fill_own(value, loc)
     r = _fill_region(buffer, "fill destination")
     v = ir.cast(unwrap_expr(value, r.buffer.dtype), r.buffer.dtype)
     B.current().emit(ir.Fill(r, v, loc))
@@ -68,5 +70,7 @@ def clear(buffer) -> None:
     """Zero a tile: ``T.fill(tile, 0)``, spelled as TileLang does before accumulating into
     it (``T.clear(C_f)`` then ``T.gemm(..., C_f)``)."""
     loc = B.user_loc(2)
+    if getattr(buffer, "owns_fill", False):  # a thread's own array, a reducer (compat, reducer)
+        return buffer.fill_own(0, loc)
     r = _fill_region(buffer, "clear destination")
     B.current().emit(ir.Fill(r, ir.cast(0, r.buffer.dtype), loc))

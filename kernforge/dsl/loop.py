@@ -44,11 +44,13 @@ class Parallel(_Loop):
 
     def __iter__(self):
         b = B.current()
+        b.tile_code()
         if b.inside("parallel"):
             raise B.error("nested T.Parallel: write one T.Parallel with several extents", self.loc)
         names = self.names or tuple(f"i{k}" for k in range(len(self.extents)))
         vars_ = tuple(b.new_var(n) for n in names)
         with b.frame("parallel") as f:
+            f.parallel = (vars_, self.extents)
             yield vars_[0] if len(vars_) == 1 else vars_
         b.emit(ir.Parallel(vars_, self.extents, ir.seq(f.stmts, self.loc), self.loc))
 

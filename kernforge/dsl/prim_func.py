@@ -185,6 +185,8 @@ def build_kernels(b: B.Builder, name: str, params: tuple, attrs: dict, loc) -> t
     symbols = _symbols(params)
     if b.hints:  # recorded TileLang hints: in attrs, so they show in the listing and artifact name
         attrs = dict(attrs, tilelang_hints=";".join(f"{k}({v})" for k, v in b.hints))
+    if b.thread_vars:  # T.Parallel loops over these variables run the block's threads (kernforge.interp)
+        attrs = dict(attrs, thread_maps=",".join(b.thread_vars))
     kernels = []
     for i, blk in enumerate(b.blocks):
         kname = name if len(b.blocks) == 1 else f"{name}_k{i}"

@@ -8,7 +8,10 @@ for clarity and for catching kernel bugs rather than for speed:
 * on-chip buffers start poisoned (NaN for floats, a sentinel for integers), so
   reading an element before writing it shows up in the results;
 * two iterations of a ``Parallel`` loop storing to the same element is reported
-  as the race it is.
+  as the race it is (in thread-level code, threads may store one value to one element);
+* in thread-level code, two threads touching one shared element between the same two
+  barriers, one of them writing, is reported too (:mod:`kernforge.interp.races`), although
+  the lockstep run would give the answer of a barrier that is not there.
 
 A ``Parallel`` loop runs vectorised: its variables are index arrays broadcast
 over the iteration space, and ``If`` inside it narrows a lane mask.
@@ -22,6 +25,7 @@ import numpy as np
 from kernforge import dtypes
 from kernforge.codegen import ir
 from kernforge.codegen.passes.composites import expand
+from kernforge.interp.races import SharedAccessLog, same_bits
 from kernforge.interp.values import Evaluator, convert
 
 _INT_POISON = 0x5A
@@ -36,6 +40,13 @@ def _poison(buf: ir.Buffer) -> np.ndarray:
     return np.full(shape, _INT_POISON, dtype=buf.dtype.np_dtype)
 
 
+def _all_equal(vals: np.ndarray, first, inverse) -> bool:
+    """Every value stored to one element equals the first one stored there (bit for bit, so
+    equal NaNs count as equal): the benign race of threads that all store the same value."""
+    bits = same_bits(vals)
+    return bool(np.all(bits == bits[first][inverse.reshape(-1)]))
+
+
 class Interpreter:
     """Executes one kernel over its grid on host numpy arrays."""
 
@@ -45,6 +56,11 @@ class Interpreter:
         self.env: dict = {}
         self.storage: dict = {}
         self.expansions: dict = {}
+        # thread-level code (kernforge.dsl.compat): the T.Parallel loops over these variables run
+        # the block's threads, between two barriers; ``thread_map`` is the one running now
+        self.thread_vars = set(filter(None, str(kernel.attrs.get("thread_maps", "")).split(",")))
+        self.thread_map = None
+        self.races = None  # the shared accesses of the running thread map (kernforge.interp.races)
 
     # ------------------------------------------------------------------ entry
     def run(self, args, dims, grid) -> None:
@@ -80,8 +96,22 @@ class Interpreter:
             idx = [np.where(mask, i, 0) for i in idx]
         return arr, tuple(idx)
 
+    def _tracked(self, buf: ir.Buffer, mask) -> bool:
+        return self.races is not None and mask is not None and buf.scope == ir.Scope.SHARED
+
+    def _lanes(self, arr, idx, mask, masked: bool = False):
+        """The flat element index and the thread of every active lane of a thread map
+        (``masked``: ``idx`` holds the active lanes' indices already)."""
+        tid = np.broadcast_to(self.env[self.thread_map.vars[0]], mask.shape)[mask].astype(np.int64)
+        if not masked:
+            idx = tuple(np.broadcast_to(i, mask.shape)[mask] for i in idx)
+        flat = np.ravel_multi_index(idx, arr.shape) if idx else np.zeros(len(tid), np.int64)
+        return np.asarray(flat, np.int64).reshape(-1), tid.reshape(-1)
+
     def load(self, e: ir.Load, mask):
         arr, idx = self._indices(e.buffer, e.indices, mask, "read")
+        if self._tracked(e.buffer, mask):
+            self.races.read(e.buffer, arr, *self._lanes(arr, idx, mask))
         return arr[idx]
 
     def store(self, s: ir.Store, mask) -> None:
@@ -94,9 +124,14 @@ class Interpreter:
         idx = tuple(np.broadcast_to(i, shape)[mask] for i in idx)
         vals = np.broadcast_to(value, shape)[mask]
         flat = np.ravel_multi_index(idx, arr.shape) if idx else np.zeros(0)
-        if len(np.unique(flat)) != len(flat):
+        uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+        if len(uniq) != len(flat) and not (self.thread_map is not None and _all_equal(vals, first, inverse)):
             raise ir.KernelError(f"T.Parallel iterations store to the same element of "
-                                 f"{s.buffer.name} (a race); use a reduction or an atomic", s.loc)
+                                 f"{s.buffer.name} (a race); use a reduction or an atomic"
+                                 + (" (threads may store only the same value to one element)"
+                                    if self.thread_map is not None else ""), s.loc)
+        if self._tracked(s.buffer, mask):
+            self.races.write(s.buffer, arr, *self._lanes(arr, idx, mask, True), np.asarray(vals).reshape(-1))
         arr[idx] = vals
 
     def atomic(self, s: ir.Atomic, mask) -> None:
@@ -106,6 +141,8 @@ class Interpreter:
         m = mask if mask is not None else np.ones(shape, dtype=bool)
         idx = tuple(np.broadcast_to(i, shape)[m] for i in idx)
         vals = np.broadcast_to(value, shape)[m]
+        if self._tracked(s.buffer, mask):
+            self.races.write(s.buffer, arr, *self._lanes(arr, idx, m, True), vals, atomic=True)
         ufunc = np.add if s.op == ir.Op.ATOMIC_ADD else np.fmax if s.buffer.dtype.is_float else np.maximum
         ufunc.at(arr, idx, vals)
 
@@ -115,7 +152,8 @@ class Interpreter:
             getattr(self, "s_" + type(s).__name__)(s, mask)
         except ir.KernelError as e:
             if e.loc is None and getattr(s, "loc", None) is not None:
-                raise ir.KernelError(e.message, s.loc) from None
+                e.loc = s.loc  # the statement's line, keeping the error's type (ThreadRaceError...)
+                e.args = (f"{s.loc}: {e.message}",)
             raise
 
     def s_Seq(self, s, mask):
@@ -136,7 +174,13 @@ class Interpreter:
         grids = np.indices(s.extents, dtype=np.int32)
         for v, g in zip(s.vars, grids):
             self.env[v] = g
-        self.stmt(s.body, np.ones(s.extents, dtype=bool))
+        outer = self.thread_map, self.races
+        if len(s.vars) == 1 and s.vars[0].name in self.thread_vars:
+            self.thread_map, self.races = s, SharedAccessLog()  # a barrier before: a fresh log
+        try:
+            self.stmt(s.body, np.ones(s.extents, dtype=bool))
+        finally:
+            self.thread_map, self.races = outer
         for v in s.vars:
             del self.env[v]
 

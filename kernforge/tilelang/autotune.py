@@ -159,6 +159,21 @@ class AutoTuned:
         bound = inspect.signature(self.jitted.fn).bind_partial(*args, **kwargs).arguments
         return [k for k in self._configs(args, kwargs)[0] if k in bound]
 
+    def compile(self, **params):
+        """``f.compile(**params)`` of an eager function: with any tunable parameter given, as in
+        TileLang's autotuner, that configuration (the defaults for the rest) is compiled untuned,
+        a :class:`JITKernel`.  Tuning needs inputs to time: call the function on tensors."""
+        from kernforge.dsl.compat import UnsupportedError
+
+        if not hasattr(self.jitted, "compile"):
+            raise TypeError(f"{self.jitted.fn.__name__} is a factory: call it with its parameters")
+        named = inspect.signature(self.jitted.fn).parameters  # sizes (T.const) are not parameters
+        if self.given_tunables((), {k: v for k, v in params.items() if k in named}):
+            return self.jitted.compile(**params)
+        raise UnsupportedError(f"{self.jitted.fn.__name__}.compile({', '.join(params)}) gives no tunable "
+                               f"parameter ({', '.join(self._configs((), {})[0])}): kernforge tunes an "
+                               "eager function on a call with tensors, f(*tensors)")
+
     def __call__(self, *args, **kwargs):
         from kernforge.tilelang.jit import _EagerJIT
 

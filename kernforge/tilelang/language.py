@@ -14,12 +14,14 @@ from kernforge import dtypes as _dtypes
 from kernforge.dsl import *  # noqa: F401,F403 - the language is the DSL
 from kernforge.dsl import __all__ as _dsl_all
 from kernforge.dsl.compat import (Cast, DivergentBarrierError, Pipelined, alloc_local, alloc_var, Serial, Tensor, UnsupportedError, alloc_buffer,  # noqa: F401
-                                  alloc_global, alloc_reducer, annotate_l2_hit_ratio, annotate_layout,
-                                  clamp, device_assert, dtype, finalize_reducer, float, float8_e4m3fn,
+                                  alloc_global, annotate_l2_hit_ratio, annotate_layout,
+                                  clamp, device_assert, dtype, float, float8_e4m3fn,
                                   floordiv, floormod, get_thread_binding, get_thread_bindings,
-                                  no_set_max_nreg, print, reduce_absmax, reinterpret, shfl_down,
+                                  no_set_max_nreg, print, reduce_absmax, reinterpret, sigmoid, shfl_down,
                                   shfl_sync, shfl_up, shfl_xor, sync_threads, sync_warp, tfloat32,
                                   thread_binding, tvm_warp_shuffle, unsupported, use_swizzle, vectorized, WarpLaneError)
+from kernforge.dsl.reducer import (alloc_reducer, attr, comm_reducer, evaluate, finalize_reducer,  # noqa: F401
+                                   tvm_thread_allreduce)
 
 Buffer = Tensor
 
@@ -30,7 +32,8 @@ _EXTRA = ["Buffer", "Cast", "DivergentBarrierError", "alloc_local", "alloc_var",
           "device_assert", "dtype", "finalize_reducer", "float", "float8_e4m3fn", "floordiv",
           "floormod", "get_thread_binding", "get_thread_bindings", "no_set_max_nreg", "print",
           "reduce_absmax", "reinterpret", "shfl_down", "shfl_sync", "shfl_up", "shfl_xor",
-          "sync_threads", "sync_warp", "tfloat32", "thread_binding", "tvm_warp_shuffle", "use_swizzle", "vectorized", "WarpLaneError"]
+          "sync_threads", "sync_warp", "tfloat32", "thread_binding", "tvm_warp_shuffle", "use_swizzle", "vectorized", "WarpLaneError",
+          "attr", "comm_reducer", "evaluate", "tvm_thread_allreduce", "sigmoid"]
 __all__ = sorted(set(_dsl_all) | set(_EXTRA))
 
 

@@ -154,6 +154,19 @@ def _hadamard():
     _script("hadamard_transform/example_hadamard.py", "--batch", "4", "--dim", "1024")()
 
 
+def _gemv():
+    """gemv/example_gemv.py's ``main(do_bench=False)`` with ``--n 80 --k 200`` (its argparse sizes):
+    all six kernels (thread-level naive and split-K GEMVs with shared atomics, TVM's
+    ``T.tvm_thread_allreduce``, and the tile-level ``T.alloc_reducer``), each checked by the
+    file's own ``assert_allclose`` against ``x @ y.T``.  Neither size divides the blocks, so the
+    edge rows and columns go through TileLang's safe global accesses.  ``do_bench=True`` would
+    time every kernel and autotune one (a benchmark, not a check)."""
+    path = str(HERE / "gemv/example_gemv.py")
+    with script_scope(path, argv=["--n", "80", "--k", "200"]):
+        g = runpy.run_path(path, run_name="kernforge_vendored")
+        g["main"](do_bench=False)
+
+
 CASES = {
     "gemm/example_gemm.py": _call("gemm/example_gemm.py", "main"),
     "quickstart.py": _script("quickstart.py"),
@@ -192,6 +205,11 @@ CASES = {
         "fusedmoe/example_fusedmoe_tilelang.py", "main", d_hidden=256, d_expert=128, n_routed_experts=4,
         n_shared_experts=1, n_experts_per_token=2, batch_size=1, seq_len=64),
     "hadamard_transform/example_hadamard.py": _hadamard,
+    "gemv/example_gemv.py": _gemv,
+    # tile code run by a subset of the threads (`if T.get_thread_binding() < 32:` ... else ...);
+    # 1280 is one of the file's own hidden sizes (five tiles of 256), 33 tokens leave a ragged tile
+    "deepseek_mhc/example_mhc_pre.py": _call("deepseek_mhc/example_mhc_pre.py", "test", n=33, hidden_size=1280,
+                                             hc_mult=4),
 }
 
 # published files the examples import (vendored unchanged too, not run on their own)
@@ -221,6 +239,22 @@ def test_vendored_files_are_unchanged_copies():
             assert "".join(text[2:]) == (src / rel).read_text(), rel
     assert (HERE / "LICENSE").read_text().lstrip().startswith("MIT License")
     assert len(CASES) >= 15
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BACKENDS)
+def test_hadamard_in_a_partial_warp(name, backend):
+    """The Hadamard example below 256: ``--dim 64`` runs a block of 8 threads, one partial warp whose
+    shuffles use ``width=8`` and ``T.tvm_warp_shuffle(..., warp_size=8)`` (dims 2 to 128 were checked
+    by hand on all three backends)."""
+    pytest.importorskip("scipy")
+    if name != "interp":
+        from tests.conftest import host_backend_skip_reason
+
+        if host_backend_skip_reason(name):
+            pytest.skip(host_backend_skip_reason(name))
+    backend.setenv("KERNFORGE_TILELANG_BACKEND", name)
+    _script("hadamard_transform/example_hadamard.py", "--batch", "3", "--dim", "64")()
 
 
 @pytest.fixture

@@ -309,7 +309,54 @@ def test_lane_and_width_out_of_range(call, match):
     assert "T.shfl" in _line(e.value)
 
 
+PARTIAL = [("xor", 1, 8), ("xor", 7, 8), ("xor", 2, 4), ("xor", 8, 4), ("down", 3, 8), ("up", 1, 2),
+           ("idx", 5, 8), ("idx", 3, 4)]
+
+
+def partial_warp(threads: int):
+    """A block of fewer than 32 threads (one partial warp, the Hadamard example below 256): one row
+    per (kind, constant argument, width) in PARTIAL, then one per kind with a runtime argument at
+    width 4 (any lane 0..31)."""
+    n = len(PARTIAL) + 4
+
+    @T.prim_func
+    def main(X: T.Tensor((threads,), "float32"), L: T.Tensor((threads,), "int32"),
+             Y: T.Tensor((n, threads), "float32")):
+        with T.Kernel(1, threads=threads):
+            tx = T.get_thread_binding()
+            for row, (kind, arg, width) in enumerate(PARTIAL):
+                Y[row, tx] = getattr(T, FN[kind])(X[tx], arg, width)
+            for row, kind in enumerate(("xor", "down", "up", "idx")):
+                Y[len(PARTIAL) + row, tx] = getattr(T, FN[kind])(X[tx], L[tx], 4)
+    return main
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shuffles_in_a_partial_warp(backend):
+    threads = 8
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(threads).astype(np.float32)
+    lanes = rng.integers(0, 32, threads).astype(np.int32)
+    y = _run(partial_warp(threads), [2], backend, torch.from_numpy(x), torch.from_numpy(lanes)).numpy()
+    for row, (kind, arg, width) in enumerate(PARTIAL):
+        np.testing.assert_array_equal(y[row], ref_shuffle(kind, x, arg, width), err_msg=f"{kind} {arg} {width}")
+    for row, kind in enumerate(("xor", "down", "up", "idx")):
+        np.testing.assert_array_equal(y[len(PARTIAL) + row], ref_shuffle(kind, x, lanes, 4), err_msg=kind)
+
+
+def test_cuda_masks_a_partial_warps_lanes():
+    src = render_cuda(partial_warp(8).ir).source  # a block of 8 threads: the mask names lanes 0..7
+    assert "__shfl_xor_sync(0xffu," in src and "0xffffffffu" not in src
+
+
 def test_partial_warps_and_masks_are_unsupported():
+    with pytest.raises(T.UnsupportedError, match="whole segments") as e:
+        @T.prim_func
+        def k0(A: T.Tensor((12,), "float32")):
+            with T.Kernel(1, threads=12):
+                tx = T.get_thread_binding()
+                A[tx] = T.shfl_xor(A[tx], 1, 8)  # 12 threads are not whole segments of 8 lanes
+    assert "T.shfl_xor" in _line(e.value)
     with pytest.raises(T.UnsupportedError, match="whole warps") as e:
         @T.prim_func
         def k(A: T.Tensor((48,), "float32")):

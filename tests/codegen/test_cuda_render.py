@@ -69,10 +69,11 @@ def test_gemm_accumulator_lives_in_registers_with_the_instruction_of_the_target(
     src = render_cuda(pf.ir, "sm_90a").source
     assert "kf::wgmma_m64nNk16_f32_bf16<128, 0, 1>" in src  # B stored K x N: transposed (MN-major) operand
     assert "kf::mma_m16n8k16_f32_bf16" in render_cuda(pf.ir, "sm_80").source
-    # sm_100a: M = 64 MMAs of one warp column (N = 128), bf16, B MN-major; the accumulator in TMEM
+    # sm_100a: M = 128 MMAs (128-row tile) of one warp column (N = 128), bf16, B MN-major; the
+    # accumulator in TMEM
     blackwell = render_cuda(pf.ir, "sm_100a").source
     assert "kf::tcgen05_mma_f16(" in blackwell and "kf::tmem_ld_16x256b<8>(" in blackwell
-    assert f"{tcgen05.instr_desc(64, 128, dtypes.bfloat16, False, True):#010x}u" in blackwell
+    assert f"{tcgen05.instr_desc(128, 128, dtypes.bfloat16, False, True):#010x}u" in blackwell
     assert "kf::mma_m16n8k16" not in blackwell
 
 

@@ -27,3 +27,7 @@ def test_tcgen05_takes_warpgroup_accumulators_within_tensor_memory():
     assert not tcgen05_ok(AccumLayout(128, 512, 4, 2, 8), bf16)  # 1024 columns: over TMEM
     assert not tcgen05_ok(AccumLayout(64, 64, 2, 2, 4), bf16)  # warps along M not a warpgroup
     assert not tcgen05_ok(AccumLayout(64, 64, 4, 1, 4), dtypes.float32)
+    # M = 128 MMAs (layout D: all 128 lanes) need half the columns of two M = 64 ones
+    assert tcgen05_columns(AccumLayout(128, 128, 4, 1, 4)) == 256
+    assert tcgen05_columns(AccumLayout(128, 128, 4, 1, 4, m128=True)) == 128
+    assert tcgen05_columns(AccumLayout(256, 256, 8, 1, 8, m128=True)) == TMEM_COLUMNS

@@ -35,6 +35,10 @@ CASES = {
     "m_grouped_fp8_gemm_nt_contiguous": dict(group_rows=[40, 0, 9], alignment=64, num_groups=3, N=128, K=256,
                                              block_M=64, block_N=64),
     "fp8_gemm_nt": dict(M=70, N=64, K=264, block_M=64, block_N=64),
+    # the dense bf16 GEMM: its accumulator stays in TMEM across a ragged K loop (5 tiles, the last
+    # one 8 deep)
+    "bf16_gemm_nt": dict(M=70, N=96, K=264, block_M=64, block_N=32, block_K=64, dtype="bfloat16",
+                         out_dtype="bfloat16"),
     "mla_decode": dict(batch=2, seqlens=[37, 5], heads=64, heads_kv=1, seq_q=1, dim=96, dim_v=64, page_size=16,
                        causal=False, block_N=16, block_H=64),
 }
@@ -136,7 +140,9 @@ def _over_allocate(src):
 # bug -> (mutation, the error it must stop with; None: a wrong result or any emulation error)
 BUGS = {"no_swizzle_descriptor": (_no_swizzle_descriptor, None),
         "idesc_n_minus_8": (_idesc_n_minus_8, None),
-        "missing_commit_wait": (_drop_mma_wait, "before the tcgen05.mma writing it completed"),
+        # the K loop keeps its sum in TMEM (test_tcgen05_resident.py): the next tile's commit then
+        # arrives on a barrier phase nobody completed
+        "missing_commit_wait": (_drop_mma_wait, "more arrivals than the count"),
         "tmem_over_allocation": (_over_allocate, "over-allocated")}
 
 

@@ -88,7 +88,7 @@ def build_report(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True
         operands = "fp8" if any(isinstance(p, ir.Buffer) and p.dtype.name.startswith("float8")
                                 for p in kernel.params) else "bf16"
         out["sass"] = sass_report.counts(sk.instrs)
-        out["model"] = sass_report.model(sk, program.arch, program.threads, flops, nbytes, operands,
+        out["model"] = sass_report.model(sk, program.arch, program.main_loop_threads, flops, nbytes, operands,
                                          utc_flops=_tcgen05_flops(kernel, program.arch, tma, checks))
     return out
 

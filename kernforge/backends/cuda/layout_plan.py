@@ -48,6 +48,8 @@ class LayoutPlan:
     # the core tiles stored in the 128-byte-swizzled layout instead (``smem_layouts``; sm_90a wgmma)
     swizzled: set[ir.Buffer] = field(default_factory=set)
     gemm_kind: dict[ir.Gemm, str] = field(default_factory=dict)  # "wgmma" | "tcgen05" | "mma" | "scalar"
+    # tcgen05 gemms whose accumulator stays in TMEM across their loop (``tcgen05.plan_resident``)
+    tmem_resident: dict[ir.Gemm, ir.For] = field(default_factory=dict)
 
     def tmem_columns(self) -> int:
         """Tensor-memory columns the kernel allocates once (0 without a tcgen05 gemm): the largest
@@ -102,8 +104,9 @@ def tcgen05_columns(lay: AccumLayout) -> int:
     """TMEM columns of a tcgen05 accumulator: one ``M = 64`` MMA (data-path layout F: row r in lane
     32 * (r / 16) + r % 16, so warp w of a warpgroup reads its 16 rows with ``tcgen05.ld.16x256b``
     in the wgmma register layout) per 64-row block and warp column, each ``n / wn`` fp32 columns
-    wide: ``m / 64 * n`` in all."""
-    return lay.m // 64 * lay.n
+    wide: ``m / 64 * n`` in all; with ``lay.m128`` one ``M = 128`` MMA (layout D, row r in lane r)
+    per 128-row block: ``m / 128 * n``."""
+    return lay.m // (128 if lay.m128 else 64) * lay.n
 
 
 def tcgen05_ok(lay: AccumLayout, dtype) -> bool:
@@ -207,6 +210,10 @@ class _Planner:
             if self.plan.gemm_kind[g] != "scalar":
                 self.plan.core_tiles |= {g.a.buffer, g.b.buffer}
         self.plan.swizzled = {b for b in self.plan.core_tiles if self._swizzle_128b(b)}
+        if self.tcgen05:
+            from kernforge.backends.cuda.tcgen05 import plan_m128, plan_resident
+            plan_m128(self.k, self.plan)
+            self.plan.tmem_resident = plan_resident(self.k, self.plan.gemm_kind)
 
     def _swizzle_128b(self, b: ir.Buffer) -> bool:
         """Whether core tile ``b`` can take the 128-byte-swizzled layout (``smem_layouts``): only

@@ -66,6 +66,8 @@ class AccumLayout:
     wm: int
     wn: int
     warps: int  # warps of the block; those past wm * wn own no element
+    # rows placed as sm_100a's tcgen05 M = 128 data path hands them out (:func:`_row`)
+    m128: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -95,7 +97,7 @@ class AccumLayout:
         mi, ni, q = f"(({r}) / {self.nt * 4})", f"((({r}) / 4) % {self.nt})", f"(({r}) & 3)"
         col = (f"(((({tid}) >> 5) / {self.wm}) * {self.n // self.wn} + {ni} * 8 + ((({tid}) & 3) * 2) "
                f"+ ({q} & 1))")
-        return [_row(self.wm, mi, f"({q} >> 1)", tid), col]
+        return [_row(self.wm, mi, f"({q} >> 1)", tid, self.m128), col]
 
     def valid(self, r: str, tid: str) -> str | None:
         return None if self.used_warps == self.warps else f"((({tid}) >> 5) < {self.used_warps})"
@@ -107,17 +109,27 @@ class AccumLayout:
     @property
     def rows(self) -> "RowLayout":
         """The layout of a per-row value (a reduction along N) that matches this accumulator."""
-        return RowLayout(self.m, self.wm)
+        return RowLayout(self.m, self.wm, self.m128)
 
 
-def _row(wm: int, mi: str, h: str, tid: str) -> str:
-    return f"(({mi}) * {16 * wm} + ((({tid}) >> 5) % {wm}) * 16 + ((({tid}) & 31) >> 2) + 8 * ({h}))"
+def _row(wm: int, mi: str, h: str, tid: str, m128: bool = False) -> str:
+    """Row of a thread's accumulator rows ``mi`` (16-row step) and ``h`` (upper 8 rows): the
+    wgmma / mma.sync order (16-row slice ``mi * wm + warp``), or with ``m128`` (``wm`` a multiple
+    of 4, 128-row blocks) tcgen05's M = 128 order, where TMEM lane r holds row r and warp w may
+    read only lanes 32 * (w % 4) .. + 31: warp w's ``mi``-th slice is slice ``L & 1`` of its
+    lane quarter of block ``L >> 1``, ``L = mi * (wm / 4) + (w % wm) / 4``."""
+    lane = f"((({tid}) & 31) >> 2) + 8 * ({h})"
+    if not m128:
+        return f"(({mi}) * {16 * wm} + ((({tid}) >> 5) % {wm}) * 16 + {lane})"
+    block = f"(({mi}) * {wm // 4} + ((({tid}) >> 5) % {wm}) / 4)"
+    return f"(({block} >> 1) * 128 + ((({tid}) >> 5) % 4) * 32 + ({block} & 1) * 16 + {lane})"
 
 
 @dataclass(frozen=True)
 class RowLayout:
     m: int
     wm: int
+    m128: bool = False  # the rows of an ``AccumLayout(m128=True)``
 
     @property
     def shape(self) -> tuple[int]:
@@ -132,7 +144,7 @@ class RowLayout:
         return True
 
     def row(self, s: str, tid: str) -> str:
-        return _row(self.wm, f"(({s}) >> 1)", f"(({s}) & 1)", tid)
+        return _row(self.wm, f"(({s}) >> 1)", f"(({s}) & 1)", tid, self.m128)
 
     def coords(self, s: str, tid: str) -> list[str]:
         return [self.row(s, tid)]

@@ -51,7 +51,9 @@ from kernforge.backends.cuda.barriers import barrier_pass
 from kernforge.backends.cuda.fp8_operands import (cuda_fp8_operands, cuda_fp8_operands_tcgen05,
                                                   cuda_fp8_operands_wgmma)
 from kernforge.backends.cuda.layout_plan import SWIZZLE_ALIGN, LayoutPlan, plan_layouts
-from kernforge.backends.cuda.pipeline_plan import PipelinePlan, plan_pipelines, plan_release_rings
+from kernforge.backends.cuda.pipeline_plan import (PipelinePlan, plan_pipelines, plan_promotion_rings,
+                                                   plan_release_rings, plan_warp_specialization)
+from kernforge.backends.cuda import warp_specialize
 from kernforge.backends.cuda import smem_layouts
 from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tcgen05 as cuda_tcgen05, tma as cuda_tma
 from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol, safe_identifier
@@ -120,6 +122,9 @@ class CudaProgram(Program):
     dynamic_smem: int
     arch: str
     tensor_maps: tuple = ()
+    # the threads that run the main loop: all of them, or a warp-specialized kernel's consumers
+    # (the SASS cycle model spreads the main loop's issue over their warps only)
+    main_loop_threads: int = 0
 
     @property
     def variant(self) -> str:
@@ -159,6 +164,9 @@ class CudaRenderer(CRenderer, Renderer):
             Analysis("tma", lambda k, facts: cuda_tma.plan_tma(k, facts["layouts"], facts["pipelines"])
                      if tma else ({}, [])),
             Analysis("release", lambda k, facts: plan_release_rings(facts["tma"][0], facts["layouts"])),
+            Analysis("promotion", lambda k, facts: plan_promotion_rings(facts["tma"][0], facts["layouts"])),
+            Analysis("warpspec", lambda k, facts: plan_warp_specialization(k, facts["pipelines"], facts["release"],
+                                                                           facts["promotion"])),
         )
 
     def native(self, kernel: ir.Kernel, target: Target) -> tuple[type, ...]:
@@ -185,6 +193,7 @@ class CudaRenderer(CRenderer, Renderer):
         self.tma_loops, self.tensor_maps = facts["tma"]
         self.release_rings: set = facts.get("release", set())  # full + empty mbarriers, wgmma_wait<1>
         self.wgmma_keep = 0  # wgmma groups a gemm leaves in flight (1 inside a release ring)
+        self.warp_spec = facts.get("warpspec")  # a producer warpgroup fills the release rings
         self.mbarrier_offsets: dict[ir.For, int] = {}
         self.lines: list[str] = []
         self.depth = 1
@@ -195,6 +204,7 @@ class CudaRenderer(CRenderer, Renderer):
         # wgmma and tcgen05.mma read their operands through the async proxy
         self.uses_wgmma = bool({"wgmma", "tcgen05"} & set(self.plan.gemm_kind.values()))
         self.tmem_slot_offset = -1
+        self.tmem_live: dict[ir.Gemm, str] = {}  # TMEM-resident gemm -> its loop's "TMEM written" flag
         self.headers: set[str] = set()
         self.smem_offsets: dict[ir.Buffer, int] = {}
         self.smem_bytes = 0
@@ -242,7 +252,9 @@ class CudaRenderer(CRenderer, Renderer):
                                       "it stores to a block-uniform local)", self.k.loc)
             fn = {"xor": "__shfl_xor_sync", "down": "__shfl_down_sync", "up": "__shfl_up_sync",
                   "idx": "__shfl_sync"}[e.kind]
-            return f"{fn}(0xffffffffu, ({self.ctype(e.dtype)})({self.expr(e.value)}), {self.expr(e.arg)}, {e.width})"
+            # a block of fewer than 32 threads is one partial warp: the member mask names its lanes
+            mask = "0xffffffffu" if self.k.threads >= 32 else f"{hex((1 << self.k.threads) - 1)}u"
+            return f"{fn}({mask}, ({self.ctype(e.dtype)})({self.expr(e.value)}), {self.expr(e.arg)}, {e.width})"
         return super().expr(e)
 
     def reg_ref(self, b: ir.Buffer, indices) -> str:
@@ -273,6 +285,9 @@ class CudaRenderer(CRenderer, Renderer):
     def barrier(self) -> None:
         """A block barrier (an ``ir.Sync``, or one inside a lowering's own protocol); with wgmma,
         generic-proxy writes to shared memory are also fenced for the async proxy."""
+        if self.warp_spec is not None:  # the producer warpgroup is not in the consumers' barriers
+            self.emit(warp_specialize.consumer_barrier(self))
+            return
         self.emit("kf::fence_proxy_async(); __syncthreads();" if self.uses_wgmma else "__syncthreads();")
 
     # -- kernel ---------------------------------------------------------------------
@@ -288,7 +303,8 @@ class CudaRenderer(CRenderer, Renderer):
                          // SMEM_ALIGN) * SMEM_ALIGN
         for loop in self.tma_loops:
             self.mbarrier_offsets[loop] = off
-            bars = loop.num_stages * (2 if loop in self.release_rings else 1)  # full (+ empty) per stage
+            released = loop in self.release_rings or (self.warp_spec is not None and loop in self.warp_spec.rings)
+            bars = loop.num_stages * (2 if released else 1)  # full (+ empty) per stage
             off += -(-8 * bars // SMEM_ALIGN) * SMEM_ALIGN
         if self.plan.tmem_columns():  # the TMEM address tcgen05.alloc writes, then the MMA mbarrier
             self.tmem_slot_offset = off
@@ -358,7 +374,10 @@ class CudaRenderer(CRenderer, Renderer):
     def render_body(self) -> CudaProgram:
         self.allocate_smem()
         self.prologue()
-        self.stmt(self.k.body)
+        if self.warp_spec is not None:
+            warp_specialize.render_kernel_body(self)
+        else:
+            self.stmt(self.k.body)
         if self.tmem_slot_offset >= 0:
             cuda_tcgen05.render_teardown(self)
         for kind in set(self.plan.gemm_kind.values()):
@@ -373,15 +392,22 @@ class CudaRenderer(CRenderer, Renderer):
         self.headers |= {"kf/reduce.cuh", "kf/atomic.cuh"} | ({"kf/check.cuh"} if self.checks else set())
         params = self.params()
         entry = entry_symbol(self.k)
+        threads = self.k.threads if self.warp_spec is None else self.warp_spec.threads
         source = _environment().get_template("kernel.cu.j2").render(
-            name=self.k.name, arch=self.arch.name, threads=self.k.threads, dynamic_smem=self.smem_bytes,
+            name=self.k.name, arch=self.arch.name, threads=threads, dynamic_smem=self.smem_bytes,
             headers=sorted(self.headers - {"kf/common.cuh"}), entry=entry,
             params=", ".join(f"{t} {n}" for n, t in params), body=self.lines)
-        return CudaProgram(source, entry, params, self.k.threads, self.smem_bytes, self.arch.name,
-                           tuple(self.tensor_maps))
+        return CudaProgram(source, entry, params, threads, self.smem_bytes, self.arch.name,
+                           tuple(self.tensor_maps), self.k.threads)
 
     # -- statements -----------------------------------------------------------------
     def stmt(self, s: ir.Stmt) -> None:
+        if self.warp_spec is not None and s in self.warp_spec.rings:  # the consumers' side of the ring
+            warp_specialize.render_consumer_ring(self, s)
+            return
+        if isinstance(s, ir.For) and s in self.plan.tmem_resident.values() and not self.in_parallel:
+            cuda_tcgen05.render_resident_loop(self, s, lambda: HANDLERS[ir.For](self, s))
+            return
         HANDLERS[type(s)](self, s)
 
 

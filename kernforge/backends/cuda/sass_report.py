@@ -16,7 +16,9 @@ The model (deliberately simple; every assumption is listed in ``MODEL_ASSUMPTION
   ``ELECT`` loops, element loops) are counted **once**, so with nested loops the issue time
   is a lower bound and the estimate an upper bound (``nested_loops`` says how many).
 * One CTA per SM (the renderer's ``__launch_bounds__(threads, 1)``), ``warps`` warps spread
-  over the SM's 4 schedulers, one instruction per scheduler per cycle:
+  over the SM's 4 schedulers (the warps that run the main loop: a warp-specialized kernel's
+  producer warpgroup runs its own loop, ``CudaProgram.main_loop_threads``), one instruction per
+  scheduler per cycle:
   ``issue = instructions * warps / 4`` cycles per iteration.  An MMA instruction counts in the
   issue time like any other (it is issued once per warp).
 * Tensor-core cycles per iteration from the instruction shapes at the SM's dense peak
@@ -115,10 +117,10 @@ def is_mma(i: Instr) -> bool:
 
 def counts(instrs: list[Instr]) -> dict[str, int]:
     """Instruction classes, by the SASS opcode (static counts)."""
-    c = {"instructions": len(instrs), "mma_hgmma": 0, "mma_qgmma": 0, "mma_hmma": 0, "mma_utc": 0, "tma_load": 0,
-         "tma_store": 0, "ldgsts": 0, "f2fp": 0, "f2f": 0, "bar_sync": 0, "wgmma_arrive": 0, "wgmma_depbar": 0,
-         "depbar": 0, "mbarrier": 0, "lds": 0, "lds_narrow": 0, "ldsm": 0, "sts": 0, "sts_narrow": 0, "stsm": 0,
-         "ldg": 0, "stg": 0, "stg_narrow": 0, "calls": 0}
+    c = {"instructions": len(instrs), "mma_hgmma": 0, "mma_qgmma": 0, "mma_hmma": 0, "mma_utc": 0, "ldtm": 0,
+         "tma_load": 0, "tma_store": 0, "ldgsts": 0, "f2fp": 0, "f2f": 0, "bar_sync": 0, "wgmma_arrive": 0,
+         "wgmma_depbar": 0, "depbar": 0, "mbarrier": 0, "lds": 0, "lds_narrow": 0, "ldsm": 0, "sts": 0,
+         "sts_narrow": 0, "stsm": 0, "ldg": 0, "stg": 0, "stg_narrow": 0, "calls": 0}
     for i in instrs:
         op, base = i.opcode, i.base
         if base == "HGMMA":
@@ -129,6 +131,8 @@ def counts(instrs: list[Instr]) -> dict[str, int]:
             c["mma_hmma"] += 1
         elif base in UTC_MMA:
             c["mma_utc"] += 1
+        elif base == "LDTM":  # tcgen05.ld: an accumulator read back from tensor memory
+            c["ldtm"] += 1
         elif base == "UTMALDG":
             c["tma_load"] += 1
         elif base == "UTMASTG":
@@ -193,7 +197,10 @@ def main_loop(instrs: list[Instr]) -> Optional[tuple[int, int]]:
     if not mma:
         return None
     lo, hi = min(mma), max(mma)
-    holding = [(a, b) for a, b in loops(instrs) if a <= lo and hi <= b]
+    # not the elect-one retry loop ptxas wraps around a single-thread tcgen05.mma (ELECT ...
+    # BRA.U.ANY): with one MMA per iteration it would be the smallest loop holding it
+    elect = {i.address for i in instrs if i.opcode.startswith("BRA.U.ANY")}
+    holding = [(a, b) for a, b in loops(instrs) if a <= lo and hi <= b and b not in elect]
     return min(holding, key=lambda r: r[1] - r[0]) if holding else None
 
 
@@ -238,7 +245,8 @@ def model(kernel: SassKernel, arch: str, threads: int, flops: Optional[float], n
         waits = sum(1 for i in body if i.opcode.startswith("WARPGROUP.DEPBAR") or i.base == "BAR")
         compute = max(mma, issue) + waits * WAIT_LATENCY
         out["main_loop"] = {"address": f"{rng[0]:#x}-{rng[1]:#x}", "instructions": len(body),
-                            "mma_instructions": sum(1 for i in body if is_mma(i)), "nested_loops": len(nested),
+                            "mma_instructions": sum(1 for i in body if is_mma(i)),
+                            "tmem_loads": sum(1 for i in body if i.base == "LDTM"), "nested_loops": len(nested),
                             "mma_cycles": round(mma, 1), "issue_cycles": round(issue, 1), "waits": waits,
                             "cycles": round(compute, 1)}
         eff = mma / compute if compute else 0.0

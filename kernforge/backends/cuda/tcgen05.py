@@ -13,17 +13,32 @@ and each warp loads its rows and adds them to (or, with ``clear_accum``, stores 
 registers.  The TMEM columns (``LayoutPlan.tmem_columns``) are allocated once per CTA by warp 0
 at kernel entry and freed at exit; the kernel's tcgen05 gemms reuse them one after the other.
 
-Not done here: the accumulator stays in registers between gemms (a K loop reads TMEM back once
-per ``T.gemm``, not once per tile), ``M = 128`` MMAs, 2-CTA MMA and block-scaled fp8 (fp8 gemms
-other than K-major e4m3 keep their bf16 shadow tiles).
+TMEM-resident accumulators (:func:`plan_resident`): a gemm that is the only tcgen05 gemm of a
+loop's body, accumulates (no ``clear_accum``) and whose accumulator nothing else in the loop
+touches keeps its partial sum in TMEM across the loop.  Its MMAs start from zero on the loop's
+first tile (``enable_input_d`` = a per-entry flag, set after the first tile's MMAs, or a later K
+step of the tile) and accumulate onto TMEM on every later tile; each iteration still commits and
+waits (the wait is what frees the ring stage the MMAs read), but no warp loads TMEM in the loop:
+the sum is added to the registers once, after the loop, if the loop ran at all.
+
+``M = 128`` (:func:`plan_m128`): where every accumulator of the kernel allows it, the accumulators
+take a row order in which warp w's rows of each 128-row block are the 32 of its lane quarter
+(``AccumLayout.m128``), so one ``M = 128`` MMA (layout D, row r in lane r) per 128-row block and
+warp column replaces two ``M = 64`` ones, and ``tcgen05.ld.16x256b`` at lanes ``32 (w % 4)`` and
+``+ 16`` returns the warp's two 16-row slices in the usual fragment.
+
+Not done here: 2-CTA MMA and block-scaled fp8 (fp8 gemms other than K-major e4m3 keep their bf16
+shadow tiles); docs/backends/cuda.md says what each needs.
 """
 from __future__ import annotations
 
-from kernforge import dtypes
-from kernforge.codegen import ir
-from kernforge.backends.cuda.layouts import AccumLayout
+from dataclasses import replace
 
-MMA_M = 64
+from kernforge import dtypes
+from kernforge.backends.cuda.layouts import AccumLayout, RowLayout
+from kernforge.backends.cuda.pipeline_plan import _touches
+from kernforge.codegen import ir
+
 LD_ATOMS = 8  # 8-column atoms per tcgen05.ld (.x8: 32 registers)
 
 
@@ -76,22 +91,82 @@ def render_teardown(R) -> None:
     R.close()
 
 
+def plan_m128(kernel: ir.Kernel, plan) -> None:
+    """Give every accumulator of ``plan`` tcgen05's ``M = 128`` row order (``AccumLayout.m128``)
+    when all of them take it: then each 128-row block is one ``M = 128`` MMA (PTX data-path
+    layout D, row r in TMEM lane r), twice the rows per instruction of ``M = 64`` and half the
+    TMEM columns.  Kernel-wide because per-row fragments are shared between accumulators of the
+    same M; only where every accumulator is a tcgen05 gemm's with warps along M in whole
+    warpgroups, 128-row blocks and ``n / wn`` a multiple of 16 (the M = 128 shapes), and no
+    online softmax reads one (``kf/softmax.cuh`` indexes rows in the wgmma order)."""
+    accs = {b: lay for b, lay in plan.registers.items() if isinstance(lay, AccumLayout)}
+    gemms = [g for g in plan.gemm_kind if g.c.buffer in accs]
+    if not gemms or any(plan.gemm_kind[g] != "tcgen05" for g in gemms) \
+            or any(isinstance(n, ir.OnlineSoftmax) for n in ir.nodes(kernel.body)):
+        return
+    if any(lay.wm % 4 or lay.m % 128 or (lay.n // lay.wn) % 16 for lay in accs.values()):
+        return
+    plan.registers = {b: replace(lay, m128=True) if isinstance(lay, (AccumLayout, RowLayout)) else lay
+                      for b, lay in plan.registers.items()}
+
+
+def plan_resident(kernel: ir.Kernel, gemm_kind: dict) -> dict:
+    """``{gemm: loop}`` for the tcgen05 gemms whose accumulator stays in TMEM across ``loop``: the
+    gemm is a statement of the loop's own body (so it runs once per iteration), it accumulates
+    (no ``clear_accum``), no other statement of the body touches its accumulator (a read there
+    would need the partial sum in registers) and no other tcgen05 gemm runs in the body (they
+    share the TMEM columns)."""
+    out = {}
+    for loop in ir.nodes(kernel.body):
+        if not isinstance(loop, ir.For):
+            continue
+        body = loop.body.body if isinstance(loop.body, ir.Seq) else (loop.body,)
+        mine = [n for n in ir.nodes(loop.body) if isinstance(n, ir.Gemm) and gemm_kind.get(n) == "tcgen05"]
+        if len(mine) != 1 or mine[0] not in body or mine[0].clear_accum:
+            continue
+        g = mine[0]
+        if not any(x is not g and _touches(x, g.c.buffer) for x in body):
+            out[g] = loop
+    return out
+
+
+def render_resident_loop(R, loop: ir.For, render) -> None:
+    """``loop`` holding a TMEM-resident gemm: a flag that its MMAs have written TMEM (the first
+    MMA of the loop's first tile must not accumulate onto stale columns), the loop (``render``),
+    then the one read-back of the sum into the registers, skipped when the loop ran no
+    iteration."""
+    g = next(g for g, lp in R.plan.tmem_resident.items() if lp is loop)
+    live = R.fresh("tmem_live")
+    # every warp's earlier tcgen05.ld are done before the loop's MMAs overwrite the columns; in the
+    # loop nothing reads TMEM, so its iterations need no barrier of their own for it
+    R.emit("kf::tcgen05_fence_before();")
+    R.emit("__syncthreads();")
+    R.emit(f"int {live} = 0;  // {R.buffer_name(g.c.buffer)}'s TMEM columns hold this loop's partial sum")
+    R.tmem_live[g] = live
+    render()
+    del R.tmem_live[g]
+    R.open(f"if ({live})")
+    _render_read_back(R, g, "+=")
+    R.close()
+
+
 def render_gemm(R, g: ir.Gemm) -> None:
-    """``C (+)= A @ B``: MMAs by thread 0, commit -> mbarrier, wait, ``tcgen05.ld`` per warp."""
+    """``C (+)= A @ B``: MMAs by thread 0, commit -> mbarrier, wait, ``tcgen05.ld`` per warp
+    (for a TMEM-resident gemm, :func:`render_resident_loop` reads back once after its loop)."""
     from kernforge.backends.cuda.gemm import smem_desc
 
     lay: AccumLayout = R.plan.registers[g.c.buffer]
-    a, b, c = g.a.buffer, g.b.buffer, g.c.buffer
+    a, b = g.a.buffer, g.b.buffer
     K = a.static_shape()[0] if g.trans_a else a.static_shape()[1]
-    cn = R.buffer_name(c)
     n = lay.n // lay.wn  # one MMA's N: a warp column
-    groups = lay.wm // 4  # warpgroups along M
-    blocks = lay.m // MMA_M
-    idesc = instr_desc(MMA_M, n, a.dtype, g.trans_a, not g.trans_b)
+    mma_m = 128 if lay.m128 else 64
+    blocks = lay.m // mma_m
+    idesc = instr_desc(mma_m, n, a.dtype, g.trans_a, not g.trans_b)
     kind, _, kstep = KINDS[a.dtype]
-    # the previous gemm's tcgen05.ld are done in every warp before these MMAs overwrite the columns
-    R.emit("kf::tcgen05_fence_before();")
-    R.emit("__syncthreads();")
+    live = R.tmem_live.get(g)
+    if live is None:  # the previous gemm's tcgen05.ld are done in every warp before these MMAs
+        R.emit("kf::tcgen05_fence_before();")
+        R.emit("__syncthreads();")
     R.open(f"if ({R.tid} == 0)")
     R.emit("kf::tcgen05_fence_after();")
     R.emit("#pragma unroll")
@@ -100,39 +175,61 @@ def render_gemm(R, g: ir.Gemm) -> None:
     R.open(f"for (int kf_b = 0; kf_b < {blocks}; ++kf_b)")
     R.emit("#pragma unroll")
     R.open(f"for (int kf_wc = 0; kf_wc < {lay.wn}; ++kf_wc)")
-    R.emit(f"const int kf_row0 = kf_b * {MMA_M};")
+    R.emit(f"const int kf_row0 = kf_b * {mma_m};")
     R.emit(f"const int kf_col0 = kf_wc * {n};")
     for var, op, mn0, k_major in (("kf_da", a, "kf_row0", not g.trans_a), ("kf_db", b, "kf_col0", g.trans_b)):
         r, col = (mn0, f"kf_kk * {kstep}") if k_major else (f"kf_kk * {kstep}", mn0)
         R.emit(f"const uint64_t {var} = {smem_desc(R, op, r, col, k_major, umma=True)};")
+    accumulate = "kf_kk > 0" if live is None else f"{live} | (kf_kk > 0)"
     R.emit(f"kf::tcgen05_mma_{kind}(kf_tmem + (kf_b * {lay.wn} + kf_wc) * {n}, kf_da, kf_db, {idesc:#010x}u, "
-           "kf_kk > 0);")
+           f"{accumulate});")
     R.close()
     R.close()
     R.close()
     R.emit("kf::tcgen05_commit(kf_mma_bar);")
     R.close()
+    # every thread waits: the MMAs are done reading this iteration's shared tiles (their ring
+    # stage may be refilled) and, for a read-back, done writing TMEM
     R.emit("kf::mbarrier_wait_parity(kf_mma_bar, kf_mma_phase);")
     R.emit("kf_mma_phase ^= 1u;")
     R.emit("kf::tcgen05_fence_after();")
+    if live is None:
+        _render_read_back(R, g, "=" if g.clear_accum else "+=")
+    else:
+        R.emit(f"{live} = 1;")
+
+
+def _render_read_back(R, g: ir.Gemm, op: str) -> None:
+    """Each warp ``tcgen05.ld``s its rows of the accumulator and stores (``=``) or adds (``+=``)
+    them into its registers."""
+    lay: AccumLayout = R.plan.registers[g.c.buffer]
+    cn = R.buffer_name(g.c.buffer)
+    n = lay.n // lay.wn
+    groups = lay.wm // 4  # warpgroups along M
     R.open("" if lay.used_warps == lay.warps else f"if (({R.tid} >> 5) < {lay.used_warps})")
     R.emit(f"const int kf_warp = {R.tid} >> 5;")
     R.emit(f"const int kf_wr = kf_warp % {lay.wm}, kf_wc = kf_warp / {lay.wm};")
     R.emit("#pragma unroll")
     R.open(f"for (int kf_mi = 0; kf_mi < {lay.mt}; ++kf_mi)")
-    # 64-row block of this warp's rows kf_mi * 16 * wm + kf_wr * 16: warpgroup kf_wr / 4 of row step kf_mi
-    R.emit(f"const int kf_b = kf_mi * {groups} + (kf_wr >> 2);")
+    if lay.m128:
+        # M = 128 (layout D): this warp's slice kf_mi is the (kf_l & 1)-th 16 lanes of its lane
+        # quarter in 128-row block kf_l >> 1 (layouts._row)
+        R.emit(f"const int kf_l = kf_mi * {groups} + (kf_wr >> 2), kf_b = kf_l >> 1;")
+        lanes = "(32 * (kf_warp & 3) + 16 * (kf_l & 1))"
+    else:
+        # 64-row block of this warp's rows kf_mi * 16 * wm + kf_wr * 16: warpgroup kf_wr / 4 of row step kf_mi
+        R.emit(f"const int kf_b = kf_mi * {groups} + (kf_wr >> 2);")
+        lanes = "(32 * (kf_warp & 3))"
     # LD_ATOMS 8-column atoms (32 registers) per load: a whole 256-wide row block at once would
     # hold a second copy of the accumulator in registers
     chunk = next(c for c in (LD_ATOMS, 4, 2, 1) if lay.nt % c == 0)
     R.emit("#pragma unroll")
     R.open(f"for (int kf_j = 0; kf_j < {lay.nt // chunk}; ++kf_j)")
     R.emit(f"float kf_t[{chunk * 4}];")
-    R.emit(f"kf::tmem_ld_16x256b<{chunk}>(kf_t, kf_tmem + ((uint32_t)(32 * (kf_warp & 3)) << 16) + "
+    R.emit(f"kf::tmem_ld_16x256b<{chunk}>(kf_t, kf_tmem + ((uint32_t){lanes} << 16) + "
            f"(kf_b * {lay.wn} + kf_wc) * {n} + kf_j * {chunk * 8});")
     R.emit("kf::tmem_wait_ld();")
     R.emit("#pragma unroll")
-    op = "=" if g.clear_accum else "+="
     R.emit(f"for (int kf_z = 0; kf_z < {chunk * 4}; ++kf_z) "
            f"{cn}[kf_mi * {lay.nt * 4} + kf_j * {chunk * 4} + kf_z] {op} kf_t[kf_z];")
     R.close()

@@ -230,13 +230,14 @@ def render_inval(R, bars: str, stages: int) -> None:
     R.close()
 
 
-def render_issue(R, tiles: list[TmaTile], stage_expr: str, bar: str) -> None:
-    """Thread 0 arms the stage's barrier with its bytes and issues the whole-tile boxes (swizzled and
-    row-major tiles, unrolled); the block's threads share a core-matrix tile's boxes."""
+def render_issue(R, tiles: list[TmaTile], stage_expr: str, bar: str, leader: int = 0) -> None:
+    """Thread ``leader`` (0, or a warp-specialized kernel's producer thread) arms the stage's
+    barrier with its bytes and issues the whole-tile boxes (swizzled and row-major tiles,
+    unrolled); the block's threads share a core-matrix tile's boxes."""
     policy = R.fresh("pol") if any(t.evict_first for t in tiles) else None
     if policy:
         R.emit(f"const uint64_t {policy} = kf::l2_policy_evict_first();")
-    R.open(f"if ({R.tid} == 0)")
+    R.open(f"if ({R.tid} == {leader})")
     R.emit(f"kf::mbarrier_arrive_expect_tx({bar}, {sum(t.bytes for t in tiles)}u);")
     for t in tiles:
         if t.layout != "core":

@@ -24,6 +24,7 @@ kernforge column, :class:`kernforge.model.moe.Gate`'s torch ops (``topk`` of the
 scores, ``gather``, divide) in the torch one; ``--torch-routing`` uses the torch routing in
 both columns, which isolates the permutation.  Runs are interleaved (a b a b ...) and each
 side's median is reported, with the ratio torch / kernforge (above 1: kernforge faster).
+``--stages`` adds each kernforge op's median (a breakdown of the kernforge column).
 
 The same run then times the FP8 x FP4 grouped GEMM (``--gemm-shape G ROWS N K``, ``--no-gemm``
 to skip): ``kernforge.ops.m_grouped_fp8_fp4_gemm_nt_contiguous`` on e4m3 activations (1x128
@@ -106,6 +107,26 @@ def kernforge_path(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, k:
     p2e, _, _, t2p, *_ = moe.get_fused_mapping(indices, experts, 0, alignment, backend=backend)
     expanded = moe.expand_to_fused(x, t2p, p2e, out=buffer, backend=backend)
     return moe.reduce_fused(expanded, weights, t2p, backend=backend)
+
+
+def stage_times(x, logits, bias, k: int, experts: int, alignment: int, backend: str, buffer, repeat: int) -> list:
+    """Median time of each kernforge op in the path (route, mapping, expand, reduce), each
+    repeat followed by one run of the torch path, as in the interleaved timing."""
+    times: list[list[float]] = [[], [], [], []]
+    for _ in range(repeat + 1):
+        t0 = CLOCK()
+        indices, weights = kernforge_route(logits, bias, k, backend)
+        t1 = CLOCK()
+        p2e, _, _, t2p, *_ = moe.get_fused_mapping(indices, experts, 0, alignment, backend=backend)
+        t2 = CLOCK()
+        expanded = moe.expand_to_fused(x, t2p, p2e, out=buffer, backend=backend)
+        t3 = CLOCK()
+        moe.reduce_fused(expanded, weights, t2p, backend=backend)
+        t4 = CLOCK()
+        for ts, v in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            ts.append(v)
+        torch_path(x, logits, bias, k)
+    return [statistics.median(ts[1:]) for ts in times]
 
 
 def torch_fp4_grouped(a8, sfa, b4, sfb, m_indices, dtype: torch.dtype) -> torch.Tensor:
@@ -195,6 +216,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm-shape", type=int, nargs=4, default=[8, 128, 512, 2048], metavar=("G", "ROWS", "N", "K"),
                     help="FP8 x FP4 grouped GEMM: experts, mean rows per expert, N, K")
     ap.add_argument("--no-gemm", action="store_true", help="skip the FP8 x FP4 grouped GEMM rows")
+    ap.add_argument("--stages", action="store_true",
+                    help="also time each kernforge op of the path (route, mapping, expand, reduce)")
     args = ap.parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.clock == "process" else time.perf_counter
@@ -206,7 +229,7 @@ def main(argv=None) -> int:
           f"{'torch in both columns' if args.torch_routing else 'kernforge top2_sum_gate vs the model Gate ops'}; "
           f"expanded buffer: {'fresh per call' if args.fresh_buffer else 'caller-held, reused'}")
     header = ("T", "kernforge ms", "torch (model path) ms", "torch / kernforge")
-    rows = []
+    rows, stages = [], []
     for t in args.tokens:
         g = torch.Generator().manual_seed(t)
         x = torch.randn(t, args.hidden, generator=g).bfloat16()
@@ -220,7 +243,14 @@ def main(argv=None) -> int:
         torch.testing.assert_close(ours().float(), theirs().float(), rtol=2 ** -5, atol=2 ** -5)
         kf, tt = median_times([ours, theirs], args.repeat)
         rows.append((str(t), f"{kf * 1e3:.3f}", f"{tt * 1e3:.3f}", f"{tt / kf:.2f}x"))
+        if args.stages:
+            stages.append((str(t),) + tuple(f"{v * 1e3:.3f}" for v in stage_times(
+                x, logits, bias, args.topk, args.experts, args.alignment, args.backend, buffer, args.repeat)))
     print_table(header, rows, args.markdown)
+    if args.stages:
+        print(f"\n# kernforge ops, ms (median of {args.repeat}, each followed by the torch path)")
+        print_table(("T", "top2_sum_gate", "get_fused_mapping", "expand_to_fused", "reduce_fused"), stages,
+                    args.markdown)
     if not args.no_gemm:
         print(f"\n# FP8 x FP4 grouped GEMM (contiguous, alignment {kops.get_mk_alignment_for_contiguous_layout()}), "
               f"backend {args.backend}; load average {os.getloadavg()[0]:.1f}")

@@ -34,12 +34,16 @@ from kernforge.kernels.swiglu import config as swiglu_config
 from kernforge.kernels.swiglu import kernel as swiglu_kernel
 from kernforge.ops._capture import capturing
 from kernforge.ops._launch import chosen, launch
+from kernforge.tune import consult
 
 #: the segment alignments TileKernels' tests and DeepGEMM's SM90 grouped GEMMs use
 ALIGNMENTS = (64, 128)
 #: the scan runs one block over all experts (a fragment of E counters)
 MAX_EXPERTS = 1024
 _INT32_MAX = 2 ** 31 - 1
+#: up to this many values a CPU range check reads them to the host (1 us at T = 1, k = 6)
+#: rather than reducing on the device (aminmax + stack + read: 3.3 us)
+_HOST_SCAN = 64
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
                 torch.float8_e4m3fn: "float8_e4m3"}
 
@@ -63,6 +67,49 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
     non-zero upper bound instead: nothing is trimmed, rows past the segments stay ``-1``,
     the list is empty."""
     _check_tensor("topk_idx", topk_idx, (torch.int64,), dim=2)
+    t, k = topk_idx.shape
+    dev = topk_idx.device
+    settings = (t, k, num_experts, num_expanded_tokens, alignment, force_no_sync, backend, dev, consult.stamp())
+    try:
+        plan = _mapping_plan(*settings)
+    except TypeError as unhashable:    # an unhashable argument: checked uncached (and rejected there)
+        if not str(unhashable).startswith("unhashable"):
+            raise
+        plan = _mapping_plan.__wrapped__(*settings)
+    n, sync, chunks, launches = plan
+    if not capturing(topk_idx) and _out_of_range(topk_idx, -1, num_experts):
+        bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][:4].tolist()
+        raise ValueError(f"topk_idx values must be in [-1, {num_experts}) (num_experts), got {bad}")
+    # separate allocations: the outputs must not alias each other (torch.library's custom ops,
+    # kernforge.ops.torch_library, refuse aliased returns)
+    i32 = functools.partial(torch.empty, dtype=torch.int32, device=dev)
+    chunk_offset = i32((chunks, num_experts))
+    expert_count, expert_start, expert_end, per_expert = (i32((num_experts,)) for _ in range(4))
+    pos_to_expert, pos_to_token, pos_to_token_topk = i32((n,)), i32((n,)), i32((n,))
+    token_topk_to_pos = i32((t, k))
+    (scan_key, scan), (scatter_key, scatter) = launches
+    launch(scan_key, scan, (topk_idx, chunk_offset, expert_count, expert_start, expert_end, per_expert))
+    launch(scatter_key, scatter, (topk_idx, chunk_offset, expert_count, expert_start, expert_end, pos_to_expert,
+                                  pos_to_token, pos_to_token_topk, token_topk_to_pos))
+    per_expert_list: list[int] = []
+    if sync:
+        per_expert_list = per_expert.tolist()
+        total = sum(per_expert_list)
+        pos_to_expert, pos_to_token, pos_to_token_topk = (v[:total] for v in (pos_to_expert, pos_to_token,
+                                                                                 pos_to_token_topk))
+    return (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+            per_expert, per_expert_list)
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _mapping_plan(t: int, k: int, num_experts, num_expanded_tokens, alignment, force_no_sync, backend,
+                  device: torch.device, stamp: tuple) -> tuple:
+    """:func:`get_fused_mapping`'s scalar arguments checked, and what follows from them alone:
+    ``(rows, sync, chunks, ((scan key, scan factory), (scatter key, scatter factory)))``.
+    Memoised (types in the key: ``True`` is not ``1`` here) because a decode step maps the
+    same shapes every layer, and at T = 1 these checks and choices cost more than the kernels.
+    ``stamp`` (:func:`kernforge.tune.consult.stamp`) keys the kernel choice to the tuning
+    database's state, as :func:`launch` keys its bound launches."""
     num_experts = _positive_int("num_experts", num_experts)
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"num_experts must be at most {MAX_EXPERTS}, got {num_experts}")
@@ -75,41 +122,28 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
     if force_no_sync and num_expanded_tokens == 0:
         raise ValueError("force_no_sync=True needs a non-zero num_expanded_tokens (an upper bound): "
                          "0 asks for the host sync that sizes the buffer")
-    t, k = topk_idx.shape
     if k == 0:
         raise ValueError("topk_idx must have at least one column (num_topk > 0)")
     bound = (t * k + (alignment - 1) * num_experts) // alignment * alignment
     if max(bound, num_expanded_tokens) > _INT32_MAX:
         raise ValueError(f"the expanded buffer ({max(bound, num_expanded_tokens)} rows) does not fit int32 positions")
-    if not capturing(topk_idx) and _out_of_range(topk_idx, -1, num_experts):
-        bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][:4].tolist()
-        raise ValueError(f"topk_idx values must be in [-1, {num_experts}) (num_experts), got {bad}")
     sync = num_expanded_tokens == 0
     n = bound if sync else num_expanded_tokens
-    backend = backends.for_tensor(topk_idx, backend)
-    choice = (backend, k, num_experts, alignment)
+    if backend is None:
+        name = backends.for_device(device.type)
+    else:
+        backends.entry(backend)     # an unknown name: BackendError
+        name = backend
+    choice = (name, k, num_experts, alignment)
     scan, scatter = chosen(("moe_mapping",) + choice, lambda: _mapping_params(*choice))
     chunks = permute_config.num_chunks(t * k, scan["chunk"])
-    dev = topk_idx.device
-    i32 = functools.partial(torch.empty, dtype=torch.int32, device=dev)
-    chunk_offset = i32((chunks, num_experts))
-    expert_count, expert_start, expert_end, per_expert = (i32((num_experts,)) for _ in range(4))
-    pos_to_expert, pos_to_token, pos_to_token_topk = i32((n,)), i32((n,)), i32((n,))
-    token_topk_to_pos = i32((t, k))
-    launch(("moe_mapping_scan", dev, t) + choice, lambda: _kernel(permute.moe_mapping_scan, backend, **scan),
-           (topk_idx, chunk_offset, expert_count, expert_start, expert_end, per_expert))
-    launch(("moe_mapping_scatter", dev, t, n) + choice,
-           lambda: _kernel(permute.moe_mapping_scatter, backend, **scatter),
-           (topk_idx, chunk_offset, expert_count, expert_start, expert_end, pos_to_expert, pos_to_token,
-            pos_to_token_topk, token_topk_to_pos))
-    per_expert_list: list[int] = []
-    if sync:
-        per_expert_list = per_expert.tolist()
-        total = sum(per_expert_list)
-        pos_to_expert, pos_to_token, pos_to_token_topk = (v[:total] for v in (pos_to_expert, pos_to_token,
-                                                                                 pos_to_token_topk))
-    return (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
-            per_expert, per_expert_list)
+    # the host-synced path trims the rows past the last segment: they need no -1 fill (the
+    # scatter's default, so its parameters are the chooser's, as the engine's kernel pack lists them)
+    return n, sync, chunks, ((("moe_mapping_scan", device, t) + choice,
+                              lambda: _kernel(permute.moe_mapping_scan, name, **scan)),
+                             (("moe_mapping_scatter", device, t, n, sync) + choice,
+                              lambda: _kernel(permute.moe_mapping_scatter, name,
+                                              **(scatter if sync else dict(scatter, fill_tail=True)))))
 
 
 def _mapping_params(backend: str, k: int, num_experts: int, alignment: int) -> tuple[dict, dict]:
@@ -143,8 +177,9 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
                              f"got {tuple(out.shape)}")
         if out.device != x.device:
             raise ValueError(f"out is on {out.device}, expected {x.device} (x's device)")
-        if out.numel() and x.numel() and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
-            raise ValueError("out shares storage with x: the expansion would overwrite its own input")
+        if _overlap(out, x):
+            raise ValueError("out shares storage with x (their memory overlaps): the expansion would overwrite "
+                             "its own input")
         out = out[:n]
     _launch_expand(x, None, token_topk_to_pos, pos_to_expert, out, None, 0, "float32", False, backend)
     return out
@@ -200,7 +235,7 @@ def _launch_expand(x, sf, token_topk_to_pos, pos_to_expert, out, out_sf, cols, s
     k = token_topk_to_pos.shape[1]
     choice = (backend, hidden, k, _DTYPE_NAMES[x.dtype], cols, sf_dtype, col_major)
     if sf is None:   # one-element placeholders: the kernel never touches them without scales
-        sf = out_sf = torch.zeros((1, 1), dtype=torch.float32, device=x.device)
+        sf = out_sf = _placeholder(x.device, (1, 1))
     launch(("expand_to_fused", x.device, t, n) + choice,
            lambda: _kernel(permute.expand_to_fused, backend, **permute_config.choose_expand(*choice)),
            (x, sf, token_topk_to_pos, pos_to_expert, out, out_sf))
@@ -255,11 +290,11 @@ def reduce_fused(x: Union[torch.Tensor, tuple], topk_weights: Optional[torch.Ten
     backend = backends.for_tensor(x, backend)
     choice = (backend, hidden, k, _DTYPE_NAMES[x.dtype], _DTYPE_NAMES[out_dtype],
               topk_weights is not None, x_sf is not None, sf is not None)
-    one = functools.partial(torch.zeros, dtype=torch.float32, device=x.device)
+    one = _placeholder(x.device)
     launch(("reduce_fused", x.device, n, t) + choice,
            lambda: _kernel(permute.reduce_fused, backend, **permute_config.choose_reduce(*choice)),
-           (x, topk_weights if topk_weights is not None else one((1, k)), token_topk_to_pos,
-            x_sf if x_sf is not None else one((1,)), sf.reshape(1) if sf is not None else one((1,)), out))
+           (x, topk_weights if topk_weights is not None else _placeholder(x.device, (1, k)), token_topk_to_pos,
+            x_sf if x_sf is not None else one, sf.reshape(1) if sf is not None else one, out))
     return out
 
 
@@ -311,6 +346,13 @@ def swiglu(x: torch.Tensor, weights: Optional[torch.Tensor] = None, swiglu_limit
 
 
 @functools.lru_cache(maxsize=None)
+def _placeholder(device: torch.device, shape: tuple = (1,)) -> torch.Tensor:
+    """A float32 zero stand-in, made once per device and shape, for an optional operand that
+    is not given: the kernels compiled without it never read it (nor write it)."""
+    return torch.zeros(shape, dtype=torch.float32, device=device)
+
+
+@functools.lru_cache(maxsize=None)
 def _compiled(factory, backend: str, params: tuple):
     return kernforge.compile(factory, backend=backend, **dict(params))
 
@@ -358,11 +400,25 @@ def _check_routing(x, token_topk_to_pos, pos_to_expert) -> tuple[int, int]:
 
 def _out_of_range(t: torch.Tensor, lo: int, hi: int) -> bool:
     """Whether any value of ``t`` lies outside ``[lo, hi)``: one reduction and one host read
-    (the extremes), cheaper than an elementwise mask at decode sizes; False when empty."""
-    if t.numel() == 0:
+    (the extremes), cheaper than an elementwise mask; up to :data:`_HOST_SCAN` CPU values,
+    one host read of the values themselves, cheaper still.  False when empty."""
+    size = t.numel()
+    if size == 0:
         return False
+    if size <= _HOST_SCAN and t.device.type == "cpu" and t.dim() <= 2:   # decode sizes: the values themselves
+        rows = t.tolist() if t.dim() == 2 else [t.tolist()]
+        return min(map(min, rows)) < lo or max(map(max, rows)) >= hi
     least, most = torch.stack(torch.aminmax(t)).tolist()
     return least < lo or most >= hi
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors' bytes overlap (addresses only: no storage objects
+    are made, which costs two dispatches per call at decode)."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def _check_positions(token_topk_to_pos: torch.Tensor, n: int) -> None:

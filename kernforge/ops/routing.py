@@ -25,6 +25,7 @@ no rank).  ``T = 0`` returns empty results.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional
 
 import torch
@@ -89,14 +90,17 @@ def _check_experts(name: str, t: torch.Tensor) -> int:
 def _check_finite(name: str, t: torch.Tensor, allow_inf: bool = False) -> None:
     if t.numel() == 0 or capturing(t):
         return
-    def flags(x):
-        return torch.isnan(x) if allow_inf else ~torch.isfinite(x)
-
-    # the extremes first: one reduction and one host sync (a NaN propagates into both); the
-    # elementwise mask, 20x slower on a [4096, 256] gate, only names the first culprit
-    if not bool(flags(torch.stack(torch.aminmax(t))).any()):
+    # a screen first: one reduction and one host read.  Any NaN makes the sum NaN and any
+    # infinity makes it non-finite, so a finite sum (a non-NaN one with allow_inf) clears the
+    # tensor; a sum that overflowed or met inf - inf falls through to the exact mask, which
+    # also names the first culprit (2 us against 12 for aminmax + isfinite at decode)
+    total = float(t.sum())
+    if not math.isnan(total) and (allow_inf or not math.isinf(total)):
         return
-    where = tuple(int(i) for i in flags(t).nonzero()[0])
+    flags = torch.isnan(t) if allow_inf else ~torch.isfinite(t)
+    if not bool(flags.any()):
+        return
+    where = tuple(int(i) for i in flags.nonzero()[0])
     what = "NaN" if allow_inf else "NaN or Inf"
     raise RoutingNonFiniteError(f"{name} holds {what} at {where}")
 
@@ -140,20 +144,18 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
     if e % 4:
         raise RoutingValueError(f"logits: the number of experts must be a multiple of 4, got {e}")
     _check_tensor("bias", bias, torch.float32, shape=(e,))
-    k = _check_int("num_topk", num_topk, 1, min(e, kernels.MAX_TOPK))
-    scoring = _check_scoring(scoring_func)
-    groups, topk_groups = _check_groups(e, k, num_groups, num_topk_groups)
-    s = _check_shared(e, k, use_shared_as_routed, num_shared_experts, to_physical_map)
-    extra = _check_map(to_physical_map, logical_count, e + s)
-    _check_int("num_ep_ranks", num_ep_ranks, 1)
-    _check_int("ep_rank", ep_rank, 0, num_ep_ranks - 1)
-    _check_int("num_tp_ranks", num_tp_ranks, 1)
-    _check_int("tp_rank", tp_rank, 0, num_tp_ranks - 1)
-    if num_ep_ranks > e + extra:  # experts per rank, (E + extra) // num_ep_ranks as upstream, must be >= 1
-        raise RoutingValueError(f"num_ep_ranks={num_ep_ranks} exceeds the routed experts plus the extra "
-                                f"replicas ({e} + {extra})")
-    if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)):
-        raise RoutingTypeError(f"routed_scaling_factor must be a float, got {type(routed_scaling_factor).__name__}")
+    if to_physical_map is not None:
+        _check_tensor("to_physical_map", to_physical_map, torch.int32, dim=2)
+    map_shape = None if to_physical_map is None else tuple(to_physical_map.shape)
+    settings = (e, num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
+                routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, map_shape)
+    try:
+        k, scoring, groups, topk_groups, s, per_rank = _gate_settings(*settings)
+    except TypeError as unhashable:   # an unhashable argument: checked uncached (and rejected there)
+        if isinstance(unhashable, RoutingTypeError):
+            raise
+        k, scoring, groups, topk_groups, s, per_rank = _gate_settings.__wrapped__(*settings)
+    _check_map(to_physical_map, logical_count, e + s)
     for name, m in (("mask", mask), ("fix_routing_mask", fix_routing_mask)):
         if m is not None:
             _check_tensor(name, m, torch.bool, shape=(t,))
@@ -181,7 +183,6 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
                   num_shared=s, has_mask=mask is not None, has_fix=has_fix,
                   has_unmapped=unmapped_topk_idx is not None, has_map=to_physical_map is not None)
     flag, no_map, one_count, no_unmapped = _placeholders(logits.device)  # slots of optional tensors not given
-    per_rank = (e + extra) // num_ep_ranks
     scalars = (float(routed_scaling_factor), ep_rank, tp_rank, num_tp_ranks, per_rank, per_rank * num_tp_ranks)
     # the shapes and strides the launch depends on beyond t and the choice: the optional tensors'
     shapes = tuple(None if v is None else (tuple(v.shape), v.stride())
@@ -195,6 +196,31 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
             unmapped_topk_idx if unmapped_topk_idx is not None else no_unmapped,
             idx, weights) + scalars)
     return idx, weights
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _gate_settings(e: int, num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
+                   routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func,
+                   map_shape) -> tuple:
+    """:func:`top2_sum_gate`'s scalar arguments checked (the physical map, already checked 2-D,
+    by its shape only): ``(k, scoring, groups, topk_groups, s, experts_per_rank)``.  Memoised, with the types in
+    the key (``True`` is not ``1`` here), because a decode step calls the gate with the same
+    settings every layer and these checks cost more than its kernel at T = 1."""
+    k = _check_int("num_topk", num_topk, 1, min(e, kernels.MAX_TOPK))
+    scoring = _check_scoring(scoring_func)
+    groups, topk_groups = _check_groups(e, k, num_groups, num_topk_groups)
+    s = _check_shared(e, k, use_shared_as_routed, num_shared_experts, map_shape)
+    extra = map_shape[1] - 1 if map_shape is not None else 0
+    _check_int("num_ep_ranks", num_ep_ranks, 1)
+    _check_int("ep_rank", ep_rank, 0, num_ep_ranks - 1)
+    _check_int("num_tp_ranks", num_tp_ranks, 1)
+    _check_int("tp_rank", tp_rank, 0, num_tp_ranks - 1)
+    if num_ep_ranks > e + extra:  # experts per rank, (E + extra) // num_ep_ranks as upstream, must be >= 1
+        raise RoutingValueError(f"num_ep_ranks={num_ep_ranks} exceeds the routed experts plus the extra "
+                                f"replicas ({e} + {extra})")
+    if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)):
+        raise RoutingTypeError(f"routed_scaling_factor must be a float, got {type(routed_scaling_factor).__name__}")
+    return k, scoring, groups, topk_groups, s, (e + extra) // num_ep_ranks
 
 
 @functools.lru_cache(maxsize=None)
@@ -224,7 +250,7 @@ def _check_groups(e: int, k: int, num_groups, num_topk_groups) -> tuple[int, int
     return g, tg
 
 
-def _check_shared(e: int, k: int, use_shared_as_routed, num_shared, to_physical_map) -> int:
+def _check_shared(e: int, k: int, use_shared_as_routed, num_shared, map_shape: Optional[tuple]) -> int:
     if not isinstance(use_shared_as_routed, bool):
         raise RoutingTypeError(f"use_shared_as_routed must be a bool, got {type(use_shared_as_routed).__name__}")
     s = _check_int("num_shared_experts", num_shared, 0)
@@ -235,18 +261,19 @@ def _check_shared(e: int, k: int, use_shared_as_routed, num_shared, to_physical_
     if k % s or e % (k // s):
         raise RoutingValueError(f"use_shared_as_routed needs num_topk % num_shared_experts == 0 and "
                                 f"E % (num_topk / num_shared_experts) == 0, got k={k}, s={s}, E={e}")
-    if to_physical_map is None or to_physical_map.dim() != 2 or to_physical_map.shape[1] - 1 < s:
+    if map_shape is None or map_shape[1] - 1 < s:
         raise RoutingValueError("use_shared_as_routed needs to_physical_map with at least "
                                 f"num_shared_experts + 1 = {s + 1} columns")
     return s
 
 
-def _check_map(to_physical_map, logical_count, logical: int) -> int:
-    """The number of extra replica columns (0 without a map)."""
+def _check_map(to_physical_map, logical_count, logical: int) -> None:
+    """The physical map's dtype and rows and ``logical_count``'s values (its extra replica
+    columns, ``shape[1] - 1``, are counted from the shape by :func:`_gate_settings`)."""
     if (to_physical_map is None) != (logical_count is None):
         raise RoutingValueError("to_physical_map and logical_count must be given together")
     if to_physical_map is None:
-        return 0
+        return
     _check_tensor("to_physical_map", to_physical_map, torch.int32, dim=2)
     if to_physical_map.shape[0] != logical:
         raise RoutingValueError(f"to_physical_map must have {logical} rows (routed + shared experts), "
@@ -255,7 +282,6 @@ def _check_map(to_physical_map, logical_count, logical: int) -> int:
     d = to_physical_map.shape[1]
     if not capturing(logical_count) and bool(((logical_count < 1) | (logical_count > d)).any()):
         raise RoutingValueError(f"logical_count values must be in [1, {d}] (the map's columns)")
-    return d - 1
 
 
 def _check_same_device(ref: torch.Tensor, **tensors) -> None:

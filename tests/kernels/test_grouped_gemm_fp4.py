@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import kernforge
+import kernforge.ops as kops
 from kernforge.kernels import gemm as DG
 from kernforge.kernels import grouped_gemm as G
 from kernforge.kernels.check import run_spec
@@ -130,3 +131,52 @@ def test_fp4_factories_reject_odd_k_and_masked_fp8_wide_tiles():
         K.m_grouped_fp8_fp4_gemm_nt_masked(num_groups=2, N=64, K=63)
     with pytest.raises(ValueError, match="divide the 128"):
         K.m_grouped_fp8_gemm_nt_masked(num_groups=2, N=256, K=128, block_N=96)
+
+
+def op_contiguous_case(backend, group_rows, alignment, n, k, seed):
+    """``kernforge.ops.m_grouped_fp8_fp4_gemm_nt_contiguous`` (the public op: its checks, its
+    tile choice at ``alignment``) on a NaN-poisoned ``d`` and garbage in ``a``'s padding rows,
+    against the float64 product of the dequantised operands."""
+    g = torch.Generator().manual_seed(seed)
+    m_indices = G.contiguous_layout(group_rows, alignment)
+    a = torch.randn(m_indices.numel(), k, generator=g)
+    a[m_indices < 0] *= 1e3                                 # padding rows: garbage the op must not read
+    b = torch.randn(len(group_rows), n, k, generator=g)
+    (a8, sfa), (b4, sfb) = DG.per_token_cast_to_fp8(a), DG.per_token_cast_to_fp4(b)
+    d = torch.full((m_indices.numel(), n), float("nan"), dtype=torch.bfloat16)
+    previous = kops.get_mk_alignment_for_contiguous_layout()
+    kops.set_mk_alignment_for_contiguous_layout(alignment)
+    try:
+        kops.m_grouped_fp8_fp4_gemm_nt_contiguous((a8, sfa), (b4, sfb), d, m_indices, backend=backend)
+    finally:
+        kops.set_mk_alignment_for_contiguous_layout(previous)
+    a64, b64 = DG.dequantize(a8, sfa, (1, 128)), DG.dequantize_fp4(b4, sfb)
+    expected = G.reference(a64, b64, m_indices)
+    G.assert_close(d, expected, G.error_bound(a64, b64, m_indices, expected, rounding_steps=3,
+                                              b_rounding=P.FP4_FOLD_ROUNDING))
+    valid = m_indices >= 0
+    assert DG.calc_diff(d[valid], expected[valid]) < P.FP4_DIFF
+    assert torch.all(d[~valid] == 0), "padding (-1) rows must be stored as zeros"
+
+
+#: rows per expert: none, one, ragged, and exactly an alignment's worth
+_ROWS = st.sampled_from([0, 1, 3, 17, 32, 33, 64])
+
+
+@settings(max_examples=6, deadline=None)
+@given(group_rows=st.lists(_ROWS, min_size=1, max_size=4), alignment=st.sampled_from([32, 64]),
+       n=st.integers(1, 3).map(lambda i: 32 * i), k=st.sampled_from([32, 64, 160, 256]),
+       seed=st.integers(0, 2 ** 16))
+def test_fp4_contiguous_op_property_interp(group_rows, alignment, n, k, seed):
+    """Shapes on the interpreter: G 1-4, N multiples of 32, K multiples of FP4's 32-wide
+    scale blocks (inside and across A's 128-wide ones)."""
+    op_contiguous_case("interp", group_rows, alignment, n, k, seed)
+
+
+@pytest.mark.parametrize("backend", [backend_param("cpu")])
+@settings(max_examples=6, deadline=None)
+@given(group_rows=st.lists(_ROWS, min_size=3, max_size=3), seed=st.integers(0, 2 ** 16))
+def test_fp4_contiguous_op_property_cpu(backend, group_rows, seed):
+    """Rows per expert on the compiled kernel: G, N, K fixed so one build serves every example
+    (M is a runtime size); alignment 128, DeepGEMM's (``get_mk_alignment_for_contiguous_layout``)."""
+    op_contiguous_case(backend, group_rows, 128, 160, 256, seed)

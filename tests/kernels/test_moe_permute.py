@@ -38,7 +38,7 @@ def mapping(idx, experts, alignment, n, backend, chunk=64, tail_tile=256):
     offset, count, start, end, per = i32(chunks, experts), i32(experts), i32(experts), i32(experts), i32(experts)
     kernforge.compile(K.moe_mapping_scan, backend=backend, **p)(idx, offset, count, start, end, per)
     p2e, p2t, p2tk, t2p = i32(n), i32(n), i32(n), i32(t, k)
-    kernforge.compile(K.moe_mapping_scatter, backend=backend, tail_tile=tail_tile, **p)(
+    kernforge.compile(K.moe_mapping_scatter, backend=backend, tail_tile=tail_tile, fill_tail=True, **p)(
         idx, offset, count, start, end, p2e, p2t, p2tk, t2p)
     return p2e, p2t, p2tk, t2p, start, end, per
 

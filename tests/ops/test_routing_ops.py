@@ -203,3 +203,40 @@ def test_bad_inputs_raise_typed_errors_naming_the_argument():
     _bad(lambda: ops.hash_gate(logits, ids, tab.int(), 1.0), ops.RoutingTypeError, "tid2eid must be torch.int64")
     _bad(lambda: ops.hash_gate(logits, ids, torch.zeros(10, 33, dtype=torch.int64), 1.0), ops.RoutingValueError,
          "num_topk")
+
+
+def test_finite_checks_are_not_fooled_by_an_overflowing_sum():
+    """The NaN/Inf check screens with one sum: large finite logits whose sum overflows
+    (3e38 + 3e38 = inf) must still pass, and each non-finite value must still be found
+    wherever it sits, including +inf and -inf together (their sum is NaN) for topk_gate,
+    which takes infinities and rejects only NaN."""
+    logits, bias = gate_args()
+    huge = logits.clone()
+    huge[0, :4] = 3e38
+    huge[5, :4] = -3e38
+    assert_same(*call(huge, bias))
+    for where in ((0, 0), (10, 31), (4, 17)):
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            poisoned = huge.clone()
+            poisoned[where] = bad
+            _bad(lambda: call(poisoned, bias), ops.RoutingNonFiniteError,
+                 rf"logits holds NaN or Inf at \({where[0]}, {where[1]}\)")
+    scores = huge.clone()
+    scores[1, 2], scores[1, 3] = float("inf"), float("-inf")
+    assert torch.equal(ops.topk_gate(scores, 4, backend="interp"), reference.topk_gate(scores, 4))
+    scores[7, 9] = float("nan")
+    _bad(lambda: ops.topk_gate(scores, 4), ops.RoutingNonFiniteError, r"scores holds NaN at \(7, 9\)")
+
+
+def test_memoised_settings_still_check_types_on_every_call():
+    """top2_sum_gate memoises its scalar checks; the memo keys on types, so a bool where an
+    int goes (True == 1 in a plain dict) is rejected even after the int was accepted, and an
+    unhashable argument gets the typed error, not the cache's."""
+    logits, bias = gate_args()
+    args = [logits, bias, 4, 0, 0, False, 0, 1.0, 0, 1, 0, 1, "sigmoid"]
+    ops.top2_sum_gate(*args, backend="interp")
+    for i, bad, name in ((2, True, "num_topk"), (9, True, "num_ep_ranks"), (2, [4], "num_topk"),
+                         (5, 0, "use_shared_as_routed"), (7, "1.0", "routed_scaling_factor")):
+        wrong = list(args)
+        wrong[i] = bad
+        _bad(lambda: ops.top2_sum_gate(*wrong, backend="interp"), ops.RoutingTypeError, name)

@@ -54,9 +54,19 @@ def choose_expand(backend: str, hidden: int, num_topk: int, dtype: str, sf_cols:
                 sf_col_major=sf_col_major, block=_block(backend, hidden))
 
 
+#: ``reduce_fused``'s columns per step on a host (C++): 128 (half a KB of bf16 per row)
+HOST_REDUCE_BLOCK = 128
+
+
 @tuned("reduce_fused")
 def choose_reduce(backend: str, hidden: int, num_topk: int, dtype: str, out_dtype: str,
                   with_weights: bool, with_x_sf: bool, with_sf: bool) -> dict:
-    """:func:`~kernforge.kernels.moe_permute.reduce_fused` parameters."""
+    """:func:`~kernforge.kernels.moe_permute.reduce_fused` parameters.  On a host the
+    block's column loop is outside its slot loop, so narrow steps walk a token's ``k`` rows
+    side by side: ``k`` streams the prefetchers follow at once instead of one row after
+    another, each starting cold on its own page.  128 columns ran 1.8x faster than whole
+    2048-column rows at T = 4096, k = 6 (7.7 vs 13.7 ms, Zen 4, 1 thread), same bits: each
+    element still adds its terms in slot order."""
+    block = HOST_REDUCE_BLOCK if backends.lang(backend) == "c++" else _block(backend, hidden)
     return dict(hidden=hidden, num_topk=num_topk, dtype=dtype, out_dtype=out_dtype, with_weights=with_weights,
-                with_x_sf=with_x_sf, with_sf=with_sf, block=_block(backend, hidden))
+                with_x_sf=with_x_sf, with_sf=with_sf, block=min(block, hidden))

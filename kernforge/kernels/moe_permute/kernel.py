@@ -98,11 +98,16 @@ def moe_mapping_scan(num_topk: int, num_experts: int, alignment: int, chunk: int
 
 @T.tunable(chunk=[64, 256, 1024], tail_tile=[256, 1024])
 def moe_mapping_scatter(num_topk: int, num_experts: int, alignment: int, chunk: int = DEFAULT_CHUNK,
-                        tail_tile: int = 1024, threads: int = 128):
+                        tail_tile: int = 1024, threads: int = 128, fill_tail: bool = False):
     """The mapping itself from :func:`moe_mapping_scan`'s results (see the module
     docstring): blocks ``[0, chunks)`` scatter their chunk's slots in order, blocks
     ``[chunks, chunks + E)`` write ``-1`` over expert ``e``'s padding rows, the rest over
-    ``tail_tile`` rows each of the buffer past the last segment."""
+    ``tail_tile`` rows each of the buffer past the last segment when ``fill_tail``.
+
+    Without ``fill_tail`` (the default) those last blocks are left out and the rows past the
+    last segment are not written: the op's host-synced path, the common one (the engine's),
+    trims the buffer to the segments (at T = 1, E = 256 the worst-case buffer is 32,512
+    rows, of which 768 are kept); ``force_no_sync`` asks for the fill."""
     _check_mapping(num_topk, num_experts, alignment)
     K, E = num_topk, num_experts
     NT = T.symbolic("num_tokens")
@@ -119,7 +124,7 @@ def moe_mapping_scatter(num_topk: int, num_experts: int, alignment: int, chunk: 
                                    pos_to_token: T.Tensor((N,), "int32"),
                                    pos_to_token_topk: T.Tensor((N,), "int32"),
                                    token_topk_to_pos: T.Tensor((NT, K), "int32")):
-        with T.Kernel(C + E + T.ceildiv(N, tail_tile), threads=threads) as b:
+        with T.Kernel(C + E + (T.ceildiv(N, tail_tile) if fill_tail else 0), threads=threads) as b:
             if b < C:
                 cursor = T.alloc_shared((E,), "int32")
                 for e in T.Parallel(E):
@@ -151,7 +156,7 @@ def moe_mapping_scatter(num_topk: int, num_experts: int, alignment: int, chunk: 
                         pos_to_expert[p] = -1
                         pos_to_token[p] = -1
                         pos_to_token_topk[p] = -1
-            else:
+            elif fill_tail:
                 for j in T.Parallel(tail_tile):
                     p = (b - C - E) * tail_tile + j
                     if (p >= expert_end[E - 1]) & (p < N):
@@ -171,9 +176,12 @@ def expand_to_fused(hidden: int, num_topk: int, dtype: str = "bfloat16", sf_cols
                     sf_dtype: str = "float32", sf_col_major: bool = False, block: int = 1024,
                     threads: int = 128):
     """``expanded_x[token_topk_to_pos[t, j]] = x[t]`` for every slot with a row, and zero
-    rows where ``pos_to_expert < 0`` (padding).  Blocks ``[0, T)`` copy token ``t`` to
-    each of its rows (read once, written ``k`` times); blocks ``[T, T + N)`` zero row
-    ``b - T`` if it is padding.  Rows are moved ``block`` columns at a time.
+    rows where ``pos_to_expert < 0`` (padding).  Blocks ``[0, N)`` zero row ``b`` if it is
+    padding; blocks ``[N, N + T)`` copy token ``b - N`` to each of its rows (read once,
+    written ``k`` times).  Rows are moved ``block`` columns at a time.  Zeroing first: on a
+    host, where the blocks run in order, the valid rows are written last and are still in
+    cache for the grouped GEMM or ``reduce_fused`` that reads them next (at T = 64, E = 256,
+    alignment 128 the padding is 87 MB, the valid rows 1.5 MB).
 
     ``sf_cols > 0`` moves a scale-factor row ``x_sf [T, sf_cols]`` along with each data
     row (float32 scales, or int32 words of four packed UE8M0 exponents: the words are
@@ -200,30 +208,31 @@ def expand_to_fused(hidden: int, num_topk: int, dtype: str = "bfloat16", sf_cols
                                pos_to_expert: T.Tensor((N,), "int32"),
                                expanded_x: T.Tensor((N, hidden), dtype),
                                expanded_sf: T.StridedTensor(sf_shape, (SS, 1), sf_dtype)):
-        with T.Kernel(NT + N, threads=threads) as b:
+        with T.Kernel(N + NT, threads=threads) as b:
             row = T.alloc_fragment((BH,), dtype)
-            if b < NT:
-                for j in T.serial(K):
-                    if (token_topk_to_pos[b, j] >= 0) & (token_topk_to_pos[b, j] < N):
-                        for c in T.serial(nblk):
-                            T.copy(x[b, c * BH], row)
-                            T.copy(row, expanded_x[token_topk_to_pos[b, j], c * BH])
-                        if sf_cols > 0:
-                            for s in T.Parallel(sf_cols):
-                                if sf_col_major:
-                                    expanded_sf[s, token_topk_to_pos[b, j]] = x_sf[b, s]
-                                else:
-                                    expanded_sf[token_topk_to_pos[b, j], s] = x_sf[b, s]
-            else:
-                if pos_to_expert[b - NT] < 0:
+            if b < N:
+                if pos_to_expert[b] < 0:
                     for i in T.Parallel(hidden):
-                        expanded_x[b - NT, i] = T.cast(0, dtype)
+                        expanded_x[b, i] = T.cast(0, dtype)
                     if sf_cols > 0:
                         for s in T.Parallel(sf_cols):
                             if sf_col_major:
-                                expanded_sf[s, b - NT] = 0
+                                expanded_sf[s, b] = 0
                             else:
-                                expanded_sf[b - NT, s] = 0
+                                expanded_sf[b, s] = 0
+            else:
+                t = b - N
+                for j in T.serial(K):
+                    if (token_topk_to_pos[t, j] >= 0) & (token_topk_to_pos[t, j] < N):
+                        for c in T.serial(nblk):
+                            T.copy(x[t, c * BH], row)
+                            T.copy(row, expanded_x[token_topk_to_pos[t, j], c * BH])
+                        if sf_cols > 0:
+                            for s in T.Parallel(sf_cols):
+                                if sf_col_major:
+                                    expanded_sf[s, token_topk_to_pos[t, j]] = x_sf[t, s]
+                                else:
+                                    expanded_sf[token_topk_to_pos[t, j], s] = x_sf[t, s]
 
     return expand_to_fused_kernel
 
@@ -239,8 +248,10 @@ def reduce_fused(hidden: int, num_topk: int, dtype: str = "bfloat16", out_dtype:
     computes it; ``sf`` (a one-element float32 tensor) scales an e4m3 output.
 
     One block per token, ``block`` columns at a time; a hidden size that is not a multiple
-    of the tile leaves a guarded partial tile (the engine's tiny() has hidden 128).  Absent operands (``with_*`` False) are never read: the op passes one-element
-    placeholders for them."""
+    of the tile leaves a guarded partial tile (the engine's tiny() has hidden 128).  On a
+    host the op asks for 128-column steps, so the slot loop inside walks a token's ``k``
+    rows side by side (:func:`~kernforge.kernels.moe_permute.config.choose_reduce`).  Absent
+    operands (``with_*`` False) are never read: the op passes one-element placeholders."""
     if hidden <= 0 or num_topk <= 0:
         raise ValueError(f"reduce_fused: hidden and num_topk must be positive, got {hidden}, {num_topk}")
     out_dtype = out_dtype or dtype

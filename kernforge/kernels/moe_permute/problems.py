@@ -111,7 +111,7 @@ SPEC_MAP_SCATTER = register(KernelSpec(
     description="MoE fused mapping, step 2: slots scattered to expert-major rows in flat order, padding -1",
     factory=moe_mapping_scatter,
     runtime_sizes=("num_tokens",),
-    problems=_mapping_problems(tail_tile=256),
+    problems=_mapping_problems(tail_tile=256, fill_tail=True),
     make_inputs=_scatter_inputs,
     outputs=(5, 6, 7, 8),
     reference=_scatter_reference,

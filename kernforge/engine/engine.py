@@ -419,7 +419,7 @@ class Engine:
         step's cache (`index.cache`)."""
         c, cache, pos = self.config, index.cache, index.pos
         h, d, rd = attn.n_heads, attn.head_dim, attn.rope_dim
-        proj = ks.attention_input(self.weights, attn, x, pos, self.backend)  # every projection of x
+        proj = ks.attention_input(self.weights, attn, x, self.backend)  # every projection of x
         qr = self._norm(attn.q_norm, proj["q"])
         q = ks.rms_norm(None, self._linear(attn.wq_b, qr).unflatten(-1, (h, d)), attn.eps, self.backend)
         q = self._rope(attn.rope, q, pos)
@@ -475,7 +475,8 @@ class Engine:
         that straddle two pieces are dropped. Each entry is computed from its own rows only,
         so its bits are those of a pooling of its sequence alone."""
         decodes = [i for i, (_, _, lo, hi) in enumerate(index.segs) if hi - lo == 1]
-        pieces = []  # (kv rows, score rows, [pooled entry within the piece], [entry id], [segment])
+        # (kv rows, score rows: each a list of parts, [pooled entry within the piece], [entry id], [segment])
+        pieces = []
         if decodes:
             pieces += self._advance_decodes(layer_id, comp, which, kv, score, index, decodes, pending)
         for i, (seq, start, lo, hi) in enumerate(index.segs):
@@ -488,10 +489,11 @@ class Engine:
             chosen += [offset + j for j in within]
             ids += entry_ids
             rows += segs
-            offset += piece_kv.shape[0] // r
-        entries = ks.compressor_pool(comp, self._rope_tables(comp.rope), torch.cat([p[0] for p in pieces]),
-                                     torch.cat([p[1] for p in pieces]), offset - 1, torch.tensor(chosen),
-                                     torch.tensor(ids), self.backend)
+            offset += sum(part.shape[0] for part in piece_kv) // r
+        # one copy of every piece's parts (state rows, chunk rows) into the pooling's operands
+        entries = ks.compressor_pool(comp, self._rope_tables(comp.rope), torch.cat([t for p in pieces for t in p[0]]),
+                                     torch.cat([t for p in pieces for t in p[1]]), offset - 1, torch.tensor(chosen),
+                                     torch.tensor(ids), self.backend, self.weights.ape(comp))
         index.cache.write(kind, layer_id, index.slots(kind, torch.tensor(rows), torch.tensor(ids)), entries)
 
     def _advance_decodes(self, layer_id, comp, which, kv, score, index: StepIndex, decodes: list[int],
@@ -518,8 +520,9 @@ class Engine:
         pieces = []
         if done:
             sel = torch.tensor(done)
-            pieces.append((kv_rows[sel].flatten(0, 1), score_rows[sel].flatten(0, 1), [2 * j for j in range(len(done))],
-                           [segs[i][1] // r for i in done], [decodes[i] for i in done]))
+            pieces.append(([kv_rows[sel].flatten(0, 1)], [score_rows[sel].flatten(0, 1)],
+                           [2 * j for j in range(len(done))], [segs[i][1] // r for i in done],
+                           [decodes[i] for i in done]))
         if full:
             sel = torch.tensor(full)
             if comp.overlap:
@@ -536,25 +539,30 @@ class Engine:
         sequence's compressor; returns the piece its completed entries pool from (none or one).
 
         The same block arithmetic as `kernforge.model.compressor.Compressor.forward`, on this
-        sequence's own state rows (kept in `pending` until the step completes).
+        sequence's own state rows (kept in `pending` until the step completes). The sequence's
+        rows are its kept state rows followed by the chunk's; the piece hands them over as those
+        two parts (`_compress` copies all pieces' parts once), not as a concatenated copy.
         """
         r, s = comp.ratio, kv.shape[0]
         key = (layer_id, which)
         kv_state, score_state = self._state(seq, key, comp, pending)
         base = (start // r) * r
-        kept = r + start - base
-        seq_kv = torch.cat([kv_state[:kept], kv])
-        seq_score = torch.cat([score_state[:kept], score])
+        kept = r + start - base  # state rows before the chunk (the previous block and this one's start)
         first = base // r
         n_new = (start + s) // r - first
         skip = min(n_new, max(0, self._persisted_length(seq) // r - first))  # kept by a tail rebuild
         pieces = []
         if n_new > skip:
-            rows = (n_new + 1) * r
-            pieces.append((seq_kv[:rows], seq_score[:rows], list(range(skip, n_new)),
-                           list(range(first + skip, first + n_new)), [seg] * (n_new - skip)))
-        keep_from = ((start + s) // r) * r - base
-        rest_kv, rest_score = seq_kv[keep_from:], seq_score[keep_from:]
+            rows = (n_new + 1) * r  # > kept: n_new >= 1
+            pieces.append(([kv_state[:kept], kv[:rows - kept]], [score_state[:kept], score[:rows - kept]],
+                           list(range(skip, n_new)), list(range(first + skip, first + n_new)),
+                           [seg] * (n_new - skip)))
+        keep_from = ((start + s) // r) * r - base  # the sequence's rows from here on stay in the state
+        if keep_from >= kept:
+            rest_kv, rest_score = kv[keep_from - kept:], score[keep_from - kept:]
+        else:
+            rest_kv = torch.cat([kv_state[keep_from:kept], kv])
+            rest_score = torch.cat([score_state[keep_from:kept], score])
         new_kv, new_score = torch.zeros_like(kv_state), torch.full_like(score_state, float("-inf"))
         lo = 0 if comp.overlap else r  # only ratio 4 reads the previous block again
         new_kv[lo:rest_kv.shape[0]] = rest_kv[lo:]

@@ -25,6 +25,7 @@ import torch
 from kernforge import ops
 from kernforge.engine.steps import step
 from kernforge.model.attention import Attention
+from kernforge.model.compressor import Compressor
 from kernforge.model.moe import Expert, Gate
 from kernforge.model.primitives import Linear
 
@@ -60,14 +61,15 @@ class Weights:
         self._router = {m: _kn(m.weight.to(dtype)) for m in modules if isinstance(m, Gate)}
         self._groups = {m: torch.stack([_kn(w) for w in dense[m.wo_a].unflatten(0, (m.o_groups, m.o_lora_rank))])
                         for m in modules if isinstance(m, Attention)}
+        self._ape = {m: m.ape.detach().to(dtype).contiguous() for m in modules if isinstance(m, Compressor)}
         self._attn_input = {}
         for m in modules:
             if isinstance(m, Attention):
                 parts, columns, lo = _input_projections(m), {}, 0
-                for name, linear, comp in parts:
-                    columns[name] = (lo, lo + linear.out_features, comp)
+                for name, linear in parts:
+                    columns[name] = (lo, lo + linear.out_features)
                     lo += linear.out_features
-                self._attn_input[m] = (_kn(torch.cat([dense[linear] for _, linear, _ in parts])), columns)
+                self._attn_input[m] = (_kn(torch.cat([dense[linear] for _, linear in parts])), columns)
 
     def __getitem__(self, module: Linear) -> torch.Tensor:
         return self._dense[module]
@@ -82,26 +84,29 @@ class Weights:
 
     def attention_input(self, attn) -> tuple[torch.Tensor, dict]:
         """Every projection of an `Attention`'s input x, side by side: `[D, sum N]` and
-        {part: (first column, end column, compressor whose `ape` is its bias, or None)}
-        (`_input_projections`)."""
+        {part: (first column, end column)} (`_input_projections`)."""
         return self._attn_input[attn]
+
+    def ape(self, comp: Compressor) -> torch.Tensor:
+        """A compressor's gate position bias `[ratio, width]` in the activations' dtype (added by
+        the pooling kernel, `compressor_pool`)."""
+        return self._ape[comp]
 
     def groups(self, attn) -> torch.Tensor:
         """wo_a as `[G, h*d/G, R]`: group g's rows g*R..(g+1)*R-1, transposed, contiguous per group."""
         return self._groups[attn]
 
 
-def _input_projections(attn) -> list[tuple[str, Linear, object]]:
-    """(part, Linear, compressor whose position bias `ape` the part adds, or None) for every
-    projection that reads the attention's input x: wq_a, wkv, the compressor's kv and gate,
-    the indexer compressor's kv and gate and the indexer's head weights (those that exist)."""
-    parts = [("q", attn.wq_a, None), ("kv", attn.wkv, None)]
+def _input_projections(attn) -> list[tuple[str, Linear]]:
+    """(part, Linear) for every projection that reads the attention's input x: wq_a, wkv, the
+    compressor's kv and gate, the indexer compressor's kv and gate and the indexer's head
+    weights (those that exist)."""
+    parts = [("q", attn.wq_a), ("kv", attn.wkv)]
     if attn.compressor is not None:
-        parts += [("main_kv", attn.compressor.wkv, None), ("main_score", attn.compressor.wgate, attn.compressor)]
+        parts += [("main_kv", attn.compressor.wkv), ("main_score", attn.compressor.wgate)]
     if attn.indexer is not None:
         comp = attn.indexer.compressor
-        parts += [("index_kv", comp.wkv, None), ("index_score", comp.wgate, comp),
-                  ("head_w", attn.indexer.weights_proj, None)]
+        parts += [("index_kv", comp.wkv), ("index_score", comp.wgate), ("head_w", attn.indexer.weights_proj)]
     return parts
 
 
@@ -137,24 +142,17 @@ def grouped_output(weights: Weights, attn, o: torch.Tensor, backend: str) -> tor
     return torch.cat([gemm(w[g], groups[:, :, g], backend) for g in range(attn.o_groups)], dim=-1)
 
 
-@step("attention_input", "kernel", "wq_a, wkv, compressor and indexer projections of x in one GEMM (ape: the c)")
-def attention_input(weights: Weights, attn, x: torch.Tensor, positions: torch.Tensor,
-                    backend: str) -> dict[str, torch.Tensor]:
+@step("attention_input", "kernel", "wq_a, wkv, compressor and indexer projections of x in one GEMM")
+def attention_input(weights: Weights, attn, x: torch.Tensor, backend: str) -> dict[str, torch.Tensor]:
     """x [1, N, D] -> {part: [1, N, n]} for every part of `_input_projections`: one GEMM over
     the side-by-side weights instead of up to seven (at decode a GEMM call costs more than its
-    work). The compressors' gate parts add their position bias `ape[positions % ratio]`
-    after the product (the GEMM accumulates into an output holding the bias, zeros
-    elsewhere), as the reference's `wgate(x) + ape`. "q" and "kv" come back contiguous (the
-    RMSNorm reads contiguous rows), the others as column views."""
+    work). The compressors' gate parts are the plain `wgate(x)`: the pooling kernel adds the
+    position bias `ape` (`compressor_pool`), since a GEMM that accumulates into a bias-filled
+    output cost ~1.6x the plain one (tiny(), 8 x 1024 prefill: 110 against 65 ms). "q" and
+    "kv" come back contiguous (the RMSNorm reads contiguous rows), the others as column views."""
     w, columns = weights.attention_input(attn)
-    biased = [(lo, hi, comp) for lo, hi, comp in columns.values() if comp is not None]
-    out = None
-    if biased:
-        out = torch.zeros(x.numel() // x.shape[-1], w.shape[1], dtype=x.dtype, device=x.device)
-        for lo, hi, comp in biased:
-            out[:, lo:hi] = comp.ape[positions % comp.ratio]
-    y = gemm(w, x, backend, add=out, out=out)
-    parts = {name: y[..., lo:hi] for name, (lo, hi, _) in columns.items()}
+    y = gemm(w, x, backend)
+    parts = {name: y[..., lo:hi] for name, (lo, hi) in columns.items()}
     parts["q"], parts["kv"] = parts["q"].contiguous(), parts["kv"].contiguous()
     return parts
 
@@ -310,16 +308,19 @@ def indexer_fp4_round(q: torch.Tensor, backend: str) -> torch.Tensor:
 @step("compressor_pool", "kernel", "gated pooling (ops.compressor_pool) + norm + rope + rounding of new entries")
 def compressor_pool(comp, cos_sin: tuple[torch.Tensor, torch.Tensor], seq_kv: torch.Tensor,
                     seq_score: torch.Tensor, n_pool: int, chosen: torch.Tensor, entry_ids: torch.Tensor,
-                    backend: str) -> torch.Tensor:
-    """seq_kv/seq_score [rows, width], block 0 being the one before the first pooled entry ->
+                    backend: str, ape: torch.Tensor | None = None) -> torch.Tensor:
+    """seq_kv/seq_score [rows, width] (the plain `wgate(x)`: the kernel adds `ape` [ratio, width],
+    `Weights.ape`; None: the compressor's own), block 0 being the one before the first pooled entry ->
     the pooled entries `chosen` [n] of n_pool, whose entry indices are `entry_ids` [n] -> [n, d]:
     `Compressor._pool` then `_finish` (RMSNorm, RoPE at each entry's block start
     entry_ids * ratio, then Hadamard + FP4 for the indexer's keys or FP8 on the nope dims for
     the main ones), each an op of its own; `cos_sin` is the compressor's RoPE table
     (`ops.rope_cos_sin`). Several sequences' rows may be stacked (the engine's `_compress`):
     `chosen` then skips the entries that straddle two of them."""
+    if ape is None:
+        ape = comp.ape.detach().to(seq_kv.dtype).contiguous()
     entries = ops.compressor_pool(seq_kv.contiguous(), seq_score.contiguous(), n_pool, comp.ratio, comp.overlap,
-                                  backend=backend)
+                                  ape, backend=backend)
     if chosen.numel() != n_pool:
         entries = entries[chosen]
     out = rope(cos_sin, rms_norm(comp.norm, entries[None], None, backend), entry_ids * comp.ratio, backend)

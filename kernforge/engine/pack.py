@@ -202,12 +202,12 @@ def engine_kernels(config, backend: str, dtype: str = "float32",
 
     def attention(layer_id: int, ratio: int) -> None:
         plan.rms("rms_norm", big_d)  # attn_norm
-        # kernel_steps.attention_input: wq_a, wkv, the compressors' kv and gate (+ ape, the GEMM's c)
-        # and the indexer's head weights, side by side in one GEMM
+        # kernel_steps.attention_input: wq_a, wkv, the compressors' kv and gate (their ape is added
+        # by compressor_pool) and the indexer's head weights, side by side in one GEMM
         width = (2 if ratio == 4 else 1) * d
         ih, ihd = c.index_n_heads, c.index_head_dim
         n_in = c.q_lora_rank + d + (2 * width if ratio else 0) + (4 * ihd + ih if ratio == 4 else 0)
-        plan.gemm("attention_input", n_in, big_d, sizes, accumulate=bool(ratio))
+        plan.gemm("attention_input", n_in, big_d, sizes)
         plan.rms("rms_norm", c.q_lora_rank)  # q_norm
         plan.gemm("linear", h * d, c.q_lora_rank, sizes)  # wq_b
         plan.rms("rms_norm", d, weighted=False)  # per-head q renorm

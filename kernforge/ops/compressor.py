@@ -1,7 +1,7 @@
 """The V4 compressor's pooling as an op (``kernforge.model.compressor.Compressor._pool``).
 
-``compressor_pool(kv, score, n_entries, ratio, overlap)``: the sequence's projections
-``kv = wkv(x)``, ``score = wgate(x) + ape`` as rows ``[R, W]`` from the start of the block
+``compressor_pool(kv, score, n_entries, ratio, overlap, ape=None)``: the sequence's projections
+``kv = wkv(x)``, ``score = wgate(x)`` (+ ``ape``: given, the op adds it) as rows ``[R, W]`` from the start of the block
 before the first new entry -> the entries ``[n_entries, d]`` in kv's dtype, each the
 per-channel softmax-gated sum over its candidates (ratio 4 ``overlap``: the first halves of
 the previous block's rows and the second halves of its own, ``W = 2d``; else its own
@@ -44,12 +44,15 @@ def _int(name: str, v, low: int) -> None:
         raise CompressorValueError(f"{name} must be >= {low}, got {v}")
 
 
-def compressor_pool(kv: torch.Tensor, score: torch.Tensor, n_entries: int, ratio: int, overlap: bool, *,
-                    backend: Optional[str] = None) -> torch.Tensor:
+def compressor_pool(kv: torch.Tensor, score: torch.Tensor, n_entries: int, ratio: int, overlap: bool,
+                    ape: Optional[torch.Tensor] = None, *, backend: Optional[str] = None) -> torch.Tensor:
     """Entries ``[n_entries, d]`` pooled from ``kv, score [R, W]`` (``R >= (n_entries + 1) *
     ratio``; ``d = W / 2`` with ``overlap``, else ``W``): the model's ``_pool`` for sequence
-    blocks 1..n_entries, block 0 being the one before the first new entry."""
-    for name, t in (("kv", kv), ("score", score)):
+    blocks 1..n_entries, block 0 being the one before the first new entry.  ``ape [ratio, W]``
+    (kv's dtype), when given, is the gate's position bias: row i's gates are
+    ``score[i] + ape[i % ratio]``, rounded to the dtype, as the model's ``wgate(x) + ape``
+    (so ``score`` may hold the plain ``wgate(x)``)."""
+    for name, t in (("kv", kv), ("score", score)) + ((("ape", ape),) if ape is not None else ()):
         if not isinstance(t, torch.Tensor):
             raise CompressorTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in _DTYPES:
@@ -73,6 +76,9 @@ def compressor_pool(kv: torch.Tensor, score: torch.Tensor, n_entries: int, ratio
     d = width // 2 if overlap else width
     if d == 0:
         raise CompressorValueError("kv's width must be positive")
+    if ape is not None and (ape.dtype != kv.dtype or ape.shape != (ratio, width) or ape.device != kv.device):
+        raise CompressorValueError(f"ape must be [ratio, width] = [{ratio}, {width}] in kv's dtype {kv.dtype} on "
+                                   f"{kv.device}, got {tuple(ape.shape)}, {ape.dtype} on {ape.device}")
     if kv.shape[0] < (n_entries + 1) * ratio:
         raise CompressorValueError(f"kv has {kv.shape[0]} rows; {n_entries} entries at ratio {ratio} read "
                                    f"{(n_entries + 1) * ratio}")
@@ -80,5 +86,7 @@ def compressor_pool(kv: torch.Tensor, score: torch.Tensor, n_entries: int, ratio
     if n_entries == 0:
         return out
     name = backends.for_tensor(kv, backend)
-    _kernel(name, **kernels.choose(name, d, ratio, overlap, _DTYPES[kv.dtype]))(kv, score, out)
+    if ape is None:
+        ape = torch.zeros(ratio, width, dtype=kv.dtype, device=kv.device)  # x + 0 == x
+    _kernel(name, **kernels.choose(name, d, ratio, overlap, _DTYPES[kv.dtype]))(kv, score, ape, out)
     return out

@@ -59,6 +59,34 @@ def test_pool_matches_the_reference_and_the_model(backend, r, overlap, d):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("r,overlap,d,dtype", [(4, True, 64, torch.float32), (8, False, 48, torch.float32),
+                                               (4, True, 32, torch.bfloat16)])
+def test_pool_adds_the_gate_position_bias(backend, r, overlap, d, dtype):
+    """`ape [ratio, width]`: row i's gates are score[i] + ape[i % ratio] rounded to the dtype,
+    the model's `wgate(x) + ape`: the same entries as pooling the pre-biased scores (float32:
+    within the kernel's float32 tolerance of the model's pool; bf16: of the float64 reference)."""
+    n = 5
+    kv, score = projections(n, r, d, overlap, dtype=dtype, seed=r * d)
+    g = torch.Generator().manual_seed(d)
+    ape = (torch.randn(r, score.shape[1], generator=g) * 3.0).to(dtype)
+    got = ops.compressor_pool(kv, score, n, r, overlap, ape, backend=backend)
+    rows = torch.arange(score.shape[0])
+    biased = score + ape[rows % r]  # in the dtype, as the model adds it
+    want = C.reference.compressor_pool(kv, score, n, r, overlap, ape)
+    torch.testing.assert_close(want, C.reference.compressor_pool(kv, biased, n, r, overlap))
+    tol = 2e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, model_pool(kv, biased, n, r, d, overlap), atol=1e-6, rtol=1e-6)
+        # a bias that differs per position changes the entries (the kernel does not drop it)
+        assert (got - ops.compressor_pool(kv, score, n, r, overlap, backend=backend)).abs().max() > 1e-3
+    with pytest.raises(CompressorValueError, match="ape"):
+        ops.compressor_pool(kv, score, n, r, overlap, ape[:, 1:].contiguous(), backend=backend)
+    with pytest.raises(CompressorTypeError, match="ape"):
+        ops.compressor_pool(kv, score, n, r, overlap, ape.double(), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_pool_bf16_rounds_like_the_model(backend):
     kv, score = projections(4, 4, 64, True, torch.bfloat16, seed=5)
     got = ops.compressor_pool(kv, score, 4, 4, True, backend=backend)
@@ -85,7 +113,7 @@ def test_every_output_is_written(backend):
     kv, score = projections(5, 4, 64, True, seed=7, extra=0)
     k = kernforge.compile(C.compressor_pool, backend=backend, **C.choose(backend, 64, 4, True, "float32"))
     out = torch.full((5, 64), float("nan"))
-    k(kv, score, out)
+    k(kv, score, torch.zeros(4, 128), out)
     assert not torch.isnan(out).any()
 
 
@@ -141,7 +169,8 @@ def test_engine_step_is_the_models_pool_and_finish(fake_quant):
         score = torch.randn((n + 1) * r, comp.width, generator=g)
         chosen, entry_ids = torch.arange(n), torch.arange(first, first + n)  # every entry, numbered from first
         got = ks.compressor_pool(comp, ops.rope_cos_sin(comp.rope), kv, score, n, chosen, entry_ids, "cpu")
-        blocks = (kv[None].unflatten(1, (n + 1, r)), score[None].unflatten(1, (n + 1, r)))
+        biased = score + comp.ape.detach()[torch.arange(score.shape[0]) % r]  # the model's wgate(x) + ape
+        blocks = (kv[None].unflatten(1, (n + 1, r)), biased[None].unflatten(1, (n + 1, r)))
         pooled = comp._pool(*blocks, n)
         want = comp._finish(pooled, first)[0]
         if not fake_quant:

@@ -13,7 +13,7 @@ from kernforge.kernels.registry import KernelSpec, Problem, register
 def _inputs(params, seed, device):
     """Projections of (N + 1) * ratio rows plus a partial block (rows the pooling must not
     read), the first half-block's scores -inf (absent rows, as a fresh compressor state has
-    them), and the output poisoned with NaN."""
+    them), the gate's position bias ape, and the output poisoned with NaN."""
     r, n, d = params["ratio"], params["N"], params["head_dim"]
     w = 2 * d if params["overlap"] else d
     dtype = getattr(torch, params["dtype"])
@@ -22,13 +22,14 @@ def _inputs(params, seed, device):
     kv = torch.randn(rows, w, generator=g)
     score = torch.randn(rows, w, generator=g) * 3.0
     score[:max(1, r // 2)] = float("-inf")
+    ape = torch.randn(r, w, generator=g)
     out = torch.full((n, d), float("nan"))
-    return [t.to(dtype).to(device) for t in (kv, score, out)]
+    return [t.to(dtype).to(device) for t in (kv, score, ape, out)]
 
 
 def _reference(inputs, params):
-    kv, score, out = inputs
-    return [reference(kv.cpu(), score.cpu(), params["N"], params["ratio"], params["overlap"])]
+    kv, score, ape, out = inputs
+    return [reference(kv.cpu(), score.cpu(), params["N"], params["ratio"], params["overlap"], ape.cpu())]
 
 
 def _check(outputs, expected, inputs, params):
@@ -55,7 +56,7 @@ SPEC = register(KernelSpec(
         "bench": _problem("bench", 64, head_dim=512, ratio=128, overlap=False, dtype="float32"),
     },
     make_inputs=_inputs,
-    outputs=(2,),
+    outputs=(3,),
     reference=_reference,
     check=_check,
     flops=lambda p: p["N"] * p["head_dim"] * (2 if p["overlap"] else 1) * p["ratio"] * 5,

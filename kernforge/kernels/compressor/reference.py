@@ -6,9 +6,13 @@ from __future__ import annotations
 import torch
 
 
-def compressor_pool(kv: torch.Tensor, score: torch.Tensor, n_entries: int, ratio: int, overlap: bool) -> torch.Tensor:
-    """``kv, score [R, W]`` (rows from the block before entry 0) -> ``[n_entries, d]`` float64."""
+def compressor_pool(kv: torch.Tensor, score: torch.Tensor, n_entries: int, ratio: int, overlap: bool,
+                    ape: torch.Tensor | None = None) -> torch.Tensor:
+    """``kv, score [R, W]`` (rows from the block before entry 0; gates ``score + ape[row % ratio]``
+    rounded to score's dtype, as the model's ``wgate(x) + ape``) -> ``[n_entries, d]`` float64."""
     r, n = ratio, n_entries
+    if ape is not None:
+        score = score + ape.to(score.dtype).repeat(-(-score.shape[0] // r), 1)[:score.shape[0]]
     d = kv.shape[-1] // 2 if overlap else kv.shape[-1]
     blocks_kv = kv[:(n + 1) * r].double().unflatten(0, (n + 1, r))
     blocks_score = score[:(n + 1) * r].double().unflatten(0, (n + 1, r))

@@ -19,6 +19,7 @@ unquantised output.  Clamps propagate NaN (``T.min``/``T.max``), as ``torch.clam
 from __future__ import annotations
 
 import kernforge.dsl as T
+from kernforge.kernels.swiglu.vexp import exp
 
 #: the quantisation block (DeepGEMM's activation recipe: 1 x 128)
 QBLOCK = 128
@@ -51,23 +52,28 @@ def swiglu(inter: int, dtype: str = "bfloat16", with_weights: bool = False, quan
                       out_sf: T.Tensor((SM, SC), "float32")):
         with T.Kernel(T.ceildiv(M, rows), threads=threads) as bx:
             h = T.alloc_fragment((rows, BC), "float32")
+            e = T.alloc_fragment((rows, BC), "float32")
             if quantize:
                 mag = T.alloc_fragment((rows, BC), "float32")
                 amax = T.alloc_fragment((rows,), "float32")
                 sf = T.alloc_fragment((rows,), "float32")
             for c in T.serial(nblk):
+                # rows past M and columns past I read the last row / column (clamped indices,
+                # no branch in the loop: it vectorises) and are never stored
                 for r, j in T.Parallel(rows, BC):
-                    h[r, j] = 0.0
-                    if (bx * rows + r < M) & (c * BC + j < I):
-                        g = T.cast(x[bx * rows + r, c * BC + j], "float32")
-                        u = T.cast(x[bx * rows + r, I + c * BC + j], "float32")
-                        g = T.where(swiglu_limit > 0, T.min(g, swiglu_limit), g)
-                        u = T.where(swiglu_limit > 0, T.min(T.max(u, -swiglu_limit), swiglu_limit), u)
-                        act = T.cast(T.cast(g / (1.0 + T.exp(-g)), dtype), "float32")
-                        prod = T.cast(T.cast(act * u, dtype), "float32")
-                        if with_weights:
-                            prod = T.cast(T.cast(prod * weights[bx * rows + r], dtype), "float32")
-                        h[r, j] = prod
+                    g = T.cast(x[T.min(bx * rows + r, M - 1), T.min(c * BC + j, I - 1)], "float32")
+                    h[r, j] = T.where(swiglu_limit > 0, T.min(g, swiglu_limit), g)
+                for r, j in T.Parallel(rows, BC):
+                    e[r, j] = exp(-h[r, j])
+                for r, j in T.Parallel(rows, BC):
+                    row = T.min(bx * rows + r, M - 1)
+                    u = T.cast(x[row, I + T.min(c * BC + j, I - 1)], "float32")
+                    u = T.where(swiglu_limit > 0, T.min(T.max(u, -swiglu_limit), swiglu_limit), u)
+                    act = T.cast(T.cast(h[r, j] / (1.0 + e[r, j]), dtype), "float32")
+                    prod = T.cast(T.cast(act * u, dtype), "float32")
+                    if with_weights:
+                        prod = T.cast(T.cast(prod * weights[row], dtype), "float32")
+                    h[r, j] = prod
                 if quantize:
                     for r, j in T.Parallel(rows, BC):
                         mag[r, j] = T.abs(h[r, j])
@@ -76,12 +82,14 @@ def swiglu(inter: int, dtype: str = "bfloat16", with_weights: bool = False, quan
                         sf[r] = T.max(amax[r], 1e-4) / 448.0
                         if bx * rows + r < M:
                             out_sf[bx * rows + r, c] = sf[r]
-                    for r, j in T.Parallel(rows, BC):
-                        if bx * rows + r < M:
-                            out[bx * rows + r, c * BC + j] = h[r, j] / sf[r]
-                else:
-                    for r, j in T.Parallel(rows, BC):
-                        if (bx * rows + r < M) & (c * BC + j < I):
-                            out[bx * rows + r, c * BC + j] = h[r, j]
+                for r in T.serial(rows):
+                    if bx * rows + r < M:
+                        for j in T.Parallel(BC):
+                            if quantize:
+                                out[bx * rows + r, c * BC + j] = h[r, j] / sf[r]
+                            elif I % BC == 0:
+                                out[bx * rows + r, c * BC + j] = h[r, j]
+                            elif c * BC + j < I:
+                                out[bx * rows + r, c * BC + j] = h[r, j]
 
     return swiglu_kernel

@@ -301,3 +301,92 @@ def test_amx_path_runs_emulated_against_float64(M, N, K, tiles, trans, tmp_path)
     want = a64 @ b64
     assert not torch.isnan(c).any(), "an output element was never written"
     assert ((c.double() - want).abs() <= 1e-5 * (a64.abs() @ b64.abs()) * K + 1e-30).all()
+
+
+@pytest.mark.parametrize("path", isa.PATHS)
+def test_fp8_tiles_are_stored_as_bf16_where_the_path_multiplies_bf16(path):
+    """The layout pass stores an fp8 operand tile as bf16 on the paths whose GEMM multiplies bf16
+    (converted once, by the copy, then the bf16 kernels), as float32 elsewhere; an nt B tile stays
+    K-major where it becomes bf16 (the bf16 nt kernel's layout), N-major where it is widened."""
+    src = _source(path, "float8_e4m3", True)
+    if path in isa.NATIVE_BF16:
+        assert "kf_bf16* __restrict__ A_s" in src and "kf_bf16* __restrict__ B_s" in src
+        assert "kf_fp8_to_bf16(" in src
+        assert "kf::gemm<float, 16, 32, 16, 16, 1, 1, 16," in src  # B (k, n) at n * 16 + k
+    else:
+        assert "float* __restrict__ A_s" in src and "float* __restrict__ B_s" in src
+        assert "kf_fp8_to_bf16(" not in src
+        assert "kf::gemm<float, 16, 32, 16, 16, 1, 32, 1," in src  # B (k, n) at k * 32 + n
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p.values[0] in ("generic", "avx512bf16")])
+def test_fp8_to_bf16_is_exact_for_every_code(path):
+    """``kf_fp8_to_bf16`` (the vectorised conversion of those copies) against torch for all 256 e4m3
+    codes, bit for bit (NaN: a NaN of the code's sign), subnormals and the largest values included."""
+    @T.prim_func
+    def widen(X: T.Tensor((256,), "float8_e4m3"), Y: T.Tensor((256,), "bfloat16")):
+        with T.Kernel(1, threads=128) as bx:
+            for i in T.Parallel(256):
+                Y[i] = T.cast(X[i], "bfloat16")
+
+    x = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    y = torch.full((256,), float("nan"), dtype=torch.bfloat16)
+    kernforge.compile(widen, backend="cpu", arch=path)(x, y)
+    want = x.to(torch.bfloat16)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(y), nan)
+    assert torch.equal(y[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    # kernforge keeps a NaN's sign (the backend's narrowing rule; torch drops it)
+    assert torch.equal(torch.signbit(y[nan]), torch.arange(256)[nan] >= 128)
+
+
+def _branchy_gemm(read_tile_elsewhere: bool):
+    """C = A @ B^T with the GEMM chosen per block by a runtime test (a row ladder in miniature);
+    ``read_tile_elsewhere``: a branch also loads an element of B's tile."""
+    M = T.symbolic("M")
+
+    @T.prim_func
+    def branchy(A: T.Tensor((M, 32), "bfloat16"), B: T.Tensor((32, 32), "bfloat16"),
+                C: T.Tensor((M, 32), "float32")):
+        with T.Kernel(1, T.ceildiv(M, 16), threads=128) as (bx, by):
+            A_s = T.alloc_shared((16, 32), "bfloat16")
+            B_s = T.alloc_shared((32, 32), "bfloat16")
+            C_f = T.alloc_fragment((16, 32), "float32")
+            T.clear(C_f)
+            T.copy(A[by * 16, 0], A_s)
+            T.copy(B[0, 0], B_s)
+            if by * 16 + 8 >= M:
+                T.gemm(A_s[0:8, :], B_s, C_f[0:8, :], transpose_B=True)
+            else:
+                T.gemm(A_s, B_s, C_f, transpose_B=True)
+                if read_tile_elsewhere:
+                    C_f[0, 0] = C_f[0, 0] + B_s[0, 0]
+            T.copy(C_f, C[by * 16, 0])
+    return branchy
+
+
+@pytest.mark.parametrize("elsewhere", [False, True])
+def test_direct_operand_read_by_gemms_inside_branches(elsewhere):
+    """The layout pass lets GEMMs inside an If's branches read a tile's global source in place (the
+    grouped GEMMs' row ladder), but only when nothing else in them touches the tile."""
+    src = CpuRenderer().render(_branchy_gemm(elsewhere).ir, Target("cpu", "avx512bf16")).source
+    gemms = [line for line in src.splitlines() if "kf::gemm<" in line]
+    assert len(gemms) == 2
+    assert all(("B_s" in g) == elsewhere for g in gemms), gemms
+    assert ("B_s[" in src) == elsewhere
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_gemms_inside_branches_match_float64(path):
+    g = torch.Generator().manual_seed(5)
+    for m in (5, 16, 29):  # a short last block (the 8-row GEMM), full blocks (the 16-row one)
+        a = torch.randn(m, 32, generator=g).bfloat16()
+        b = torch.randn(32, 32, generator=g).bfloat16()
+        c = torch.full((m, 32), float("nan"))
+        kernforge.compile(_branchy_gemm(False), backend="cpu", arch=path)(a, b, c)
+        want = a.double() @ b.double().T
+        rows = torch.arange(m)
+        # rows a block's 8-row GEMM leaves out stay as T.clear left them (0)
+        computed = ~((rows // 16 * 16 + 8 >= m) & (rows % 16 >= 8))
+        assert torch.allclose(c[computed].double(), want[computed], rtol=1e-5, atol=1e-4)
+        assert torch.all(c[~computed] == 0)

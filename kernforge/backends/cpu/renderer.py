@@ -82,6 +82,14 @@ class CpuRenderer(CRenderer, Renderer):
     def buffer_name(self, b: ir.Buffer) -> str:
         return self.names[b]
 
+    def cast(self, e: ir.Expr, dt: dtypes.DType) -> str:
+        """fp8 e4m3 -> bf16 (exact: the fp8 GEMM tiles the layout pass stores as bf16) on the
+        integer bits, ``kf_fp8_to_bf16``: branch-free, so the tile copy vectorises, where the
+        generic route through float (a subnormal branch, then RNE) stayed scalar."""
+        if e.dtype == dtypes.float8_e4m3 and dt == dtypes.bfloat16:
+            return f"kf_fp8_to_bf16({self.expr(e)})"
+        return super().cast(e, dt)
+
     def in_arena(self, b: ir.Buffer) -> bool:
         return b.scope in (ir.Scope.SHARED, ir.Scope.FRAGMENT) or buffer_bytes(b) > self.stack_bytes
 
@@ -98,7 +106,10 @@ class CpuRenderer(CRenderer, Renderer):
         widen = tuple(d for d in NARROW if not (path in isa.NATIVE_BF16 and d in self.native_bf16_dtypes))
         # avx512bf16 reads a K-major (nt) bf16 B as (k, k+1) words: kf::gemm_bf16_nt
         k_major = (dtypes.bfloat16,) if path in isa.NATIVE_BF16 else ()
-        transforms = self.transforms[:1] + (layout_for(widen, direct=True, k_major_b=k_major),) + self.transforms[1:]
+        # ... and stores fp8 operand tiles as bf16 (exact), converted once by their copy
+        to_bf16 = (dtypes.float8_e4m3,) if path in isa.NATIVE_BF16 else ()
+        transforms = self.transforms[:1] + (layout_for(widen, direct=True, k_major_b=k_major, to_bf16=to_bf16),) + \
+            self.transforms[1:]
         if target.checks:
             transforms = transforms[:2] + (insert_checks,) + transforms[2:]
         # warp shuffles first: the CPU runs a thread region as a loop, split at each shuffle

@@ -15,7 +15,11 @@ Two rewrites of an operand buffer's declaration, both invisible to the program:
   type, so it applies only when every write is a ``Copy`` from a buffer of the
   same dtype or a store of such a value (a load of that dtype, a cast to it, zero,
   a select between them: MLA's masked KV tile, its bf16 probabilities) and every
-  read is a GEMM operand.
+  read is a GEMM operand.  Where the target multiplies bf16 natively, an fp8 e4m3
+  tile is stored as bf16 instead (every e4m3 value is a bf16 value): the copy
+  converts each element once, and the GEMM runs the bf16 kernels instead of
+  converting both operands again in a per-call packing (the fp8 GEMM ran at a
+  quarter of the bf16 one's rate).
 
 A buffer is rewritten only when every use agrees (one orientation over all its
 GEMMs) and every access goes through its strides (copies, loads, stores, GEMM
@@ -25,14 +29,15 @@ once, not by hand in each kernel.  The pass runs before copies are lowered.
 
 A third rewrite, **direct operands** (``direct=True``; the CPU, whose GEMM reads any
 address), removes a copy altogether: a tile filled by one in-bounds ``Copy`` from a
-global tensor the kernel never writes, in a type the micro-kernel reads as it is (the compute
-type, or bf16 / fp8 where the target multiplies them natively and so does not widen them), and read only by
-GEMMs right after the copy in the same sequence, is replaced in those GEMMs by the
-global region itself.  Always for A (the micro-kernel broadcasts its elements from
-any stride); for B only when few rows use it (``direct_b_rows``): a decode GEMM
-streams its weight tile once, where the copy doubled the traffic, but a B tile that
-many row blocks reuse is better copied into a contiguous tile, clear of the cache-set
-conflicts of a power-of-two row stride.
+global tensor the kernel never writes, in a type the micro-kernel reads as it is (the
+compute type, or a narrow type the target multiplies natively and neither widens nor
+converts), and read only by GEMMs right after the copy in the same sequence (as statements,
+or inside the branches of a statement that touches the tile in no other way: a host
+kernel's runtime choice among row-tile sizes), is replaced in those GEMMs by the global
+region itself.  Always for A (the micro-kernel broadcasts its elements from any stride);
+for B only when few rows use it (``direct_b_rows``): a decode GEMM streams its weight tile
+once, where the copy doubled the traffic, but a B tile that many row blocks reuse is better
+copied into a contiguous tile, clear of the cache-set conflicts of a power-of-two row stride.
 """
 from __future__ import annotations
 
@@ -153,18 +158,21 @@ def _n_contiguous(b: ir.Buffer, k_dim: int, n_dim: int) -> tuple[ir.Expr, ...]:
     return tuple(ir.const(s) for s in strides)
 
 
-def _plan(kernel: ir.Kernel, widen: frozenset, k_major_b: frozenset) -> dict[ir.Buffer, ir.Buffer]:
+def _plan(kernel: ir.Kernel, widen: frozenset, k_major_b: frozenset, to_bf16: frozenset) -> dict[ir.Buffer, ir.Buffer]:
     table: dict[ir.Buffer, ir.Buffer] = {}
     for b, u in _collect(kernel).items():
         if u.gemm_reads == 0:
             continue
         changes = {}
+        exact = u.copy_writes_same_dtype and not u.other_reads and u.strided_only
+        stored = dtypes.float32 if b.dtype in widen and exact else \
+            dtypes.bfloat16 if b.dtype in to_bf16 and exact else b.dtype
         if u.strided_only and len(u.b_orientations) == 1:
             (k_dim, n_dim, trans) = next(iter(u.b_orientations))
-            if trans and k_dim != n_dim and b.dtype not in k_major_b:
+            if trans and k_dim != n_dim and stored not in k_major_b:
                 changes["strides"] = _n_contiguous(b, k_dim, n_dim)
-        if b.dtype in widen and u.copy_writes_same_dtype and not u.other_reads and u.strided_only:
-            changes["dtype"] = dtypes.float32
+        if stored != b.dtype:
+            changes["dtype"] = stored
             if "strides" not in changes:
                 changes["strides"] = b.strides
         if changes:
@@ -281,18 +289,18 @@ class _Direct(ir.Mutator):
             if src is None:
                 continue
             tile = st.dst.buffer
-            # the GEMMs reading the tile later in this sequence; any other statement that
-            # touches it ends the search (and the rewrite)
-            found, clean = [], True
+            # the GEMMs reading the tile later in this sequence, as statements or inside one
+            # (the branches of an If: a host kernel's choice among row-tile sizes); any other
+            # statement that touches it ends the search (and the rewrite)
+            found, gemms, clean = [], [], True
             for j in range(i + 1, len(body)):
-                x = body[j]
-                if isinstance(x, ir.Gemm) and tile in (x.a.buffer, x.b.buffer):
-                    found.append(j)
-                elif any(n is tile for n in ir.nodes(x) if isinstance(n, ir.Buffer)) or \
-                        any(isinstance(n, ir.Region) and n.buffer is tile for n in ir.nodes(x)):
+                inner = _gemm_reads(body[j], tile)
+                if inner is None:
                     clean = False
                     break
-            gemms = [body[j] for j in found]
+                if inner:
+                    found.append(j)
+                    gemms += inner
             reads = sum((g.a.buffer is tile) + (g.b.buffer is tile) for g in gemms)
             ok = clean and gemms and reads == self.uses[tile].gemm_reads and self.counts.get(tile, 0) == reads + 1
             ok = ok and all(_whole(g.a) if g.a.buffer is tile else _whole(g.b) for g in gemms)
@@ -301,11 +309,35 @@ class _Direct(ir.Mutator):
                 continue
             region = ir.Region(src.buffer, src.starts, src.extents)
             for j in found:
-                g = body[j]
-                body[j] = replace(g, **{("a" if g.a.buffer is tile else "b"): region})
+                body[j] = _ReadFrom(tile, region).visit(body[j])
             body[i] = None
             self.removed.add(tile)
         return replace(s, body=tuple(x for x in body if x is not None))
+
+
+def _gemm_reads(x: ir.Stmt, tile: ir.Buffer) -> Optional[list]:
+    """The GEMMs in statement ``x`` that read ``tile``; None when something else in ``x``
+    touches it (a copy, a load, a store, a tile op)."""
+    all_nodes = list(ir.nodes(x))
+    gemms = [n for n in all_nodes if isinstance(n, ir.Gemm) and tile in (n.a.buffer, n.b.buffer)]
+    # every mention of the tile (each region, load or store names it once; a tile op names it bare)
+    mentions = sum(1 for n in all_nodes if n is tile)
+    reads = sum((g.a.buffer is tile) + (g.b.buffer is tile) for g in gemms)
+    return gemms if mentions == reads else None
+
+
+class _ReadFrom(ir.Mutator):
+    """GEMMs reading ``tile`` read ``region`` instead."""
+
+    def __init__(self, tile: ir.Buffer, region: ir.Region):
+        self.tile, self.region = tile, region
+
+    def visit_Gemm(self, g: ir.Gemm):
+        if g.a.buffer is self.tile:
+            g = replace(g, a=self.region)
+        if g.b.buffer is self.tile:
+            g = replace(g, b=self.region)
+        return g
 
 
 class _DropAllocations(ir.Mutator):
@@ -318,7 +350,7 @@ class _DropAllocations(ir.Mutator):
 
 
 def gemm_operand_layout(kernel: ir.Kernel, widen=NARROW, direct: bool = False, direct_b_rows: int = 16,
-                        k_major_b=()) -> ir.Kernel:
+                        k_major_b=(), to_bf16=()) -> ir.Kernel:
     """``kernel`` with its GEMM operand tiles re-laid-out (see the module docstring);
     ``widen``: the narrow dtypes to store as float32 (none on a target whose GEMM
     multiplies them natively); ``direct``: let GEMMs read eligible global tiles in place (a
@@ -328,22 +360,27 @@ def gemm_operand_layout(kernel: ir.Kernel, widen=NARROW, direct: bool = False, d
     in place from global memory, because the target's micro-kernel reads that layout best
     (avx512bf16: a K-major bf16 B already holds VDPBF16PS's (k, k+1) pairs as 32-bit words,
     which it packs by 16 x 16 register transposes; an oriented tile costs a scalar transposing
-    copy)."""
-    k_major_b = frozenset(k_major_b)
+    copy); ``to_bf16``: narrow dtypes every value of which bf16 holds exactly (fp8 e4m3) to store as
+    bf16 where the target multiplies bf16 natively, so that the copy converts them once and the GEMM
+    takes the bf16 kernels (the tile's orientation is then decided as for bf16), rather than
+    re-converting them in a per-call packing; such tiles are not read in place."""
+    k_major_b, to_bf16 = frozenset(k_major_b), frozenset(to_bf16)
     if direct:
-        d = _Direct(kernel, direct_b_rows, _DIRECT_DTYPES + tuple(x for x in NARROW if x not in widen), k_major_b)
+        in_place = tuple(x for x in NARROW if x not in widen and x not in to_bf16)
+        d = _Direct(kernel, direct_b_rows, _DIRECT_DTYPES + in_place, k_major_b)
         body = d.visit(kernel.body)
         if d.removed:
             kernel = kernel.with_body(_DropAllocations(d.removed).visit(body))
-    table = _plan(kernel, frozenset(widen), k_major_b)
+    table = _plan(kernel, frozenset(widen), k_major_b, to_bf16)
     if not table:
         return kernel
     return kernel.with_body(_Rebuffer(table).visit(kernel.body))
 
 
-def layout_for(widen, direct: bool = False, k_major_b=()) -> "callable":
+def layout_for(widen, direct: bool = False, k_major_b=(), to_bf16=()) -> "callable":
     """The pass, named for the pipeline, for a target that widens ``widen`` (and reads
-    global GEMM operands in place when ``direct``; keeps ``k_major_b`` transposed B K-major)."""
+    global GEMM operands in place when ``direct``; keeps ``k_major_b`` transposed B K-major;
+    stores ``to_bf16`` tiles as bf16)."""
     def gemm_layout(kernel: ir.Kernel) -> ir.Kernel:
-        return gemm_operand_layout(kernel, widen, direct, k_major_b=k_major_b)
+        return gemm_operand_layout(kernel, widen, direct, k_major_b=k_major_b, to_bf16=to_bf16)
     return gemm_layout

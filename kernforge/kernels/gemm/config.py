@@ -22,12 +22,18 @@ def choose(backend: str, N: int, K: int, m: int, **variant) -> dict:
     take 128x128 tiles with 256 threads (two float32 128x128 fragments: 128 threads would
     spill, as in the grouped fp8 kernel) and three stages, 64-row tiles when ``m <= 64``
     (decode: fewer wasted rows) or when accumulating (reading ``D`` in the epilogue costs
-    registers: at 128x128, sm_100a's mma.sync build spills, ptxas: 104 B of stack); host
-    backends 64x128 tiles in one stage.  ``variant``: majors, ``gran_n``, ``accumulate``,
+    registers: at 128x128, sm_100a's mma.sync build spills, ptxas: 104 B of stack); the CPU
+    backend 256x128 tiles (a decode batch: :func:`_rows`, up to 128 rows: 128), other host
+    backends 64x128, in one stage.  ``variant``: majors, ``gran_n``, ``accumulate``,
     ``out_dtype``, passed through (the FP4 kernel takes ``accumulate``/``out_dtype`` only)."""
     if backends.lang(backend) == "cuda":
         cfg = dict(block_M=64 if m <= 64 or variant.get("accumulate") else 128, block_N=128, num_stages=3,
                    threads=256)
+    elif backends.lang(backend) == "c++":
+        # a decode batch's power of two, else tall tiles: each K step converts the 128 x 128 B tile
+        # to bf16 and packs it for the micro-kernel once per row tile (Zen 4, avx512bf16, one
+        # thread, 512 x 2048^2: 34 / 31 / 28 ms with 64 / 128 / 256 rows)
+        cfg = dict(block_M=_rows(m) if m <= 64 else 128 if m <= 128 else 256, block_N=128, num_stages=1)
     else:
         cfg = dict(block_M=64, block_N=128, num_stages=1)
     return dict(N=N, K=K, **cfg, **variant)

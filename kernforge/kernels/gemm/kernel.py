@@ -100,8 +100,10 @@ def fp8_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", gran_n: int
                        transpose_B=b_major == "k", clear_accum=True)
                 for i, j in T.Parallel(block_M, block_N):
                     row = T.min(by * block_M + i, M - 1)
-                    col = T.min(bx * block_N + j, N - 1)
-                    C[i, j] = C[i, j] + partial[i, j] * SFA[row, k] * SFB[col // gran_n, k]
+                    # 128-wide B scale blocks: block_N divides 128, so one scale serves the whole tile
+                    # (a loop-invariant load; per column, the CPU's vectorised loop gathered it)
+                    col = (bx * block_N) // gran_n if gran_n == GRAN_K else T.min(bx * block_N + j, N - 1)
+                    C[i, j] = C[i, j] + partial[i, j] * SFA[row, k] * SFB[col, k]
             if accumulate:
                 for i, j in T.Parallel(block_M, block_N):
                     row = T.min(by * block_M + i, M - 1)

@@ -31,23 +31,33 @@ def _within_expert(config: dict) -> bool:
 def choose(backend: str, num_groups: int, N: int, K: int, alignment: int = 128) -> dict:
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_contiguous` parameters.
     GPUs use 128x128 output tiles with 64-deep K steps (three stages fit Hopper shared
-    memory); host backends take 128x128 tiles with 256-deep K steps, so each call of the
-    packed tile GEMM amortises its packing.  A configuration tuned for this shape
+    memory); the CPU 128x128 tiles with 512-deep K steps and a 16-row ladder (``row_step``:
+    padding rows cost little, the B tile is packed once per 128 rows), other host backends
+    128x128x256 tiles (64 rows for 16+ groups).  A configuration tuned for this shape
     (``kernforge tune``) takes precedence over both, as for every chooser here."""
     return _heuristic(backend, num_groups, N, K, alignment)
 
 
 def _heuristic(backend: str, num_groups: int, N: int, K: int, alignment: int) -> dict:
-    gpu = _gpu(backend)
     rows = block_m(alignment)
-    if not gpu and num_groups >= 16:
-        # many experts mean few rows each, and a host tile computes every row it holds (padding
-        # included): at G 32 with 0-130 rows per expert (1228 rows in 3584 aligned ones), 64-row
-        # tiles ran 1.55x faster than 128-row ones (Zen 4, avx512bf16, 1 thread); with 128 full
-        # rows per expert (G 8) they cost 10%, hence only for many groups
+    if _gpu(backend):
+        return dict(num_groups=num_groups, N=N, K=K, block_M=rows, block_N=128, num_stages=3, block_K=64)
+    if backends.lang(backend) == "c++":
+        # the CPU: a tile multiplies only its rows up to the last expert row, in steps of 16 rows
+        # (``row_step``), so a ragged expert's padding costs < 16 rows of work while the B tile is
+        # packed once per 128 rows; 512-deep K steps halve the float32 C tile's reads and writes
+        # (G 4 x 256 rows, N = K = 4096: 182 against 186-190 ms with 256-deep ones).
+        # Zen 4, avx512bf16, one thread, against torch's per-expert loop: G 32 x 0-130 rows, N = K =
+        # 1024: 0.66x (64-row tiles) -> 0.84x (32-row steps) -> 0.99x (16); G 4 x 0-512 rows, N = K =
+        # 2048: 0.77x -> 0.92x
+        return dict(num_groups=num_groups, N=N, K=K, block_M=rows, block_N=128, num_stages=1, block_K=512,
+                    row_step=min(rows, 16))
+    if num_groups >= 16:
+        # other hosts compute every row a tile holds: at G 32 with 0-130 rows per expert (1228 rows in
+        # 3584 aligned ones), 64-row tiles ran 1.55x faster than 128-row ones (Zen 4, avx512bf16, 1
+        # thread, before the CPU's row ladder); with 128 full rows per expert (G 8) they cost 10%
         rows = min(rows, 64)
-    return dict(num_groups=num_groups, N=N, K=K, block_M=rows, block_N=128,
-                num_stages=3 if gpu else 1, block_K=64 if gpu else 256)
+    return dict(num_groups=num_groups, N=N, K=K, block_M=rows, block_N=128, num_stages=1, block_K=256)
 
 
 @tuned("m_grouped_fp8_gemm_nt_contiguous", keys=("alignment",), valid=_within_expert)
@@ -71,14 +81,19 @@ choose_fp8_fp4 = tuned("m_grouped_fp8_fp4_gemm_nt_contiguous", keys=("alignment"
 @tuned("m_grouped_gemm_nt_masked")
 def choose_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int) -> dict:
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_masked` parameters: the
-    contiguous tiles, with a row tile sized by ``expected_m`` (typical rows per group).  Host
-    tiles compute every row they hold, and a group's last tile is partly past ``masked_m``, so
-    they are smaller: 16 rows up to 32 expected, 32 up to 128, else 64 (Zen 4, avx512bf16, one
+    contiguous tiles, with a row tile sized by ``expected_m`` (typical rows per group).  On the
+    CPU 64 or 128 rows with the contiguous kernel's row ladder.  Other host tiles compute every
+    row they hold, and a group's last tile is partly past ``masked_m``, so they are smaller:
+    16 rows up to 32 expected, 32 up to 128, else 64 (Zen 4, avx512bf16, one
     thread, against torch's per-group loop: G 8 x 0-64 rows, N = K = 1024: 0.48x with 128-row
     tiles, 0.85x with 64, 0.97x with 16; G 4 x 0-200 rows, N = K = 2048: 0.68x / 0.70x / 0.71x
     with 128 / 64 / 32)."""
     if _gpu(backend):
         rows = 64 if expected_m <= 64 else 128
+    elif backends.lang(backend) == "c++":
+        # the row ladder (as in :func:`choose`) bounds the rows past ``masked_m`` instead: G 8 x 0-64
+        # rows, N = K = 1024: 0.97x -> 1.1x; G 4 x 0-200, N = K = 2048: 0.71x -> 0.94x
+        return dict(_heuristic(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 128)
     else:
         rows = 16 if expected_m <= 32 else 32 if expected_m <= 128 else 64
     return dict(_heuristic(backend, num_groups, N, K, 128), block_M=rows)

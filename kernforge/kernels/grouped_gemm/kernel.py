@@ -36,17 +36,20 @@ from kernforge.kernels.gemm.kernel import FP4_GRAN_K, FP8, GRAN_K, fp4_value
 
 
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64, 128, 256],
-           num_stages=[1, 2, 3])
+           num_stages=[1, 2, 3], row_step=[0, 16])
 def m_grouped_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: int = 64,
                                  block_N: int = 64, block_K: int = 64, num_stages: int = 2,
                                  dtype: str = "bfloat16", out_dtype: str = "bfloat16",
-                                 threads: int = 128):
+                                 threads: int = 128, row_step: int = 0):
     """bf16 (or fp16) grouped GEMM.  Kernel parameters: ``A [M, K]``, ``B [num_groups, N, K]``,
-    ``m_indices int32 [M]`` (expert of each row, ``-1`` = padding), output ``D [M, N]``."""
+    ``m_indices int32 [M]`` (expert of each row, ``-1`` = padding), output ``D [M, N]``.
+    ``row_step`` (a host's choice; 0: off) multiplies only the tile's first rows up to its last
+    expert row, rounded up to a multiple of ``row_step`` (:func:`_row_ladder`)."""
+    _check_row_step(row_step, block_M)
     accum = "float32"
     M = T.symbolic("M")
     name = (f"m_grouped_gemm_nt_contiguous_g{num_groups}_n{N}_k{K}_M{block_M}_N{block_N}"
-            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}")
+            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}{f'_r{row_step}' if row_step else ''}")
 
     @T.prim_func(name=name)
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((num_groups, N, K), dtype),
@@ -58,16 +61,47 @@ def m_grouped_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: int =
             expert = m_indices[by * block_M]
             T.clear(C)
             if expert >= 0:
+                if row_step:
+                    used = T.alloc_var("int32", 0)  # rows up to the tile's last expert row
+                    for i in T.serial(block_M):
+                        if by * block_M + i < M:
+                            if m_indices[by * block_M + i] >= 0:
+                                used = i + 1
+                # the clamp changes no valid id (the ops layer checks them) and proves the B tile in
+                # bounds when block_N and block_K divide N and K: the CPU's GEMM then reads the expert's
+                # weights in place (its bf16 nt micro-kernel packs them anyway) instead of a copy
+                e = T.max(T.min(expert, num_groups - 1), 0)
                 for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
-                    T.copy(A[by * block_M, k * block_K], A_shared)
-                    T.copy(B[expert, bx * block_N, k * block_K], B_shared)
-                    T.gemm(A_shared, B_shared, C, transpose_B=True)
+                    if row_step:
+                        T.copy(B[e, bx * block_N, k * block_K], B_shared)
+                        for rows in _row_ladder(block_M, row_step):
+                            if (used > rows - row_step) & (used <= rows):
+                                T.copy(A[by * block_M, k * block_K], A_shared[0:rows, :])
+                                T.gemm(A_shared[0:rows, :], B_shared, C[0:rows, :], transpose_B=True)
+                    else:
+                        T.copy(A[by * block_M, k * block_K], A_shared)
+                        T.copy(B[e, bx * block_N, k * block_K], B_shared)
+                        T.gemm(A_shared, B_shared, C, transpose_B=True)
             for i, j in T.Parallel(block_M, block_N):
                 row = T.min(by * block_M + i, M - 1)
                 C[i, j] = T.if_then_else(m_indices[row] >= 0, C[i, j], 0.0)
             T.copy(C, D[by * block_M, bx * block_N])
 
     return main
+
+
+def _row_ladder(block_M: int, row_step: int) -> range:
+    """The row counts a host tile may multiply: ``row_step``, ``2 row_step``, ... ``block_M``.
+    One GEMM of the smallest that holds the tile's used rows runs per K step, so padding rows
+    (a ragged expert's last tile, a masked group's rows past ``masked_m``) cost at most
+    ``row_step - 1`` rows of work, while the B tile is still read, and packed by the CPU's
+    micro-kernel, once per ``block_M`` rows."""
+    return range(row_step, block_M + 1, row_step)
+
+
+def _check_row_step(row_step: int, block_M: int) -> None:
+    if row_step < 0 or (row_step and block_M % row_step):
+        raise ValueError(f"row_step ({row_step}) must be 0 or divide block_M ({block_M})")
 
 
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], num_stages=[1, 2, 3])
@@ -118,19 +152,22 @@ def m_grouped_fp8_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: i
 
 
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64, 128, 256],
-           num_stages=[1, 2, 3])
+           num_stages=[1, 2, 3], row_step=[0, 16])
 def m_grouped_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int = 64,
                              block_N: int = 64, block_K: int = 64, num_stages: int = 2,
                              dtype: str = "bfloat16", out_dtype: str = "bfloat16",
-                             threads: int = 128):
+                             threads: int = 128, row_step: int = 0):
     """DeepGEMM's masked layout (decode, CUDA-graph friendly): ``D[g, r] = A[g, r] @ B[g]^T``
     for ``r < masked_m[g]``.  Kernel parameters: ``A [num_groups, max_m, K]``,
     ``B [num_groups, N, K]``, ``masked_m int32 [num_groups]``, ``D [num_groups, max_m, N]``.
-    Rows at or past ``masked_m[g]`` are neither computed nor written."""
+    Rows at or past ``masked_m[g]`` are neither computed nor written; with ``row_step`` (a
+    host's choice) a tile multiplies only its rows below ``masked_m``, rounded up to a
+    multiple of ``row_step`` (:func:`_row_ladder`)."""
+    _check_row_step(row_step, block_M)
     accum = "float32"
     max_m = T.symbolic("max_m")
     name = (f"m_grouped_gemm_nt_masked_g{num_groups}_n{N}_k{K}_M{block_M}_N{block_N}"
-            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}")
+            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}{f'_r{row_step}' if row_step else ''}")
 
     @T.prim_func(name=name)
     def main(A: T.Tensor((num_groups, max_m, K), dtype), B: T.Tensor((num_groups, N, K), dtype),
@@ -144,10 +181,22 @@ def m_grouped_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int = 64,
             rows = masked_m[bz]
             if by * block_M < rows:
                 T.clear(C)
+                used = rows - by * block_M
                 for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
-                    T.copy(A[bz, by * block_M, k * block_K], A_shared)
-                    T.copy(B[bz, bx * block_N, k * block_K], B_shared)
-                    T.gemm(A_shared, B_shared, C, transpose_B=True)
+                    if row_step:
+                        T.copy(B[bz, bx * block_N, k * block_K], B_shared)
+                        for tile_rows in _row_ladder(block_M, row_step):
+                            # the last size also takes the rows past the tile (used > block_M)
+                            fits = used > tile_rows - row_step
+                            if tile_rows < block_M:
+                                fits = fits & (used <= tile_rows)
+                            if fits:
+                                T.copy(A[bz, by * block_M, k * block_K], A_shared[0:tile_rows, :])
+                                T.gemm(A_shared[0:tile_rows, :], B_shared, C[0:tile_rows, :], transpose_B=True)
+                    else:
+                        T.copy(A[bz, by * block_M, k * block_K], A_shared)
+                        T.copy(B[bz, bx * block_N, k * block_K], B_shared)
+                        T.gemm(A_shared, B_shared, C, transpose_B=True)
                 for i, j in T.Parallel(block_M, block_N):
                     if (by * block_M + i < rows) & (bx * block_N + j < N):
                         D[bz, by * block_M + i, bx * block_N + j] = C[i, j]

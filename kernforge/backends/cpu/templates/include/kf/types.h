@@ -102,6 +102,21 @@ template <> inline constexpr kf_fp8e4m3 kf_from_float<kf_fp8e4m3>(float f) {
   return kf_fp8e4m3{uint8_t(sign | ((a - 0x3c000000u + 0x7ffffu + odd) >> 20))};
 }
 
+// fp8 e4m3 -> bf16, exact (every e4m3 value is a bf16 value), on the integer bits with selects only,
+// so that a tile copy vectorises (a float conversion inside made g++ keep a branch and the loop
+// scalar): a normal (exponent field >= 1) moves its exponent and mantissa fields up and rebiases
+// (+120); a subnormal mant * 2^-9 (mant 1-7) is normalised by hand, its leading bit at position
+// e = [mant >= 2] + [mant >= 4] giving exponent 118 + e; NaN is the quiet NaN of its sign, as
+// kf_from_float<kf_bf16>(kf_to_float(x)) gives (all 256 codes: tests/backends/test_cpu_gemm_paths.py).
+inline constexpr kf_bf16 kf_fp8_to_bf16(kf_fp8e4m3 x) {
+  const uint32_t b = kf_bits(x), em = b & 0x7fu, sign = (b & 0x80u) << 8;
+  const uint32_t e = (em >= 2u) + (em >= 4u);
+  const uint32_t sub = em == 0u ? 0u : ((118u + e) << 7) | ((em << (7u - e)) & 0x7fu);
+  uint32_t v = em < 8u ? sub : (em << 4) + 0x3c00u;
+  v = em == 0x7fu ? 0x7fc0u : v;
+  return kf_bf16{uint16_t(sign | v)};
+}
+
 // ---------------------------------------------------------------- bits and specials
 
 template <class To, class From>

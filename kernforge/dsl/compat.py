@@ -18,6 +18,7 @@ from kernforge.dsl import builder as B
 from kernforge.dsl import loop as _loop
 from kernforge.dsl import math as _math
 from kernforge.dsl import reduce as _reduce
+from kernforge.dsl import thread_branches as _branches
 from kernforge.dsl.handles import TensorHandle, VarHandle
 from kernforge.dsl.thread_sync import thread_maps
 from kernforge.dsl.types import TensorType
@@ -281,22 +282,29 @@ def _uniform(b, frame) -> bool:
     return not any(n is var or isinstance(n, ir.Load) for e in frame.loop for n in ir.nodes(e))
 
 
-def _hoist(b, name: str, loc) -> None:
+def _hoist(b, name: str, loc, arrive_count: Optional[int] = None) -> None:
     """Make a barrier or shuffle under uniform loops of a thread region legal, by lifting the
     loops out of the region: ``for tx: ...; for k: body`` becomes ``for tx: ...`` then
     ``for k: (for tx: body)``, the inner map split where the barrier or shuffle stands.  Every
     thread runs the same iterations, so all of them reach it; the interchange keeps each
     thread's results because a thread region's iterations are independent between barriers
     (per-thread state lives in per-thread arrays indexed by the thread).  A branch or a loop
-    whose bounds depend on the thread is a :class:`DivergentBarrierError`."""
+    whose bounds depend on the thread is a :class:`DivergentBarrierError`, except that a named
+    partial barrier (``arrive_count`` given) may stand under branches on the thread index alone,
+    which are then distributed over the split (:mod:`kernforge.dsl.thread_branches`)."""
     region = b.thread_region
     at = b.frames.index(region["frame"])
     loops = b.frames[at + 1:]
-    if not all(_uniform(b, f) for f in loops):
+    branches = [f for f in loops if arrive_count is not None and b.subset is None
+                and _branches.distributable(f, region["var"])]
+    if not all(_uniform(b, f) or f in branches for f in loops):
         raise DivergentBarrierError(f"{name} under a branch, or a loop whose trip count depends on the "
                                     "thread, in thread-level code: threads that skip it would never "
                                     "reach it; move it out to the top level of the kernel block or into "
                                     "a loop with uniform bounds", loc)
+    if arrive_count is not None:
+        _branches.check_count(name, arrive_count, _distributed(b) + branches, region["var"],
+                              region["extent"], loc, DivergentBarrierError)
     close_thread_region(b, frames_above=len(loops))
     for f in loops:
         f.hoisted = True
@@ -305,9 +313,33 @@ def _hoist(b, name: str, loc) -> None:
     _open_region(b, region["var"], region["extent"], region["loc"])
 
 
+def _distributed(b) -> list:
+    """The open thread-index branches already distributed over barriers (their threads are the
+    ones that reach a barrier inside them)."""
+    return [f for f in b.frames if f.kind == "branch" and f.hoisted]
+
+
+def reached_by_all(b, name: str, loc) -> None:
+    """A block barrier, shuffle or allreduce needs every thread (of the block or warp): inside a
+    branch distributed over named partial barriers only some threads reach it."""
+    if _distributed(b):
+        raise DivergentBarrierError(f"{name} under a branch of thread-level code: the threads that skip "
+                                    "it would never reach it (only a named partial barrier "
+                                    "T.sync_threads(barrier_id, arrive_count) may stand there)", loc)
+
+
 def leave_hoisted_loop(b) -> None:
-    """End the body of a loop :func:`_hoist` lifted: its last map closes into the loop."""
+    """End the body of a loop (or thread-index branch) :func:`_hoist` lifted: its last map
+    closes into it."""
     close_thread_region(b)
+
+
+def distributed_branch(b, f, loc) -> None:
+    """A thread-index branch that :func:`_hoist` lifted has closed: its maps, each guarded by the
+    branch's condition, go where the ``if`` would have gone, and the thread region goes on."""
+    for st in _branches.guard_maps(f.stmts, f.cond, b.last_region["var"]):
+        b.emit(st)
+    reopen_region(b)
 
 
 def reopen_region(b) -> None:
@@ -333,11 +365,6 @@ def close_thread_region(b, frames_above: int = 0) -> None:
         below.stmts.extend(thread_maps(stmts, region["var"], region["extent"], loc))
 
 
-def _thread_only(cond, tvar) -> bool:
-    """``cond`` reads nothing but the thread index and constants (no memory, no other variable)."""
-    return all(n is tvar for n in ir.nodes(cond) if isinstance(n, (ir.Var, ir.Load)))
-
-
 def subset_tile_code(b) -> None:
     """Tile-level code (an allocation, ``T.Parallel``, a tile op) starts inside a branch at the top
     level of a thread region, as mHC's ``if T.get_thread_binding() < 32:`` writes it: in TileLang
@@ -352,16 +379,10 @@ def subset_tile_code(b) -> None:
     f = b.top
     at = b.frames.index(region["frame"])
     tvar = region["var"]
-    if (len(b.frames) != at + 2 or f.cond is None or not _thread_only(f.cond, tvar)
+    if (len(b.frames) != at + 2 or f.cond is None or not _branches.thread_only(f.cond, tvar)
             or any(n is tvar for st in f.stmts for n in ir.nodes(st))):
         return
-    from kernforge.interp.values import Evaluator  # the oracle's arithmetic, on every thread index
-    import numpy as np
-
-    class _Threads:
-        env = {tvar: np.arange(region["extent"], dtype=np.int32)}
-
-    taken = np.broadcast_to(np.asarray(Evaluator(_Threads())(f.cond)).astype(bool), (region["extent"],))
+    taken = _branches.taken(f.cond, tvar, region["extent"])
     b.frames.pop()
     close_thread_region(b)
     b.frames.append(f)
@@ -432,12 +453,21 @@ def thread_binding(start, stop=None, thread: str = "threadIdx.x"):
     return _loop.Parallel(stop)
 
 
-def sync_threads() -> None:
-    """``T.sync_threads()``: a block barrier in thread-level code (see :func:`_barrier`)."""
-    _barrier("T.sync_threads()")
+def sync_threads(barrier_id: Optional[int] = None, arrive_count: Optional[int] = None) -> None:
+    """``T.sync_threads()``: a block barrier in thread-level code (see :func:`_barrier`).
+    ``T.sync_threads(barrier_id, arrive_count)``: TileLang's named partial barrier, which only
+    ``arrive_count`` threads reach; it may stand under ``if``\\ s on the thread index alone
+    (:mod:`kernforge.dsl.thread_branches`).  A ``barrier_id`` alone is a block barrier."""
+    if arrive_count is None:
+        _barrier("T.sync_threads()")
+        return
+    if isinstance(arrive_count, bool) or not isinstance(arrive_count, int) or arrive_count <= 0:
+        raise ir.KernelError(f"T.sync_threads: arrive_count must be a positive int, got {arrive_count!r}",
+                             ir.caller_loc())
+    _barrier(f"T.sync_threads({barrier_id}, {arrive_count})", arrive_count)
 
 
-def _barrier(name: str) -> None:
+def _barrier(name: str, arrive_count: Optional[int] = None) -> None:
     """``name``: inside a thread region, ends one ``T.Parallel`` over the threads and
     starts the next (every thread's writes are visible after it).  Under a per-thread branch or
     loop it is a :class:`DivergentBarrierError`.  Outside thread-level code it does nothing:
@@ -447,8 +477,13 @@ def _barrier(name: str) -> None:
     region = b.thread_region
     if region is None:
         return
+    if arrive_count is None:
+        reached_by_all(b, name, loc)
     if b.top is not region["frame"]:
-        _hoist(b, name, loc)
+        _hoist(b, name, loc, arrive_count)
+    elif arrive_count is not None:
+        _branches.check_count(name, arrive_count, _distributed(b), region["var"], region["extent"], loc,
+                              DivergentBarrierError)
     close_thread_region(b)
     _open_region(b, region["var"], region["extent"], region["loc"])
 
@@ -581,6 +616,7 @@ def _shuffle(name: str, kind: str, value, arg, width, mask):
         raise UnsupportedError(f"T.{name} outside thread-level code is not supported: a shuffle exchanges "
                                "values between the threads of a warp; call tx = T.get_thread_binding() "
                                "first (kernforge's tile code has no per-thread values to exchange)", loc)
+    reached_by_all(b, f"T.{name}()", loc)
     if b.top is not region["frame"]:
         _hoist(b, f"T.{name}()", loc)
         region = b.thread_region

@@ -59,7 +59,10 @@ def branches(cond, has_else: bool):
     with then_(cond) as f:
         yield True
     subset = b.subset if b.subset is not None and b.subset["frame"] is f else None
-    if has_else:
+    if has_else and f.hoisted:  # the then-side was distributed over barriers (thread_branches)
+        with then_(~f.cond):
+            yield False
+    elif has_else:
         with (_subset_else(b) if subset else else_()):
             yield False
     if subset:  # thread-level code goes on after a thread-subset branch of tile code
@@ -78,6 +81,11 @@ def then_(cond):
     with b.frame("branch") as f:
         f.cond = c
         yield f
+        if f.hoisted:  # a partial barrier inside: the branch's last map closes into it ...
+            _compat().leave_hoisted_loop(b)
+    if f.hoisted:  # ... and the branch is distributed over its maps (kernforge.dsl.thread_branches)
+        _compat().distributed_branch(b, f, loc)
+        return
     if b.subset is not None and b.subset["frame"] is f:  # tile code of a subset of the threads
         if b.subset["then"] and f.stmts:
             b.emit(ir.seq(f.stmts, loc))
@@ -105,3 +113,18 @@ def else_():
     with b.frame("branch") as f:
         yield
     b.top.stmts[-1] = ir.If(last.cond, last.then, ir.seq(f.stmts, last.loc), last.loc)
+
+
+def _compat():
+    from kernforge.dsl import compat  # thread-level lowering; it imports the DSL's modules itself
+
+    return compat
+
+
+def runtime_jump(kind: str) -> None:
+    """A ``break`` or skipping ``continue`` under a runtime condition (see
+    kernforge.dsl.rewrite._runtime_jumps)."""
+    raise _compat().UnsupportedError(f"`{kind}` under a runtime `if` is not supported: the condition is only "
+                           f"known when the kernel runs, so the traced loop (or iteration) cannot end "
+                           f"here; guard the rest of the loop body with the negated condition instead",
+                           B.user_loc(2))

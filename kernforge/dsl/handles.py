@@ -6,8 +6,9 @@ Handles wrap IR buffers so that ``A[i, j]`` reads an element (an ``ir.Load``),
 """
 from __future__ import annotations
 
-from kernforge.codegen import arith, ir
+from kernforge.codegen import ir
 from kernforge.dsl import builder as B
+from kernforge.dsl import slices
 
 
 def _is_scalar_index(x) -> bool:
@@ -86,7 +87,7 @@ class TensorHandle:
                     raise B.error(f"strided slice of {self.name} is not supported", loc)
                 start = ir.as_expr(0 if k.start is None else k.start)
                 stop = dim if k.stop is None else ir.as_expr(k.stop)
-                ext = arith.difference(stop, start)
+                ext = slices.length(stop, start)
                 if ext is None or ext <= 0:
                     raise B.error(f"slice {d} of {self.name} must have a positive compile-time "
                                   f"length, got {stop} - {start}", loc)

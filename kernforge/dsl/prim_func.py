@@ -43,6 +43,7 @@ _HELPERS = {
     "__kf_not": control.bool_not,
     "__kf_then": control.then_,
     "__kf_else": control.else_,
+    "__kf_jump": control.runtime_jump,
     "__kf_lookup": lambda scope, name: scope.get(name, _UNBOUND),
     "__kf_assign": _assign,
     "__kf_name_loop": loop.name_loop,

@@ -238,6 +238,7 @@ def tvm_thread_allreduce(*args, dtype=None):
             raise compat.UnsupportedError(f"T.tvm_thread_allreduce over {r!r}: give thread indices returned "
                                           "by T.get_thread_binding(dim)", loc)
         dims.append(d)
+    compat.reached_by_all(b, "T.tvm_thread_allreduce", loc)
     if b.top is not region["frame"]:
         compat._hoist(b, "T.tvm_thread_allreduce", loc)
         region = b.thread_region

@@ -18,6 +18,7 @@ errors still point at the author's lines):
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import linecache
 import textwrap
@@ -65,9 +66,9 @@ class _Rewriter(ast.NodeTransformer):
         static_if = ast.If(_call("__kf_truth", cond_name), node.body, node.orelse or [])
         # both dispatches share the body's nodes: the compiler only reads the tree, and the
         # line numbers were shifted before the rewrite
-        runtime = [ast.With([ast.withitem(_call("__kf_then", cond_name))], node.body)]
+        runtime = [ast.With([ast.withitem(_call("__kf_then", cond_name))], _runtime_jumps(node.body))]
         if node.orelse:
-            runtime.append(ast.With([ast.withitem(_call("__kf_else"))], node.orelse))
+            runtime.append(ast.With([ast.withitem(_call("__kf_else"))], _runtime_jumps(node.orelse)))
         dispatch = ast.If(_call("__kf_is_static", cond_name), [static_if], runtime)
         return [_located(assign, node), _located(dispatch, node)]
 
@@ -93,6 +94,7 @@ class _Rewriter(ast.NodeTransformer):
         return _located(out, node)
 
     def visit_For(self, node):
+        _mark_trailing(node.body, True)  # before the ifs inside are rewritten (see _Jumps)
         self.generic_visit(node)
         names = _target_names(node.target)
         if names is not None:
@@ -115,6 +117,58 @@ class _Rewriter(ast.NodeTransformer):
 # the fields through which a statement holds statements (an ``except``'s and a ``case``'s
 # bodies included): ``break`` and ``continue`` are statements, so no expression can hold one
 _BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+class _Jumps(ast.NodeTransformer):
+    """``break`` of an enclosing loop -> ``__kf_jump("break")``, which raises; so does a
+    ``continue``, unless nothing of its loop's body follows it (:func:`_mark_trailing`): there
+    it skips nothing, and kernels use it so at the end of unrolled ``range`` loops."""
+
+    def visit_Break(self, node):
+        return _located(ast.Expr(_call("__kf_jump", ast.Constant("break"))), node)
+
+    def visit_Continue(self, node):
+        if getattr(node, "_kf_trailing", False):
+            return node
+        return _located(ast.Expr(_call("__kf_jump", ast.Constant("continue"))), node)
+
+    def _own(self, node):  # a loop's own body binds its break/continue; nested functions are apart
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            node.orelse = [self.visit(n) for n in node.orelse]
+        return node
+
+    visit_For = visit_AsyncFor = visit_While = _own
+
+    def visit_FunctionDef(self, node):
+        return node
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+
+
+def _mark_trailing(stmts, trailing: bool) -> None:
+    """Mark each ``continue`` of the loop whose body is ``stmts`` with whether it is the last
+    thing its iteration runs (only enclosing ``if``/``with`` bodies that end their lists lie
+    between it and the end of the body)."""
+    for k, st in enumerate(stmts):
+        last = trailing and k == len(stmts) - 1
+        if isinstance(st, ast.Continue):
+            st._kf_trailing = last
+        elif isinstance(st, ast.If):
+            _mark_trailing(st.body, last)
+            _mark_trailing(st.orelse, last)
+        elif isinstance(st, (ast.With, ast.AsyncWith)):
+            _mark_trailing(st.body, last)
+
+
+def _runtime_jumps(stmts) -> list:
+    """The runtime dispatch of an ``if`` whose body jumps out of a loop gets its own copy of the
+    body, with each such ``break`` (and each ``continue`` that would skip statements) a call that
+    raises a typed error at its line: a runtime condition cannot end a traced loop or iteration
+    (Python would leave the loop's trace half built, or silently drop the statements a
+    ``continue`` skips).  The static dispatch keeps the real jumps."""
+    if not _jumps_out(stmts):
+        return stmts
+    return [_Jumps().visit(copy.deepcopy(n)) for n in stmts]
 
 
 def _jumps_out(stmts) -> bool:

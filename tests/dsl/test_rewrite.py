@@ -141,3 +141,60 @@ def test_the_rewrite_parses_each_function_as_inspect_reads_it(fn):
     ast.increment_lineno(want, fn.__code__.co_firstlineno - 1)
     got = rewrite._parse_function(fn, inspect.getsourcefile(fn))
     assert ast.dump(got, include_attributes=True) == ast.dump(want, include_attributes=True)
+
+
+@pytest.mark.parametrize("jump,loop", [("break", "T.serial(8)"), ("continue", "T.serial(8)"),
+                                       ("continue", "range(8)")])
+def test_a_jump_under_a_runtime_if_is_a_typed_error_at_its_line(tmp_path, jump, loop):
+    """A runtime condition cannot end a traced loop or skip the rest of an iteration: the error
+    names the jump at the author's line.  Python's own jump used to leave the loop's trace half
+    built (``break``) or silently drop the statements after it from the trace (``continue``)."""
+    import linecache
+
+    from kernforge.dsl.compat import UnsupportedError
+
+    src = ("def k(X: T.Tensor((8,), 'int32')):\n"
+           "    with T.Kernel(1, threads=1):\n"
+           f"        for i in {loop}:\n"
+           "            if X[i] > 0:\n"
+           f"                {jump}\n"
+           "            X[i] = 1\n")
+    path = tmp_path / "kf_runtime_jump.py"
+    path.write_text(src)
+    linecache.checkcache(str(path))
+    scope = {"T": T}
+    exec(compile(src, str(path), "exec"), scope)
+    with pytest.raises(UnsupportedError, match=rf"kf_runtime_jump.py:5: `{jump}` under a runtime `if`"):
+        T.prim_func(scope["k"])
+
+
+def test_a_continue_that_skips_nothing_stays_legal():
+    """``continue`` as the last thing an iteration runs (under a runtime ``if`` at the end of an
+    unrolled loop's body) drops nothing from the trace."""
+    @T.prim_func
+    def k(X: T.Tensor((8,), "int32")):
+        with T.Kernel(1, threads=1):
+            for i in T.serial(8):
+                for level in range(3):
+                    X[i] = X[i] + 1
+                    if X[i] > 2:
+                        continue
+    x = np.arange(-3, 5, dtype=np.int32)
+    kernforge.compile(k, backend="interp")(x)
+    np.testing.assert_array_equal(x, np.arange(-3, 5, dtype=np.int32) + 3)
+
+
+def test_a_static_break_inside_a_runtime_if_still_breaks_its_python_loop():
+    @T.prim_func
+    def k(X: T.Tensor((8,), "int32")):
+        with T.Kernel(1, threads=1):
+            for i in T.serial(8):
+                if X[i] > 0:
+                    for level in range(5):      # unrolled while tracing
+                        if level == 2:          # static: ends the Python loop
+                            break
+                        X[i] = X[i] + 10
+    x = np.arange(-3, 5, dtype=np.int32)
+    want = np.where(x > 0, x + 20, x)
+    kernforge.compile(k, backend="interp")(x)
+    np.testing.assert_array_equal(x, want)

@@ -197,7 +197,7 @@ def _scheduled(backend, cfg, q, kv_flat, block_table, cache_seqlens, sink, scale
     lse_acc = torch.empty(b + parts, h_q, s_q, dtype=torch.float32, device=q.device)
     Scheduled(_kernel(backend, kernels.mla_decode_scheduled, **cfg),
               _kernel(backend, kernels.mla_decode_combine_scheduled,
-                      **config.choose_combine_scheduled(backend, h_q, s_q, head_dim_v)))(
+                      **config.scheduled_combine_params(backend, h_q, s_q, head_dim_v)))(
         q, kv_flat, block_table, cache_seqlens, sched, num_splits, sink, scale, out, lse, o_acc, lse_acc)
     return out, lse
 

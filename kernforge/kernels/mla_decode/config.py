@@ -88,11 +88,13 @@ def split_count(backend: str, blocks: int, max_tiles: int, device) -> int:
     return splits
 
 
-def choose_combine_scheduled(backend: str, heads: int, seq_q: int = 1, dim_v: int = 512) -> dict:
+def scheduled_combine_params(backend: str, heads: int, seq_q: int = 1, dim_v: int = 512) -> dict:
     """:func:`~kernforge.kernels.mla_decode.scheduled.mla_decode_combine_scheduled`
-    parameters: the row block of :func:`choose_combine` (its split loop runs over the
-    accumulator in global memory, so the block's registers do not grow with the splits)."""
-    block_R = choose_combine.heuristic(backend, heads, 2, seq_q, dim_v)["block_R"]
+    parameters: the row block :func:`choose_combine` picks for two splits, tuned or not
+    (the scheduled combine's split loop runs over the accumulator in global memory, so its
+    registers do not grow with the splits, and a sweep of ``mla_decode_combine`` carries
+    over)."""
+    block_R = choose_combine(backend, heads, 2, seq_q, dim_v)["block_R"]
     return dict(heads=heads, seq_q=seq_q, dim_v=dim_v, block_R=block_R)
 
 

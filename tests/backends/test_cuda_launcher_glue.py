@@ -78,7 +78,7 @@ def test_tensor_maps_are_not_plain_arguments(monkeypatch):
     from tests.backends.test_cuda_semantics import gemm
 
     kernel = gemm().ir
-    assert len(render_cuda(kernel, "sm_90a").tensor_maps) == 2  # A and B load through TMA
+    assert len(render_cuda(kernel, "sm_90a").tensor_maps) == 3  # A and B load through TMA, C stores through it
     _, argtypes, _ = _built_argtypes(monkeypatch, kernel)
     assert argtypes == ("ptr", "ptr", "ptr")
 

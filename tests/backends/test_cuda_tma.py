@@ -21,8 +21,11 @@ def test_sm_90a_and_sm_100a_pipelines_load_through_tma():
     assert hopper.variant == "tma"
     # A (64 x 32 bf16: 64-byte rows) keeps core-matrix boxes; B (32 x 64, MN-major, one warpgroup
     # column of 64) is 128B-swizzled and loads as one 32 x 64 box
-    assert [(t.buffer, t.box, t.swizzle) for t in hopper.tensor_maps] == [("A", (8, 8), 0), ("B", (32, 64), 128)]
-    assert hopper.params[-2:] == [("kf_tmap_A_0", TENSOR_MAP_CTYPE), ("kf_tmap_B_1", TENSOR_MAP_CTYPE)]
+    # ... and the epilogue stores C through TMA (64-row boxes of 128-byte swizzled slabs: kf/tma_store.cuh)
+    assert [(t.buffer, t.box, t.swizzle) for t in hopper.tensor_maps] == [("A", (8, 8), 0), ("B", (32, 64), 128),
+                                                                          ("C", (64, 64), 128)]
+    assert hopper.params[-3:] == [("kf_tmap_A_0", TENSOR_MAP_CTYPE), ("kf_tmap_B_1", TENSOR_MAP_CTYPE),
+                                  ("kf_tmap_store_C_0", TENSOR_MAP_CTYPE)]
     src = hopper.source
     assert "kf::tma_load_2d(" in src and "kf::mbarrier_wait_parity(" in src and "cp_async_cg_16" not in src
     assert f"{TENSOR_MAP_CTYPE} kf_tmap_A_0" in src
@@ -142,13 +145,16 @@ def test_launch_encodes_one_map_per_tma_buffer_and_passes_them_after_the_plain_p
          "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_NONE", *tail),
         ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, b.data_ptr(), u64(80, 72), u64(160), u32(64, 32), u32(1, 1),
          "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_128B", *tail),
+        # the STSM + TMA-store epilogue's output map: 64 rows x 64 columns (128 bytes) per box
+        ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2, c.data_ptr(), u64(80, 96), u64(160), u32(64, 64), u32(1, 1),
+         "CU_TENSOR_MAP_INTERLEAVE_NONE", "CU_TENSOR_MAP_SWIZZLE_128B", *tail),
     ]
     (config, handle, slots, values), = driver.launches
     assert handle == "function-handle"
     assert (config.gridDimX, config.gridDimY, config.gridDimZ) == (2, 2, 1)
     assert (config.blockDimX, config.sharedMemBytes) == (128, render_cuda(kernel, "sm_90a").dynamic_smem)
     assert values[:3] == [a.data_ptr(), b.data_ptr(), c.data_ptr()]
-    # the kernel's two CUtensorMap parameters point at the encoded maps' 128 bytes, in order
+    # the kernel's three CUtensorMap parameters point at the encoded maps' 128 bytes, in order
     assert slots[3:] == [ctypes.addressof(m.storage) for m in driver.maps] and driver.attributes == []
 
 

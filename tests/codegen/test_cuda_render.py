@@ -35,7 +35,7 @@ def test_generated_text_has_no_inline_asm_and_includes_only_the_device_library(a
         assert "asm" not in src
         assert set(re.findall(r'#include "([^"]+)"', src)) <= {
             "kf/common.cuh", "kf/atomic.cuh", "kf/cp_async.cuh", "kf/reduce.cuh", "kf/mma.cuh", "kf/wgmma.cuh",
-            "kf/tma.cuh", "kf/tcgen05.cuh"}
+            "kf/tma.cuh", "kf/tcgen05.cuh", "kf/tma_store.cuh"}
 
 
 def test_launch_abi_params_in_order_then_one_int64_per_symbol():

@@ -19,7 +19,7 @@ from kernforge import dtypes
 from kernforge.codegen import arith, ir
 from kernforge.codegen.passes import masks
 from kernforge.backends.cuda.layouts import AccumLayout, RowLayout
-from kernforge.backends.cuda import radix as cuda_radix, tma as cuda_tma
+from kernforge.backends.cuda import radix as cuda_radix, tma as cuda_tma, tma_store as cuda_tma_store
 
 I32 = dtypes.int32
 
@@ -215,6 +215,9 @@ def _map_index(anchor: ir.Region, vars_, r: ir.Region) -> tuple:
 
 
 def render_copy(R, c: ir.Copy) -> None:
+    if c in R.tma_stores:  # STSM + TMA-store epilogue (cuda_tma_store; emptied when its staging did not fit)
+        cuda_tma_store.render(R, R.tma_stores[c], R.tma_store_offset)
+        return
     if try_async_copy(R, c) or try_pair_store(R, c):
         return
     anchor, shape = _map_shape(R, (c.dst, c.src))

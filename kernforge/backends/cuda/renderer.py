@@ -56,6 +56,7 @@ from kernforge.backends.cuda.pipeline_plan import (PipelinePlan, plan_pipelines,
 from kernforge.backends.cuda import warp_specialize
 from kernforge.backends.cuda import smem_layouts
 from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tcgen05 as cuda_tcgen05, tma as cuda_tma
+from kernforge.backends.cuda import tma_store as cuda_tma_store
 from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol, safe_identifier
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
@@ -145,7 +146,9 @@ class CudaRenderer(CRenderer, Renderer):
     the pipeline with three analyses the emitter reads: fragment ``layouts`` (which
     fragments live in registers, in which layout; which gemm instruction), the ``pipelines``
     (ring copies of each ``T.Pipelined`` loop) and ``tma`` (which of those rings load by
-    TMA on sm_90a, and the tensor maps they need; none for the ``cp.async`` variant)."""
+    TMA on sm_90a, and the tensor maps they need; none for the ``cp.async`` variant), then
+    ``tma_store`` (which accumulator epilogues go out by STSM + TMA stores on sm_90a:
+    :mod:`kernforge.backends.cuda.tma_store`) and the ring / warp-specialization plans."""
 
     name = "cuda"
     tid = "kf_tid"
@@ -163,6 +166,8 @@ class CudaRenderer(CRenderer, Renderer):
             Analysis("pipelines", lambda k, facts: plan_pipelines(k, facts["layouts"].staged)),
             Analysis("tma", lambda k, facts: cuda_tma.plan_tma(k, facts["layouts"], facts["pipelines"])
                      if tma else ({}, [])),
+            Analysis("tma_store", lambda k, facts: cuda_tma_store.plan_tma_stores(k, facts["layouts"],
+                                                                                  tma and arch.wgmma)),
             Analysis("release", lambda k, facts: plan_release_rings(facts["tma"][0], facts["layouts"])),
             Analysis("promotion", lambda k, facts: plan_promotion_rings(facts["tma"][0], facts["layouts"])),
             Analysis("warpspec", lambda k, facts: plan_warp_specialization(k, facts["pipelines"], facts["release"],
@@ -191,6 +196,9 @@ class CudaRenderer(CRenderer, Renderer):
         self.plan: LayoutPlan = facts["layouts"]
         self.pipes: PipelinePlan = facts["pipelines"]
         self.tma_loops, self.tensor_maps = facts["tma"]
+        self.tma_stores, store_maps = facts.get("tma_store", ({}, []))  # STSM + TMA-store epilogues
+        self.tensor_maps = list(self.tensor_maps) + list(store_maps)
+        self.tma_store_offset = -1
         self.release_rings: set = facts.get("release", set())  # full + empty mbarriers, wgmma_wait<1>
         self.wgmma_keep = 0  # wgmma groups a gemm leaves in flight (1 inside a release ring)
         self.warp_spec = facts.get("warpspec")  # a producer warpgroup fills the release rings
@@ -323,6 +331,14 @@ class CudaRenderer(CRenderer, Renderer):
                for c in ir.nodes(self.k.body)):
             self.scan_scratch_offset = off
             off += 32 * 8
+        staging = cuda_tma_store.staging_bytes(self.tma_stores)
+        if staging and -(-off // SWIZZLE_ALIGN) * SWIZZLE_ALIGN + staging <= self.arch.max_smem:
+            self.tma_store_offset = off = -(-off // SWIZZLE_ALIGN) * SWIZZLE_ALIGN
+            off += staging
+        elif staging:  # no room for the staging tile: the plain epilogue, and no output tensor maps
+            stores = {s.spec for s in self.tma_stores.values()}
+            self.tensor_maps = [t for t in self.tensor_maps if t not in stores]
+            self.tma_stores = {}
         self.smem_bytes = off
         if off > self.arch.max_smem:
             raise CudaRenderError(f"kernel {self.k.name} needs {off} bytes of shared memory; {self.arch.name} "
@@ -354,7 +370,8 @@ class CudaRenderer(CRenderer, Renderer):
         for s in self.k.symbols:
             self.emit(f"const {self.ctype(s.dtype)} {self.cname(s)} = ({self.ctype(s.dtype)})kf_dim_{self.cname(s)};")
         if self.smem_bytes:
-            self.emit(f"extern __shared__ __align__({SWIZZLE_ALIGN if self.plan.swizzled else SMEM_ALIGN}) "
+            aligned = self.plan.swizzled or self.tma_store_offset >= 0
+            self.emit(f"extern __shared__ __align__({SWIZZLE_ALIGN if aligned else SMEM_ALIGN}) "
                       "unsigned char kf_smem[];")
         for b, off in self.smem_offsets.items():
             ring = "_ring" if b in self.pipes.stages else ""

@@ -4,8 +4,9 @@
 // generic-proxy shared-memory accesses (plain loads/stores, cp.async) with later
 // async-proxy accesses (wgmma operand reads, TMA writes).  Call it in every
 // thread before the __syncthreads() that hands the memory to the async proxy.
-// Host emulation has one memory view, so the fence is a no-op there (a missing
-// fence is one of the things emulation cannot catch: docs/backends/cuda-emu.md).
+// Host emulation has one memory view; it tracks the shared bytes that stmatrix (and
+// kf_emu::st_shared_generic) wrote until the writer fences, and a TMA store that reads
+// unfenced bytes fails (kf/emu/proxy.h).  Plain C++ stores are not tracked.
 //
 // Warp specialization (a producer warpgroup that only issues TMA beside the consumer
 // warpgroups, docs/backends/cuda.md "Warp-specialized GEMM pipeline"):
@@ -20,6 +21,7 @@
 #pragma once
 #include "kf/common.cuh"
 #ifdef KF_HOST_EMULATION
+#include "kf/emu/proxy.h"
 #include "kf/emu/warpgroup.h"
 #endif
 
@@ -40,7 +42,7 @@ KF_DEVICE void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 #else
-KF_DEVICE void fence_proxy_async() {}
+KF_DEVICE void fence_proxy_async() { kf_emu::fence_proxy_async(); }
 KF_DEVICE void named_barrier_sync(int id, int count) { kf_emu::named_barrier_sync(id, count); }
 // no static_assert here: the emulator checks the count at run time, so a test can plant a bad one
 template <int N>

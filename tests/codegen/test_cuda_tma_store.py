@@ -1,0 +1,67 @@
+"""Where the renderer lowers a GEMM epilogue to STSM + TMA stores (kernforge/backends/cuda/tma_store.py),
+and where it keeps the plain per-thread stores: the plan is a property of the kernel, the arch and the
+variant, and the emitted protocol is stage -> fence + barrier -> one thread stores and waits -> barrier.
+Rendering only (fast); cuda-emu runs these kernels in tests/emu/test_tma_store_kernels.py."""
+from __future__ import annotations
+
+import pytest
+
+from kernforge.backends.cuda.renderer import CudaRenderer, render_cuda
+from kernforge.codegen.renderer import Target
+from tests.backends.test_cuda_semantics import gemm
+
+
+def _stores(program):
+    return [(t.buffer, t.box, t.swizzle, t.elem_bytes) for t in program.tensor_maps
+            if t.name.startswith("kf_tmap_store_")]
+
+
+def test_sm_90a_epilogue_protocol_in_order():
+    program = render_cuda(gemm().ir, "sm_90a")
+    assert _stores(program) == [("C", (64, 64), 128, 2)]
+    src = program.source
+    assert "kf::store_pair" not in src
+    steps = ["kf::epilogue_stsm_bf16<64, 128>(", "kf::fence_proxy_async();", "if (kf_tid == 0) {",
+             "kf::epilogue_tma_store<64, 128, 2>(&kf_tmap_store_C_0", "kf::bulk_wait_group_read<0>();",
+             "kf::fence_proxy_async();"]
+    at = src.index(steps[0])
+    for step in steps[1:]:
+        nxt = src.index(step, at + 1)
+        assert nxt > at, step
+        at = nxt
+    # the staging tile is 1024-byte aligned inside a 1024-byte aligned arena, and fits the count
+    assert "__align__(1024)" in src
+    offset = int(src.split("kf::epilogue_stsm_bf16<64, 128>(")[1].split("(kf_smem + ")[1].split(")")[0])
+    assert offset % 1024 == 0 and offset + 64 * 64 * 2 <= program.dynamic_smem
+
+
+def test_narrow_blocks_stage_unswizzled():
+    """A 64 x 32 bf16 block is 64-byte rows: one unswizzled box of the whole block."""
+    program = render_cuda(gemm(N=64, bn=32).ir, "sm_90a")
+    assert _stores(program) == [("C", (64, 32), 0, 2)]
+    assert "kf::epilogue_stsm_bf16<32, 0>(" in program.source
+
+
+@pytest.mark.parametrize("arch, tma", [("sm_80", True), ("sm_100a", True), ("sm_90a", False)])
+def test_other_targets_and_the_cp_async_variant_keep_the_plain_epilogue(arch, tma):
+    program = render_cuda(gemm().ir, arch, tma=tma)
+    assert not _stores(program) and "epilogue_" not in program.source and "kf/tma_store.cuh" not in program.source
+    assert "kf::store_pair" in program.source
+
+
+def test_small_tiles_on_mma_sync_keep_the_plain_epilogue():
+    """32-row tiles are two warps of rows, not a warpgroup's 64: no wgmma fragment to stage."""
+    program = render_cuda(gemm(bm=32, bn=64).ir, "sm_90a")
+    assert not _stores(program) and "kf::store_pair" in program.source
+
+
+def test_no_room_for_the_staging_tile_keeps_the_plain_epilogue():
+    """4 stages of 128 x 64 + 64 x 256 bf16 tiles take 192 KiB: a 64 KiB staging tile would pass the
+    227 KiB limit, so the epilogue stays per-thread and no output map is passed."""
+    kernel = gemm(M=256, N=256, K=256, bm=128, bn=256, bk=64, stages=4).ir
+    _, facts = CudaRenderer().lower(kernel, Target("cuda", "sm_90a", "", False))
+    assert facts["tma_store"][0]  # planned: dropped for the budget alone
+    program = render_cuda(kernel, "sm_90a")
+    assert program.dynamic_smem <= 232448
+    assert not _stores(program) and "kf::store_pair" in program.source
+    assert [t.buffer for t in program.tensor_maps] == ["A", "B"]

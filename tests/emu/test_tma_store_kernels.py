@@ -1,0 +1,71 @@
+"""Library GEMMs whose epilogue the renderer lowers to STSM + TMA stores on sm_90a
+(kernforge/backends/cuda/tma_store.py), at small sizes on cuda-emu against the interpreter: the
+plain and the warp-specialized variants, bf16 and fp32 outputs, tiles that overhang the output
+(TMA clips them).  The sources are checked to take the path (so a planner change that silently
+drops it fails here), and the launch to run the TMA variant."""
+import numpy as np
+import pytest
+import torch
+
+import kernforge
+from kernforge.backends.cuda.renderer import render_cuda
+from kernforge.kernels.registry import all_specs
+
+SPECS = all_specs()
+
+CASES = {
+    # one consumer warpgroup (+ producer), 64 x 64 tiles, M and N overhanging the last tile
+    "bf16_ws": ("bf16_gemm_nt", dict(M=100, N=96, K=128, block_M=64, block_N=64, block_K=64, dtype="bfloat16",
+                                     out_dtype="bfloat16")),
+    # native fp8 wgmma with per-128-K promotion (a promotion ring) before the epilogue
+    "fp8_ws": ("fp8_gemm_nt", dict(M=100, N=96, K=256, block_M=64, block_N=64)),
+    # no producer warpgroup (the fp4 decode keeps its ring block-synchronised)
+    "fp8_fp4_plain": ("fp8_fp4_gemm_nt", dict(M=100, N=96, K=256, block_M=64, block_N=64)),
+    # fp32 output: st.shared.v2 staging, 128-byte swizzled slabs of 32 columns; a single-stage ring
+    "f32_plain": ("bf16_gemm_nt", dict(M=72, N=64, K=64, block_M=64, block_N=64, block_K=64, num_stages=1,
+                                       dtype="bfloat16", out_dtype="float32")),
+    # producer warpgroup + two consumer warpgroups (the bench configuration's shape, shrunk)
+    "bf16_2wg_ws": ("bf16_gemm_nt", dict(M=136, N=192, K=128, block_M=128, block_N=128, block_K=64, num_stages=3,
+                                         threads=256, dtype="bfloat16", out_dtype="bfloat16")),
+    "grouped_ws": ("m_grouped_gemm_nt_contiguous", dict(group_rows=[128, 0, 256], alignment=128, num_groups=3, N=128,
+                                                        K=128, block_M=128, block_N=128, num_stages=3, block_K=64)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tma_store_epilogue_matches_interp(case):
+    name, params = CASES[case]
+    spec = SPECS[name]
+    program = render_cuda(spec.factory(**params).ir, "sm_90a")
+    assert "kf::epilogue_tma_store<" in program.source and any("store" in t.name for t in program.tensor_maps)
+    assert ("setmaxnreg" in program.source) == case.endswith("_ws")
+    emu_inputs = spec.make_inputs(params, 0, "cpu")
+    ref_inputs = [t.clone() if isinstance(t, torch.Tensor) else t for t in emu_inputs]
+    for i in spec.outputs:  # poisoned, in the output dtype the case asks for: an element the epilogue misses shows
+        dt = getattr(torch, params["out_dtype"]) if "out_dtype" in params else emu_inputs[i].dtype
+        emu_inputs[i] = torch.full(emu_inputs[i].shape, float("nan"), dtype=dt)
+        ref_inputs[i] = emu_inputs[i].clone()
+    emu = kernforge.compile(spec.factory, backend="cuda-emu", arch="sm_90a", **params)
+    emu(*emu_inputs)
+    assert emu.launcher.last_variant == "tma"
+    kernforge.compile(spec.factory, backend="interp", **params)(*ref_inputs)
+    for i in spec.outputs:
+        got, want = emu_inputs[i].float().numpy(), ref_inputs[i].float().numpy()
+        np.testing.assert_allclose(got, want, rtol=2.0 ** -7, atol=1e-3, err_msg=f"{case} output {i}")
+
+
+def test_two_warp_columns_fp32_epilogue_matches_interp():
+    """softmax(Q K^T) written as fp32 by a 4 x 2 warp grid: each warp column's 64 x 32 block is its
+    own staging block and TMA box (kf_wc > 0), after a row reduction across the warp columns."""
+    from tests.backends.test_cuda_semantics import scores_softmax
+
+    pf = scores_softmax()
+    assert "kf::epilogue_st_f32<32, 128>" in render_cuda(pf.ir, "sm_90a").source
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(64, 64, generator=g).bfloat16(), torch.randn(64, 64, generator=g).bfloat16()
+    got, want = torch.full((64, 64), float("nan")), torch.full((64, 64), float("nan"))
+    emu = kernforge.compile(pf, backend="cuda-emu", arch="sm_90a")
+    emu(q, k, got)
+    assert emu.launcher.last_variant == "tma"
+    kernforge.compile(pf, backend="interp")(q, k, want)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

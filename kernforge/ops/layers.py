@@ -39,6 +39,7 @@ from kernforge.kernels import hyper_connection as hc_k
 from kernforge.kernels import norm as norm_k
 from kernforge.kernels import rope as rope_k
 from kernforge.ops._capture import capturing
+from kernforge.ops._launch import launch
 
 _FLOATS = (torch.float32, torch.bfloat16)
 _INDEX = (torch.int32, torch.int64)
@@ -79,6 +80,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, *,
     if weight is not None:
         _tensor("weight", weight, _FLOATS)
         _shape("weight", weight, (dim,))
+        _contiguous("weight", weight)
         _same_device("weight", weight, x)
     _eps("eps", eps)
     if out_dtype is None:
@@ -89,10 +91,12 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, *,
     if x.numel() == 0:
         return out
     name = backends.for_tensor(x, backend)
-    kernel = _compiled(name, norm_k.rms_norm, norm_k.choose(
-        name, dim, _NAME[x.dtype], None if weight is None else _NAME[weight.dtype], _NAME[out_dtype]))
+    w_name = None if weight is None else _NAME[weight.dtype]
     w = weight if weight is not None else torch.empty(1, dtype=torch.float32, device=x.device)
-    kernel(x.view(-1, dim), w, out.view(-1, dim), float(eps))
+    rows = x.numel() // dim
+    launch(("rms_norm", x.device, name, rows, dim, x.dtype, w_name, out_dtype, float(eps)),
+           lambda: _compiled(name, norm_k.rms_norm, norm_k.choose(name, dim, _NAME[x.dtype], w_name, _NAME[out_dtype])),
+           (x.view(rows, dim), w, out.view(rows, dim), float(eps)))
     return out
 
 
@@ -140,10 +144,13 @@ def rotary_embedding(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor
     if x.numel() == 0:
         return out
     name = backends.for_tensor(x, backend)
-    kernel = _compiled(name, rope_k.rotary_embedding, rope_k.choose(
-        name, head_dim, rope_dim, _NAME[x.dtype], _NAME[positions.dtype], inverse))
     n = positions.numel()
-    kernel(x.view(n, -1, head_dim), positions.view(n), cos, sin, out.view(n, -1, head_dim))
+    heads = x.numel() // (n * head_dim)
+    launch(("rotary_embedding", x.device, name, n, heads, head_dim, length, rope_dim, x.dtype, positions.dtype,
+            inverse),
+           lambda: _compiled(name, rope_k.rotary_embedding, rope_k.choose(
+               name, head_dim, rope_dim, _NAME[x.dtype], _NAME[positions.dtype], inverse)),
+           (x.view(n, heads, head_dim), positions.view(n), cos, sin, out.view(n, heads, head_dim)))
     return out
 
 
@@ -159,8 +166,10 @@ def hadamard_transform(x: torch.Tensor, *, backend: Optional[str] = None) -> tor
     if x.numel() == 0:
         return out
     name = backends.for_tensor(x, backend)
-    kernel = _compiled(name, had_k.hadamard, had_k.choose(name, n, _NAME[x.dtype]))
-    kernel(x.view(-1, n), out.view(-1, n))
+    rows = x.numel() // n
+    launch(("hadamard", x.device, name, rows, n, x.dtype),
+           lambda: _compiled(name, had_k.hadamard, had_k.choose(name, n, _NAME[x.dtype])),
+           (x.view(rows, n), out.view(rows, n)))
     return out
 
 
@@ -186,11 +195,12 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.T
     if u.numel() == 0:
         return u, post, comb
     name = backends.for_tensor(x, backend)
-    kernel = _compiled(name, hc_k.hc_pre, hc_k.choose_pre(name, m, d, sinkhorn_iters, _NAME[x.dtype],
-                                                          _NAME[fn.dtype]))
     n = u.numel() // d
-    kernel(x.view(n, m * d), fn, scale, base, u.view(n, d), post.view(n, m), comb.view(n, m, m),
-           float(norm_eps), float(hc_eps))
+    launch(("hc_pre", x.device, name, n, m, d, sinkhorn_iters, x.dtype, fn.dtype, float(norm_eps), float(hc_eps)),
+           lambda: _compiled(name, hc_k.hc_pre, hc_k.choose_pre(name, m, d, sinkhorn_iters, _NAME[x.dtype],
+                                                                 _NAME[fn.dtype])),
+           (x.view(n, m * d), fn, scale, base, u.view(n, d), post.view(n, m), comb.view(n, m, m),
+            float(norm_eps), float(hc_eps)))
     return u, post, comb
 
 
@@ -213,9 +223,10 @@ def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
     if out.numel() == 0:
         return out
     name = backends.for_tensor(x, backend)
-    kernel = _compiled(name, hc_k.hc_post, hc_k.choose_post(name, m, d, _NAME[x.dtype]))
     n = out.numel() // (m * d)
-    kernel(y.view(n, d), x.view(n, m * d), post.view(n, m), comb.view(n, m, m), out.view(n, m * d))
+    launch(("hc_post", x.device, name, n, m, d, x.dtype),
+           lambda: _compiled(name, hc_k.hc_post, hc_k.choose_post(name, m, d, _NAME[x.dtype])),
+           (y.view(n, d), x.view(n, m * d), post.view(n, m), comb.view(n, m, m), out.view(n, m * d)))
     return out
 
 
@@ -231,9 +242,10 @@ def hc_head(x: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.
     if u.numel() == 0:
         return u
     name = backends.for_tensor(x, backend)
-    kernel = _compiled(name, hc_k.hc_head, hc_k.choose_head(name, m, d, _NAME[x.dtype], _NAME[fn.dtype]))
     n = u.numel() // d
-    kernel(x.view(n, m * d), fn, scale, base, u.view(n, d), float(norm_eps), float(hc_eps))
+    launch(("hc_head", x.device, name, n, m, d, x.dtype, fn.dtype, float(norm_eps), float(hc_eps)),
+           lambda: _compiled(name, hc_k.hc_head, hc_k.choose_head(name, m, d, _NAME[x.dtype], _NAME[fn.dtype])),
+           (x.view(n, m * d), fn, scale, base, u.view(n, d), float(norm_eps), float(hc_eps)))
     return u
 
 
@@ -253,12 +265,19 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, *, backend: Optional[str]
     if out.numel() == 0:
         return out
     name = backends.for_tensor(weight, backend)
-    kernel = _compiled(name, emb_k.embedding, emb_k.choose(name, dim, _NAME[weight.dtype], _NAME[ids.dtype]))
-    kernel(ids.view(-1), weight, out.view(-1, dim))
+    launch(("embedding", weight.device, name, ids.numel(), vocab, dim, weight.dtype, ids.dtype),
+           lambda: _compiled(name, emb_k.embedding, emb_k.choose(name, dim, _NAME[weight.dtype], _NAME[ids.dtype])),
+           (ids.view(-1), weight, out.view(-1, dim)))
     return out
 
 
 # ---------------------------------------------------------------- compilation
+#
+# Each op launches through `kernforge.ops._launch.launch`, keyed on everything the kernel
+# choice and its launch plan depend on (op, device, backend, every shape and dtype of the
+# contiguous views it passes, the scalar values): a repeated call skips the tuning chooser
+# and the compiled kernel's signature checks, which at decode sizes cost more than the kernel
+# (~250 small launches per forward in the engine).
 
 
 @functools.lru_cache(maxsize=None)
@@ -331,4 +350,5 @@ def _mixer(fn, scale, base, fn_shape: tuple, n_scales: int, x: torch.Tensor) -> 
     _tensor("base", base, (torch.float32,))
     _shape("base", base, (fn_shape[0],))
     for name, t in (("fn", fn), ("scale", scale), ("base", base)):
+        _contiguous(name, t)
         _same_device(name, t, x)

@@ -84,6 +84,22 @@ def test_fp8_edge_values(backend, dtype):
     assert torch.isnan(got[10]).all() and got[0].eq(0).all()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp8_rounds_every_e4m3_interval_as_torch(backend):
+    """The kernel rounds in float32 arithmetic (`_round_e4m3`), not through an e4m3 cast: in
+    blocks of scale 1 (amax 448), every e4m3 value, every midpoint between neighbours (ties to
+    even) and the float32 values one ulp either side of each midpoint, both signs, against
+    torch's own float32 -> float8_e4m3fn -> float32 conversion."""
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 .. 448
+    mid = (grid[:-1] + grid[1:]) / 2
+    vals = torch.cat([grid, mid, torch.nextafter(mid, torch.zeros(())), torch.nextafter(mid, grid[1:])])
+    vals = torch.cat([vals, -vals])
+    vals = torch.cat([vals, vals.new_zeros(-vals.numel() % 63)]).view(-1, 63)
+    x = torch.cat([torch.full((vals.shape[0], 1), 448.0), vals], dim=1)  # every block's scale is 1
+    got = ops.fake_quant_fp8(x, backend=backend)
+    assert same(got, x.to(torch.float8_e4m3fn).float())
+
+
 @pytest.mark.parametrize("backend", host_backends("cpu"))
 def test_fp8_bf16_every_amax(backend):
     """One block per finite positive bf16 amax: the kernel computes the scale in float32, the
@@ -119,12 +135,13 @@ def test_every_output_is_written(backend):
     """Poisoned outputs: the kernel writes each element (NaN poison where the data has none)."""
     import kernforge
 
-    x = rows((3, 128), seed=3)
-    for factory, params, ref in ((Q.fake_quant_e4m3, dict(dtype="float32", block=64), fake_quant_fp8),
-                                 (Q.fake_quant_e2m1, dict(block=32), fake_quant_fp4)):
-        out = torch.full_like(x, float("nan"))
-        kernforge.compile(factory, backend=backend, **params)(x, out)
-        assert not torch.isnan(out).any() and same(out, ref(x))
+    for m, block_rows in ((3, 1), (3, 4), (37, 16), (16, 16)):  # rows past the end of a ragged last program
+        x = rows((m, 128), seed=m + block_rows)
+        for factory, params, ref in ((Q.fake_quant_e4m3, dict(dtype="float32", block=64), fake_quant_fp8),
+                                     (Q.fake_quant_e2m1, dict(block=32), fake_quant_fp4)):
+            out = torch.full_like(x, float("nan"))
+            kernforge.compile(factory, backend=backend, block_rows=block_rows, **params)(x, out)
+            assert not torch.isnan(out).any() and same(out, ref(x)), (factory.__name__, m, block_rows)
 
 
 @settings(max_examples=10, deadline=None)

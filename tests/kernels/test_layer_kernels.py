@@ -113,6 +113,22 @@ def test_hadamard_edge_shapes(rows, log_n, block_rows, dtype):
     _close(got, H.reference(x), **({} if dtype == "float32" else dict(rtol=2.0 ** -7, atol=2e-2)))
 
 
+@pytest.mark.parametrize("backend", host_backends("interp", "cpu"))
+def test_hadamard_is_the_models_butterflies_bit_for_bit(backend):
+    """The Stockham stages add the operands of the model's stages in the same order, so the
+    float32 result is the model's `primitives.hadamard` exactly (not merely within
+    tolerance), at every size up to 256, odd row counts (a ragged last block) included."""
+    from kernforge.model.primitives import hadamard as model_hadamard
+
+    for log_n in range(9):
+        n = 1 << log_n
+        x = torch.randn(37, n, generator=torch.Generator().manual_seed(n)) * 100
+        k = kernforge.compile(H.hadamard, backend=backend, **H.choose(backend, n))
+        out = torch.full_like(x, float("nan"))
+        k(x, out)
+        assert torch.equal(out, model_hadamard(x)), f"n={n}"
+
+
 def test_hadamard_is_an_involution_and_rejects_other_sizes():
     x = torch.randn(3, 128)
     k = _interp(H.hadamard, [1], n=128)

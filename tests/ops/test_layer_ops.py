@@ -192,6 +192,39 @@ def test_embedding_matches_the_model(model):
     assert torch.equal(ops.embedding(ids.int(), model.embed.weight.bfloat16()), model.embed(ids).bfloat16())
 
 
+def test_repeated_launches_follow_every_argument(model):
+    """The ops bind a launch per signature (`ops._launch.launch`) and later calls only pass
+    pointers: calls that repeat the shapes but change the data, eps, a weight's stride, the
+    rope table or hc scalars must still give the model's results, and each call writes its own
+    output buffer."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 128, generator=g)
+    w2 = torch.randn(128, generator=g)
+    for w, eps in ((torch.randn(128, generator=g), 1e-6), (w2, 1e-6), (w2, 0.5)):
+        for xi in (x, x * 3 + 1):
+            want = RMSNorm(128, eps)
+            want.weight.data = w.contiguous()
+            got = ops.rms_norm(xi, w, eps)
+            torch.testing.assert_close(got, want(xi), **F32)
+    first = ops.hadamard_transform(x[:, :64].contiguous())
+    second = ops.hadamard_transform(x[:, 64:].contiguous())
+    assert first.data_ptr() != second.data_ptr()
+    torch.testing.assert_close(second, hadamard(x[:, 64:]), **F32)
+    torch.testing.assert_close(first, hadamard(x[:, :64]), **F32)
+    c, blk = model.config, model.layers[0]
+    streams = _streams(5, c.hc_mult, c.hidden_size, seed=8)
+    mixer = (blk.hc_attn_fn, blk.hc_attn_scale, blk.hc_attn_base, c.hc_sinkhorn_iters)
+    for eps in (0.25, c.rms_norm_eps):  # same shapes, another norm eps: another launch
+        u = ops.hc_pre(streams, *mixer, eps, c.hc_eps)[0]
+        want = block.hc_pre(list(streams.unbind(1)), *mixer, eps, c.hc_eps)[0]
+        torch.testing.assert_close(u, want, **F32)
+    with pytest.raises(LayerValueError, match="weight must be contiguous"):  # the kernel reads it densely
+        ops.rms_norm(x, torch.randn(256)[::2], 1e-6)
+    with pytest.raises(LayerValueError, match="base must be contiguous"):
+        ops.hc_pre(streams, *mixer[:2], blk.hc_attn_base.repeat_interleave(2)[::2], mixer[3], c.rms_norm_eps,
+                   c.hc_eps)
+
+
 # ---------------------------------------------------------------- edges and errors
 
 

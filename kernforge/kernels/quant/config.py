@@ -8,6 +8,7 @@ ops share their builds with the catalogue.
 """
 from __future__ import annotations
 
+from kernforge import backends
 from kernforge.tune.consult import tuned
 
 @tuned(("per_token_cast_to_fp8", "per_token_cast_to_fp8_ue8m0"))
@@ -34,11 +35,17 @@ def choose_fp4(backend: str, dtype: str) -> dict:
 @tuned("fake_quant_fp8")
 def choose_fake_fp8(backend: str, dtype: str, block: int) -> dict:
     """:func:`~kernforge.kernels.quant.fake_quant_e4m3`: one thread per value of a 64-value
-    block (the host backends run a block as one thread; one value shares their builds)."""
-    return dict(dtype=dtype, block=block, threads=64)
+    block; the host backends take 16 rows' blocks a program (one program is one loop
+    iteration there: its fixed costs shared by 16 blocks)."""
+    return dict(dtype=dtype, block=block, block_rows=_host_rows(backend), threads=64)
 
 
 @tuned("fake_quant_fp4")
 def choose_fake_fp4(backend: str, block: int) -> dict:
-    """:func:`~kernforge.kernels.quant.fake_quant_e2m1`: one warp per 32-value block."""
-    return dict(block=block, threads=32)
+    """:func:`~kernforge.kernels.quant.fake_quant_e2m1`: one warp per 32-value block; 16 rows'
+    blocks a program on the host backends, as :func:`choose_fake_fp8`."""
+    return dict(block=block, block_rows=_host_rows(backend), threads=32)
+
+
+def _host_rows(backend: str) -> int:
+    return 16 if backends.lang(backend) in ("ir", "c++") else 1

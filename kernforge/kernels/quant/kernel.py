@@ -186,16 +186,42 @@ def _frexp_ceil_pow2(amax, floor: float, qmax: float):
     return T.where(amax == T.infinity("float32"), T.float32(1.0), ceil_pow2(v))
 
 
-def _amax_nan_as_inf(xt, mag, amax, block: int):
-    """``amax[0] = max |x|`` over the block with NaN counted as infinity (a reduction's NaN
+def _amax_nan_as_inf(xt, mag, amax, block: int, rows: int = 1):
+    """``amax[i] = max |x|`` over row i's block with NaN counted as infinity (a reduction's NaN
     handling need not be the model's, and the scale rule treats both alike)."""
-    for i, j in T.Parallel(1, block):
+    for i, j in T.Parallel(rows, block):
         mag[i, j] = T.where(T.isnan(xt[i, j]), T.infinity("float32"), T.abs(xt[i, j]))
     T.reduce_max(mag, amax, dim=1)
 
 
-@T.tunable(threads=[32, 64, 128])
-def fake_quant_e4m3(dtype: str = "float32", block: int = FAKE_FP8_BLOCK, threads: int = 64):
+def _check_rows(name: str, block_rows: int) -> None:
+    """Why several rows a program: on the host backends a program runs as one loop iteration
+    with its own bounds checks, amax reduction and scale, which at one 32- or 64-value block
+    cost as much as the rounding itself; the rows of a program share them and vectorise
+    together (the rows past the end read zeros and are not stored)."""
+    if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
+        raise ValueError(f"{name}: block_rows must be a positive int, got {block_rows!r}")
+
+
+def _round_e4m3(y):
+    """``float32(e4m3(y))`` with torch's saturation (beyond +-448 gives +-448, NaN stays NaN),
+    in float32 arithmetic: ``|y|`` clamped, then rounded on its e4m3 grid ``step =
+    max(2^floor(log2 |y|), 2^-6) / 8`` (three mantissa bits; the subnormals' step below 2^-6)
+    with ties to even (``(a + 2^23) - 2^23`` on ``a / step <= 16``: exact division by a power of
+    two, one IEEE rounding), with y's sign bit.  Why not ``T.cast(y, "float8_e4m3")``: on the CPU
+    that conversion is a branchy scalar function that keeps the loop from vectorising (5 ns a
+    value at tiny's KV rows); this is a handful of vector instructions and the same bits."""
+    u32 = "uint32"
+    a = T.min(T.abs(y), T.float32(FP8_MAX))  # NaN stays NaN
+    floor2 = T.reinterpret("float32", T.reinterpret(u32, a) & T.cast(0x7F800000, u32))
+    step = T.max(floor2, T.float32(2.0 ** -6)) * T.float32(0.125)
+    v = ((a / step + T.float32(_ROUND_MAGIC)) - T.float32(_ROUND_MAGIC)) * step
+    return T.reinterpret("float32", (T.reinterpret(u32, v) & T.cast(0x7FFFFFFF, u32))
+                         | (T.reinterpret(u32, y) & T.cast(0x80000000, u32)))
+
+
+@T.tunable(block_rows=[1, 4, 16, 64], threads=[32, 64, 128])
+def fake_quant_e4m3(dtype: str = "float32", block: int = FAKE_FP8_BLOCK, block_rows: int = 1, threads: int = 64):
     """``x [M, K]`` (``K % block == 0``) -> ``out [M, K]`` in x's dtype: the model's
     ``fake_quant_fp8`` (QAT rounding to e4m3 and back), bit for bit.
 
@@ -207,34 +233,38 @@ def fake_quant_e4m3(dtype: str = "float32", block: int = FAKE_FP8_BLOCK, threads
     bits too: ``amax / 448`` (8 significant bits over 7 * 2^6) lies above a power of two by
     more than half a bf16 ulp or not at all (every finite bf16 amax is tested), the
     floor's scale is 2^-22 either way, and ``x / scale`` is exact down to the subnormals,
-    which are e4m3 zeros.  The product ``e4m3 * scale`` is exact in both dtypes."""
+    which are e4m3 zeros.  The product ``e4m3 * scale`` is exact in both dtypes.
+
+    A program takes ``block_rows`` rows' blocks (:func:`_check_rows`)."""
     _check_dtype("fake_quant_e4m3", dtype)
     if block < 1:
         raise ValueError(f"fake_quant_e4m3: block must be positive, got {block}")
+    _check_rows("fake_quant_e4m3", block_rows)
     M = T.symbolic("M")
     K = T.symbolic("K")
+    BR = block_rows
 
     @T.prim_func
     def fake_quant_e4m3_kernel(x: T.Tensor((M, K), dtype), out: T.Tensor((M, K), dtype)):
-        with T.Kernel(M, T.ceildiv(K, block), threads=threads) as (row, kb):
-            xt = T.alloc_fragment((1, block), "float32")
-            mag = T.alloc_fragment((1, block), "float32")
-            amax = T.alloc_fragment((1,), "float32")
-            res = T.alloc_fragment((1, block), dtype)
-            T.copy(x[row, kb * block], xt)
-            _amax_nan_as_inf(xt, mag, amax, block)
-            sf = T.alloc_var("float32", _frexp_ceil_pow2(amax[0], FP8_AMAX_FLOOR, FP8_MAX))
-            for i, j in T.Parallel(1, block):
-                y = xt[i, j] / sf
-                y = T.where(T.isnan(y), y, T.min(T.max(y, T.float32(-FP8_MAX)), T.float32(FP8_MAX)))
-                res[i, j] = T.cast(T.cast(y, "float8_e4m3"), "float32") * sf
-            T.copy(res, out[row, kb * block])
+        with T.Kernel(T.ceildiv(M, BR), T.ceildiv(K, block), threads=threads) as (rb, kb):
+            xt = T.alloc_fragment((BR, block), "float32")
+            mag = T.alloc_fragment((BR, block), "float32")
+            amax = T.alloc_fragment((BR,), "float32")
+            sf = T.alloc_fragment((BR,), "float32")
+            res = T.alloc_fragment((BR, block), dtype)
+            T.copy(x[rb * BR, kb * block], xt)
+            _amax_nan_as_inf(xt, mag, amax, block, BR)
+            for i in T.Parallel(BR):
+                sf[i] = _frexp_ceil_pow2(amax[i], FP8_AMAX_FLOOR, FP8_MAX)
+            for i, j in T.Parallel(BR, block):
+                res[i, j] = _round_e4m3(xt[i, j] / sf[i]) * sf[i]
+            T.copy(res, out[rb * BR, kb * block])
 
     return fake_quant_e4m3_kernel
 
 
-@T.tunable(threads=[32, 64])
-def fake_quant_e2m1(block: int = FP4_BLOCK, threads: int = 32):
+@T.tunable(block_rows=[1, 4, 16, 64], threads=[32, 64])
+def fake_quant_e2m1(block: int = FP4_BLOCK, block_rows: int = 1, threads: int = 32):
     """``x [M, K]`` float32 (``K % block == 0``) -> ``out [M, K]``: the model's
     ``fake_quant_fp4`` (QAT rounding to e2m1 and back), bit for bit.
 
@@ -245,33 +275,38 @@ def fake_quant_e2m1(block: int = FP4_BLOCK, threads: int = 32):
     ``2^23``, where every larger float is an integer already), then times ``scale`` with
     x's sign bit.  The formula is the model's, not a table of the eight codes, so the
     scale-1 blocks (magnitudes beyond 6, infinity) round as there.  float32 only: the
-    model's rounding refuses other dtypes."""
+    model's rounding refuses other dtypes.  A program takes ``block_rows`` rows' blocks
+    (:func:`_check_rows`)."""
     if block < 1:
         raise ValueError(f"fake_quant_e2m1: block must be positive, got {block}")
+    _check_rows("fake_quant_e2m1", block_rows)
     M = T.symbolic("M")
     K = T.symbolic("K")
     u32 = "uint32"
+    BR = block_rows
 
     @T.prim_func
     def fake_quant_e2m1_kernel(x: T.Tensor((M, K), "float32"), out: T.Tensor((M, K), "float32")):
-        with T.Kernel(M, T.ceildiv(K, block), threads=threads) as (row, kb):
-            xt = T.alloc_fragment((1, block), "float32")
-            mag = T.alloc_fragment((1, block), "float32")
-            amax = T.alloc_fragment((1,), "float32")
-            T.copy(x[row, kb * block], xt)
-            _amax_nan_as_inf(xt, mag, amax, block)
-            sf = T.alloc_var("float32", _frexp_ceil_pow2(amax[0], FP4_AMAX_FLOOR, FP4_MAX))
-            for i, j in T.Parallel(1, block):
-                a = T.abs(xt[i, j]) / sf
+        with T.Kernel(T.ceildiv(M, BR), T.ceildiv(K, block), threads=threads) as (rb, kb):
+            xt = T.alloc_fragment((BR, block), "float32")
+            mag = T.alloc_fragment((BR, block), "float32")
+            amax = T.alloc_fragment((BR,), "float32")
+            sf = T.alloc_fragment((BR,), "float32")
+            T.copy(x[rb * BR, kb * block], xt)
+            _amax_nan_as_inf(xt, mag, amax, block, BR)
+            for i in T.Parallel(BR):
+                sf[i] = _frexp_ceil_pow2(amax[i], FP4_AMAX_FLOOR, FP4_MAX)
+            for i, j in T.Parallel(BR, block):
+                a = T.abs(xt[i, j]) / sf[i]
                 # the largest power of two <= a (0 below the normals; infinity for NaN/inf,
                 # which the clamp turns into step 2 as the model's does)
                 floor2 = T.reinterpret("float32", T.reinterpret(u32, a) & T.cast(0x7F800000, u32))
                 step = T.min(T.max(floor2 * T.float32(0.5), T.float32(0.5)), T.float32(2.0))
                 y = a / step
                 r = T.where(y < T.float32(_ROUND_MAGIC), (y + T.float32(_ROUND_MAGIC)) - T.float32(_ROUND_MAGIC), y)
-                v = r * step * sf
+                v = r * step * sf[i]
                 mag[i, j] = T.reinterpret("float32", (T.reinterpret(u32, v) & T.cast(0x7FFFFFFF, u32))
                                           | (T.reinterpret(u32, xt[i, j]) & T.cast(0x80000000, u32)))
-            T.copy(mag, out[row, kb * block])
+            T.copy(mag, out[rb * BR, kb * block])
 
     return fake_quant_e2m1_kernel

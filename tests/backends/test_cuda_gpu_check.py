@@ -87,3 +87,21 @@ def test_grouped_gemms_are_set_against_the_measured_peak(gpu_check):
     # a GPU where the fp8 peak could not be measured: the fp8 rows say so instead of a fraction
     no_fp8 = gpu_check.grouped_gemm_against_peak(rows, specs, {"bf16": 800.0})
     assert "no fp8 peak measured" in gpu_check.peak_table(no_fp8)
+
+
+def test_engine_decode_check_runs_the_engine_against_the_reference(gpu_check):
+    """The GPU run's engine row, on the CPU engine: verified, timed on both sides."""
+    row = gpu_check.engine_decode_check(device="cpu", backend="cpu", prompt=20, decode=2, repeat=2)
+    assert row["status"].startswith("verified"), row
+    assert row["mean_abs_err"] < 0.08 and row["kernforge_ms"] > 0
+    assert row["peers"]["reference model (torch)"]["ms"] > 0
+
+
+def test_engine_decode_check_reports_a_wrong_engine(gpu_check, monkeypatch):
+    from kernforge.engine import Engine
+
+    forward = Engine.forward
+    monkeypatch.setattr(Engine, "forward", lambda self, ids, start_pos=0: forward(self, ids, start_pos) + 0.5)
+    row = gpu_check.engine_decode_check(device="cpu", backend="cpu", prompt=20, decode=2, repeat=2)
+    assert row["status"].startswith("MISMATCH"), row
+    assert gpu_check.failed([row])

@@ -75,6 +75,20 @@ def render_atomic(R, s: ir.Atomic) -> None:
     _guarded(R, s.buffer, f"{fn}({ref}, {R.store_value(s.value, s.buffer.dtype)});")
 
 
+def render_ring_consume(R, loop: ir.For, tiles, v: str, start: str, j: str, bars: str, S: int) -> None:
+    """One consumer step of a release ring (iteration ``j`` of ``loop``): wait for stage
+    ``j % S`` to fill, run the stage with one wgmma group kept in flight (``wgmma_wait<1>``),
+    then release iteration ``j - 1``'s stage, whose wgmmas have now retired.  Shared by the
+    thread-0-issue ring and the warp-specialized consumers (cuda.warp_specialize)."""
+    R.emit(f"kf::mbarrier_wait_parity({bars} + {j} % {S}, (uint32_t)(({j} / {S}) & 1));")
+    R.wgmma_keep = 1
+    _render_stage(R, loop, [t.copy for t in tiles], v, start)
+    R.wgmma_keep = 0
+    R.open(f"if ({j} > 0)")
+    R.emit(f"kf::mbarrier_arrive({bars} + {S} + ({j} - 1) % {S});")
+    R.close()
+
+
 def render_if(R, s: ir.If) -> None:
     R.open(f"if ({R.expr(s.cond)})")
     R.stmt(s.then)
@@ -533,13 +547,7 @@ def render_release_ring(R, loop: ir.For) -> None:
         R.close()
     R.open(f"for (int32_t {v} = {start}; {v} < {end}; ++{v})")
     R.emit(f"const int32_t {j} = {v} - {start};")
-    R.emit(f"kf::mbarrier_wait_parity({bars} + {j} % {S}, (uint32_t)(({j} / {S}) & 1));")
-    R.wgmma_keep = 1
-    _render_stage(R, loop, [t.copy for t in tiles], v, start)
-    R.wgmma_keep = 0
-    R.open(f"if ({j} > 0)")  # iteration k-1's wgmmas have retired: release its stage
-    R.emit(f"kf::mbarrier_arrive({bars} + {S} + ({j} - 1) % {S});")
-    R.close()
+    render_ring_consume(R, loop, tiles, v, start, j, bars, S)
     R.open("")
     issue(f"{v} + {S - 1}", f"({j} + {S - 1}) % {S}", f"(uint32_t)((({j} - 1) / {S}) & 1)")
     R.close()

@@ -28,7 +28,7 @@ from math import prod
 
 from kernforge.codegen import arith, ir
 from kernforge.backends.cuda import tma as cuda_tma
-from kernforge.backends.cuda.ops import I32, _render_stage
+from kernforge.backends.cuda.ops import I32, render_ring_consume
 from kernforge.backends.cuda.pipeline_plan import leads_to_ring
 
 CONSUMER_BARRIER = 1  # named barrier id of the consumers' block barriers (0 is __syncthreads')
@@ -135,13 +135,7 @@ def _ring(R, loop: ir.For, producer: bool) -> None:
     else:
         R.open(f"for (int32_t {v} = {start}; {v} < {end}; ++{v})")
         R.emit(f"const int32_t {j} = {v} - {start};")
-        R.emit(f"kf::mbarrier_wait_parity({bars} + {j} % {S}, (uint32_t)(({j} / {S}) & 1));")
-        R.wgmma_keep = 1
-        _render_stage(R, loop, [t.copy for t in tiles], v, start)
-        R.wgmma_keep = 0
-        R.open(f"if ({j} > 0)")  # iteration k-1's wgmmas have retired: release its stage
-        R.emit(f"kf::mbarrier_arrive({bars} + {S} + ({j} - 1) % {S});")
-        R.close()
+        render_ring_consume(R, loop, tiles, v, start, j, bars, S)
         R.close()
         gemm = next(x for x in _body(loop) if isinstance(x, ir.Gemm))
         R.emit("kf::wgmma_wait<0>();")

@@ -554,13 +554,20 @@ class Cumsum(Stmt):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class Atomic(Stmt):
-    """``buffer[indices] = op(buffer[indices], value)`` atomically; op is ATOMIC_ADD/MAX."""
+    """``buffer[indices] = op(buffer[indices], value)`` atomically; op is ATOMIC_ADD/MAX.
+
+    With a ``result`` buffer it is a fetch-and-op (TileLang's ``return_prev=True``): the value
+    ``buffer[indices]`` held just before this update is stored to ``result[result_indices]``
+    (a thread's own element, in thread-level code).  Updates of one element by several threads
+    are ordered somehow on a GPU; the interpreter and the CPU number them in thread order."""
 
     op: Op
     buffer: Buffer
     indices: tuple[Expr, ...]
     value: Expr
     loc: Optional[SourceLoc] = _LOC
+    result: Optional[Buffer] = None
+    result_indices: tuple[Expr, ...] = ()
 
 
 @dataclass(frozen=True, eq=False, repr=False)

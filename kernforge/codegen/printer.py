@@ -81,7 +81,10 @@ def _lines(s: ir.Stmt, depth: int) -> list[str]:
         return [f"{pad}check #{s.site} {format_expr(s.cond)} else {s.kind} {s.name}[{idx}]"]
     if isinstance(s, ir.Atomic):
         idx = ", ".join(format_expr(i) for i in s.indices)
-        return [f"{pad}{s.op.value} {s.buffer.name}[{idx}] <- {format_expr(s.value)}"]
+        line = f"{s.op.value} {s.buffer.name}[{idx}] <- {format_expr(s.value)}"
+        if s.result is not None:  # fetch-and-op: the previous value goes to result
+            line = f"{s.result.name}[{', '.join(format_expr(i) for i in s.result_indices)}] = {line}"
+        return [pad + line]
     return [f"{pad}<{type(s).__name__}>"]
 
 

@@ -62,6 +62,21 @@ class _Verifier:
                 if isinstance(s, ir.Const) and (s.value < 0 or s.value + e > d):
                     self.fail(f"region {r!r} is outside on-chip buffer {r.buffer.name}{r.buffer.static_shape()}", node)
 
+    def fetch_result(self, s: ir.Atomic) -> None:
+        """A fetch-and-op's previous value goes to a live on-chip element of the atomic's dtype,
+        inside a parallel loop (a thread map: each thread gets its own value)."""
+        r = s.result
+        self.live(r, s)
+        self.indices(r, s.result_indices, s)
+        for i in s.result_indices:
+            self.expr(i, s)
+        if r.dtype != s.buffer.dtype:
+            self.fail(f"fetch-and-op result {r.name} is {r.dtype}, the atomic's buffer {s.buffer.name} "
+                      f"is {s.buffer.dtype}", s)
+        if r.scope == ir.Scope.GLOBAL or not self.in_parallel:
+            self.fail(f"fetch-and-op result {r.name} must be a thread's own on-chip element inside a "
+                      "thread map", s)
+
     def stmt(self, s):
         if isinstance(s, ir.Seq):
             self.buffers.append(set())
@@ -105,6 +120,8 @@ class _Verifier:
             if s.value.dtype != s.buffer.dtype:
                 self.fail(f"storing {s.value.dtype} into {s.buffer.dtype} buffer {s.buffer.name} "
                           "without a cast", s)
+            if isinstance(s, ir.Atomic) and s.result is not None:
+                self.fetch_result(s)
         elif isinstance(s, ir.Copy):
             self.region(s.src, s)
             self.region(s.dst, s)

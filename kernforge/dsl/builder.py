@@ -31,6 +31,10 @@ class Frame:
     parallel: tuple = ()  # (vars, extents) of a T.Parallel frame (kernforge.dsl.reducer)
     cond: object = None  # a runtime branch's condition (kernforge.dsl.compat.subset_tile_code)
     hoisted: bool = False  # a uniform loop lifted out of its thread region (kernforge.dsl.compat)
+    loop_id: object = None  # the author's loop, for a runtime break in it (kernforge.dsl.thread_breaks)
+    breaks: Optional[dict] = None  # that break's flag and sites (kernforge.dsl.thread_breaks)
+    var: object = None  # a T.serial/T.Pipelined/T.unroll frame's loop variable
+    bounds: Optional[dict] = None  # per-thread trip counts lifted to the block's (thread_breaks)
 
 
 class Builder:

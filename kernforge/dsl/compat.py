@@ -19,6 +19,7 @@ from kernforge.dsl import loop as _loop
 from kernforge.dsl import math as _math
 from kernforge.dsl import reduce as _reduce
 from kernforge.dsl import thread_branches as _branches
+from kernforge.dsl import thread_breaks as _breaks
 from kernforge.dsl.handles import TensorHandle, VarHandle
 from kernforge.dsl.thread_sync import thread_maps
 from kernforge.dsl.types import TensorType
@@ -282,7 +283,7 @@ def _uniform(b, frame) -> bool:
     return not any(n is var or isinstance(n, ir.Load) for e in frame.loop for n in ir.nodes(e))
 
 
-def _hoist(b, name: str, loc, arrive_count: Optional[int] = None) -> None:
+def _hoist(b, name: str, loc, arrive_count: Optional[int] = None, barrier: bool = False) -> None:
     """Make a barrier or shuffle under uniform loops of a thread region legal, by lifting the
     loops out of the region: ``for tx: ...; for k: body`` becomes ``for tx: ...`` then
     ``for k: (for tx: body)``, the inner map split where the barrier or shuffle stands.  Every
@@ -291,13 +292,16 @@ def _hoist(b, name: str, loc, arrive_count: Optional[int] = None) -> None:
     (per-thread state lives in per-thread arrays indexed by the thread).  A branch or a loop
     whose bounds depend on the thread is a :class:`DivergentBarrierError`, except that a named
     partial barrier (``arrive_count`` given) may stand under branches on the thread index alone,
-    which are then distributed over the split (:mod:`kernforge.dsl.thread_branches`)."""
+    which are then distributed over the split (:mod:`kernforge.dsl.thread_branches`).  Under a
+    ``barrier``, a loop whose trip count reads per-thread values runs the largest trip count of
+    the block, each thread's own iterations guarded (:func:`kernforge.dsl.thread_breaks.lift_bounds`)."""
     region = b.thread_region
     at = b.frames.index(region["frame"])
     loops = b.frames[at + 1:]
     branches = [f for f in loops if arrive_count is not None and b.subset is None
                 and _branches.distributable(f, region["var"])]
-    if not all(_uniform(b, f) or f in branches for f in loops):
+    bounded = [f for f in loops if barrier and not _uniform(b, f) and _breaks.liftable(f, region["var"])]
+    if not all(_uniform(b, f) or f in branches or f in bounded for f in loops):
         raise DivergentBarrierError(f"{name} under a branch, or a loop whose trip count depends on the "
                                     "thread, in thread-level code: threads that skip it would never "
                                     "reach it; move it out to the top level of the kernel block or into "
@@ -305,6 +309,8 @@ def _hoist(b, name: str, loc, arrive_count: Optional[int] = None) -> None:
     if arrive_count is not None:
         _branches.check_count(name, arrive_count, _distributed(b) + branches, region["var"],
                               region["extent"], loc, DivergentBarrierError)
+    for f in bounded:
+        _breaks.lift_bounds(b, f, region, loc)
     close_thread_region(b, frames_above=len(loops))
     for f in loops:
         f.hoisted = True
@@ -480,7 +486,7 @@ def _barrier(name: str, arrive_count: Optional[int] = None) -> None:
     if arrive_count is None:
         reached_by_all(b, name, loc)
     if b.top is not region["frame"]:
-        _hoist(b, name, loc, arrive_count)
+        _hoist(b, name, loc, arrive_count, barrier=True)
     elif arrive_count is not None:
         _branches.check_count(name, arrive_count, _distributed(b), region["var"], region["extent"], loc,
                               DivergentBarrierError)
@@ -545,6 +551,20 @@ def _per_thread(shape, dtype, cls, base):
     h = _alloc._alloc((region["extent"],) + shape, dtype, ir.Scope.FRAGMENT, base, cls)
     h.tvar = region["var"]
     return h
+
+
+def per_thread_var(dtype, base: str) -> ir.Buffer:
+    """A fresh scalar (one element per thread) of each thread's own in the open thread region, for a value a statement
+    hands to every thread (a fetch-and-op's result).  Unlike ``T.alloc_var`` it may be made under
+    the region's branches and loops: its ``Allocate`` goes just before the region, as
+    :meth:`kernforge.dsl.builder.Builder.declare` places the region's own allocations."""
+    b = B.current()
+    region = b.thread_region
+    buf = ir.Buffer(b.unique(base), (ir.const(region["extent"]), ir.const(1)), dtype, ir.Scope.FRAGMENT)
+    below = b.frames[b.frames.index(region["frame"]) - 1]
+    below.buffers.add(buf)
+    below.stmts.append(ir.Allocate(buf, region["loc"]))
+    return buf
 
 
 def alloc_local(shape, dtype, scope: str = "local"):

@@ -121,9 +121,15 @@ def _compat():
     return compat
 
 
-def runtime_jump(kind: str) -> None:
+def runtime_jump(kind: str, loop_key=None) -> None:
     """A ``break`` or skipping ``continue`` under a runtime condition (see
-    kernforge.dsl.rewrite._runtime_jumps)."""
+    kernforge.dsl.rewrite._runtime_jumps).  A ``break`` of a ``T.serial`` loop in thread-level
+    code is lowered (:mod:`kernforge.dsl.thread_breaks`); the rest raise."""
+    if kind == "break" and loop_key is not None:
+        from kernforge.dsl import thread_breaks
+
+        if thread_breaks.lower_break(B.current(), loop_key, B.user_loc(2)):
+            return
     raise _compat().UnsupportedError(f"`{kind}` under a runtime `if` is not supported: the condition is only "
                            f"known when the kernel runs, so the traced loop (or iteration) cannot end "
                            f"here; guard the rest of the loop body with the negated condition instead",

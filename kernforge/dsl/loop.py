@@ -76,10 +76,16 @@ class _Sequential(_Loop):
         extent = ir.fold(ir.binary(ir.Op.SUB, self.stop, self.start))
         with b.frame("loop") as f:
             f.loop = (self.start, self.stop)
+            f.loop_id = getattr(self, "loop_id", None)
+            f.var = var
             yield var
             if f.hoisted:  # thread-level code split inside this loop (kernforge.dsl.compat)
                 from kernforge.dsl import compat
                 compat.leave_hoisted_loop(b)
+        if f.breaks is not None or f.bounds is not None:  # threads that stop early (thread_breaks)
+            from kernforge.dsl import thread_breaks
+            f.stmts[:] = thread_breaks.guard_body(f, self.loc)
+            extent = f.bounds["extent"] if f.bounds is not None else extent
         b.emit(ir.For(var, extent, ir.seq(f.stmts, self.loc), self.kind, self.num_stages,
                       self.start, self.loc))
         if f.hoisted:
@@ -130,3 +136,11 @@ class unroll(_Sequential):  # noqa: N801
 def name_loop(obj, names):
     """Called by the tracer's source rewrite on ``for <names> in obj``."""
     return obj.named(names) if isinstance(obj, _Loop) else obj
+
+
+def loop_id(obj, key: int):
+    """Called by the tracer's source rewrite on a loop whose body has a ``break``: the loop object
+    learns which of the author's loops it is, so that a runtime ``break`` finds its frame."""
+    if isinstance(obj, _Sequential):
+        obj.loop_id = key
+    return obj

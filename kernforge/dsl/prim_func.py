@@ -47,6 +47,7 @@ _HELPERS = {
     "__kf_lookup": lambda scope, name: scope.get(name, _UNBOUND),
     "__kf_assign": _assign,
     "__kf_name_loop": loop.name_loop,
+    "__kf_loop_id": loop.loop_id,
     "__kf_name_with": name_with,
 }
 

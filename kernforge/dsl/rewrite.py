@@ -95,11 +95,18 @@ class _Rewriter(ast.NodeTransformer):
 
     def visit_For(self, node):
         _mark_trailing(node.body, True)  # before the ifs inside are rewritten (see _Jumps)
+        breaks = _own_breaks(node.body)
+        if breaks:  # a runtime break finds its loop by this key (kernforge.dsl.thread_breaks)
+            self.n += 1
+            for brk in breaks:
+                brk._kf_loop = self.n
         self.generic_visit(node)
         names = _target_names(node.target)
         if names is not None:
             node.iter = _located(_call("__kf_name_loop", node.iter,
                                        ast.Tuple([ast.Constant(n) for n in names], ast.Load())), node)
+        if breaks:
+            node.iter = _located(_call("__kf_loop_id", node.iter, ast.Constant(breaks[0]._kf_loop)), node)
         return node
 
     def visit_With(self, node):
@@ -125,7 +132,8 @@ class _Jumps(ast.NodeTransformer):
     it skips nothing, and kernels use it so at the end of unrolled ``range`` loops."""
 
     def visit_Break(self, node):
-        return _located(ast.Expr(_call("__kf_jump", ast.Constant("break"))), node)
+        key = getattr(node, "_kf_loop", None)  # the loop it ends, when that is a `for` (visit_For)
+        return _located(ast.Expr(_call("__kf_jump", ast.Constant("break"), ast.Constant(key))), node)
 
     def visit_Continue(self, node):
         if getattr(node, "_kf_trailing", False):
@@ -143,6 +151,21 @@ class _Jumps(ast.NodeTransformer):
         return node
 
     visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+
+
+def _own_breaks(stmts) -> list:
+    """The ``break`` statements of the loop whose body is ``stmts`` (not of loops nested in it)."""
+    out, stack = [], list(stmts)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Break):
+            out.append(n)
+        elif isinstance(n, (ast.For, ast.AsyncFor, ast.While)):
+            stack.extend(n.orelse)  # a loop's own body binds its break
+        elif not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for f in _BODIES:
+                stack.extend(getattr(n, f, ()))
+    return out
 
 
 def _mark_trailing(stmts, trailing: bool) -> None:

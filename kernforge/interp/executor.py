@@ -47,6 +47,34 @@ def _all_equal(vals: np.ndarray, first, inverse) -> bool:
     return bool(np.all(bits == bits[first][inverse.reshape(-1)]))
 
 
+def _previous(ufunc, arr: np.ndarray, idx: tuple, vals: np.ndarray) -> np.ndarray:
+    """The value each lane's update finds, when the lanes (in thread order) update ``arr[idx]``
+    one after another: deterministic, as the CPU's serial thread loop numbers them.  Integer
+    adds are an exclusive prefix sum within each element's group of lanes (wrapping as the
+    dtype does); float adds and maxima are replayed lane by lane (each rounding step matters)."""
+    flat = np.ravel_multi_index(idx, arr.shape) if idx else np.zeros(len(vals), np.int64)
+    flat = np.asarray(flat, np.int64).reshape(-1)
+    vals = np.asarray(vals).reshape(-1)
+    cur = arr.reshape(-1)[flat] if arr.flags.c_contiguous else arr[idx].reshape(-1)
+    if ufunc is np.add and arr.dtype.kind in "iu":
+        order = np.argsort(flat, kind="stable")
+        f, v = flat[order], vals[order].astype(np.int64)
+        total = np.cumsum(v)
+        first = np.maximum.accumulate(np.where(np.r_[True, f[1:] != f[:-1]], np.arange(len(f)), 0))
+        before = total - v - (total[first] - v[first])  # what earlier lanes of the group added
+        prev = np.empty(len(f), np.int64)
+        prev[order] = cur[order].astype(np.int64) + before
+        with np.errstate(over="ignore"):
+            return prev.astype(arr.dtype)
+    prev = np.empty(len(flat), arr.dtype)
+    seen: dict = {}
+    for k, (e, x) in enumerate(zip(flat.tolist(), vals)):
+        old = seen.get(e, cur[k])
+        prev[k] = old
+        seen[e] = ufunc(old, x).astype(arr.dtype)
+    return prev
+
+
 class Interpreter:
     """Executes one kernel over its grid on host numpy arrays."""
 
@@ -144,7 +172,14 @@ class Interpreter:
         if self._tracked(s.buffer, mask):
             self.races.write(s.buffer, arr, *self._lanes(arr, idx, m, True), vals, atomic=True)
         ufunc = np.add if s.op == ir.Op.ATOMIC_ADD else np.fmax if s.buffer.dtype.is_float else np.maximum
+        if s.result is not None:
+            self.fetched(s, m, _previous(ufunc, arr, idx, vals))
         ufunc.at(arr, idx, vals)
+
+    def fetched(self, s: ir.Atomic, m, prev) -> None:
+        """A fetch-and-op's previous values (one per active lane) go to its result elements."""
+        rarr, ridx = self._indices(s.result, s.result_indices, m, "write")
+        rarr[tuple(np.broadcast_to(i, m.shape)[m] for i in ridx)] = prev
 
     # ------------------------------------------------------------------ statements
     def stmt(self, s: ir.Stmt, mask) -> None:
@@ -164,11 +199,28 @@ class Interpreter:
         self.storage[s.buffer] = _poison(s.buffer)
 
     def s_For(self, s, mask):
-        start = int(self.eval(s.start))
-        extent = int(self.eval(s.extent))
-        for i in range(start, start + extent):
+        start = np.asarray(self.eval(s.start, mask))
+        extent = np.asarray(self.eval(s.extent, mask))
+        if start.ndim or extent.ndim:
+            self.lane_loop(s, mask, start, extent)
+            return
+        for i in range(int(start), int(start) + int(extent)):
             self.env[s.var] = np.asarray(i, dtype=s.var.dtype.np_dtype)
             self.stmt(s.body, mask)
+
+    def lane_loop(self, s: ir.For, mask, start, extent) -> None:
+        """A loop whose bounds differ between the lanes of a thread map (a trip count read from
+        each thread's own variable): iteration ``i`` runs for the lanes whose range holds it."""
+        stop = start.astype(np.int64) + extent.astype(np.int64)
+        base = mask if mask is not None else np.ones(np.broadcast(start, stop).shape, dtype=bool)
+        lo, hi = np.broadcast_to(start, base.shape)[base], np.broadcast_to(stop, base.shape)[base]
+        if not len(lo):
+            return
+        for i in range(int(lo.min()), int(hi.max())):
+            m = base & (start <= i) & (i < stop)
+            if m.any():
+                self.env[s.var] = np.asarray(i, dtype=s.var.dtype.np_dtype)
+                self.stmt(s.body, m)
 
     def s_Parallel(self, s, mask):
         grids = np.indices(s.extents, dtype=np.int32)

@@ -11,7 +11,8 @@ element, the two threads and the author's line.
 Per shared buffer touched in the current map, one writer and one reader per element:
 
 * writer: ``-1`` none, a thread id, ``SAME`` several threads stored one value (allowed, as on a
-  GPU), ``ATOMIC`` several threads updated it with atomics;
+  GPU), ``ATOMIC`` several threads updated it with atomics; beside it, whether every write so far
+  was an atomic (so that one thread's atomic and another's later one are no race);
 * reader: ``-1`` none, a thread id, ``MANY`` several threads.
 
 A conflict is two different threads touching one element, at least one of them writing, unless
@@ -42,7 +43,8 @@ class SharedAccessLog:
     def _log(self, buf: ir.Buffer, arr: np.ndarray):
         log = self.logs.get(buf)
         if log is None:
-            log = self.logs[buf] = (np.full(arr.size, -1, np.int64), np.full(arr.size, -1, np.int64))
+            log = self.logs[buf] = (np.full(arr.size, -1, np.int64), np.full(arr.size, -1, np.int64),
+                                    np.ones(arr.size, bool))
         return log
 
     @staticmethod
@@ -64,7 +66,7 @@ class SharedAccessLog:
                               "the kernel block between the two accesses")
 
     def read(self, buf, arr, flat, tid) -> None:
-        writer, reader = self._log(buf, arr)
+        writer, reader, _ = self._log(buf, arr)
         w = writer[flat]
         bad = (w == ATOMIC) | ((w >= 0) & (w != tid))
         if bad.any():
@@ -78,7 +80,7 @@ class SharedAccessLog:
         reader[flat[new == MANY]] = MANY  # a duplicate index may have assigned a thread id last
 
     def write(self, buf, arr, flat, tid, vals, atomic: bool = False) -> None:
-        writer, reader = self._log(buf, arr)
+        writer, reader, atomics = self._log(buf, arr)
         r = reader[flat]
         bad = (r == MANY) | ((r >= 0) & (r != tid))
         if bad.any():
@@ -86,15 +88,18 @@ class SharedAccessLog:
             who = f"thread {int(r[k])}" if r[k] >= 0 else "other threads"
             self._fail(buf, arr, flat, k, f"thread {int(tid[k])} overwrites what {who} read from")
         w = writer[flat]
+        by_atomics = (w == ATOMIC) | ((w >= 0) & atomics[flat])  # every earlier write an atomic
         other = (w == SAME) | (w == ATOMIC) | ((w >= 0) & (w != tid))
         multi = self._groups(flat, tid)
         if atomic:
-            bad = other & (w != ATOMIC)
-            new = np.where(multi | (w == ATOMIC), ATOMIC, tid)
+            bad = other & ~by_atomics
+            new = np.where(multi | other, ATOMIC, tid)
+            atomics[flat] = (w == -1) | by_atomics
         else:
             same = same_bits(vals) == same_bits(arr.reshape(-1)[flat])
-            bad = other & ((w == ATOMIC) | ~same)
+            bad = other & (by_atomics | ~same)
             new = np.where(multi | other, SAME, tid)
+            atomics[flat] = False
         if bad.any():
             k = int(np.argmax(bad))
             who = f"thread {int(w[k])}" if w[k] >= 0 else "other threads"

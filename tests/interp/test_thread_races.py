@@ -111,3 +111,41 @@ def test_different_values_to_one_shared_element_in_two_statements_race():
             Y[tx] = s[tx]
     with pytest.raises(ThreadRaceError, match="writes what thread"):
         _interp(main, torch.randn(N))
+
+
+def lone_atomics(plain_after: bool):
+    """Threads ``2k`` and ``2k + 1`` update bin ``k`` one after the other, in two statements of
+    one thread map (a loop over the threads' two turns, as a histogram over several inputs per
+    thread does), in one branch: in each turn a bin has one updater.  Several threads' atomics on one
+    element are no race; a plain store after another thread's atomic is."""
+    @T.prim_func
+    def main(X: T.Tensor((N,), "int32"), Y: T.Tensor((N // 2,), "int32")):
+        with T.Kernel(1, threads=N):
+            tx = T.get_thread_binding()
+            h = T.alloc_shared((N // 2,), "int32")
+            if tx < N // 2:
+                h[tx] = 0
+            T.sync_threads()
+            if tx < N:  # one statement: TileLang inserts no barrier inside it
+                for turn in T.serial(2):
+                    if tx % 2 == turn:
+                        T.atomic_add(h[tx // 2], X[tx])
+                if plain_after and tx % 2 == 0:
+                    h[tx // 2] = 7  # the racing store
+            T.sync_threads()
+            if tx < N // 2:
+                Y[tx] = h[tx]
+    return main
+
+
+def test_one_thread_atomic_then_another_is_no_race():
+    x = torch.randint(-9, 9, (N,), dtype=torch.int32)
+    y = torch.zeros(N // 2, dtype=torch.int32)
+    tilelang.compile(lone_atomics(False), target="interp")(x, y)
+    np.testing.assert_array_equal(y.numpy(), x.numpy().reshape(-1, 2).sum(1))
+
+
+def test_plain_store_after_another_threads_atomic_is_reported():
+    x = torch.randint(-9, 9, (N,), dtype=torch.int32)
+    with pytest.raises(ThreadRaceError, match=r"thread \d+ writes what .* wrote to shared h\["):
+        tilelang.compile(lone_atomics(True), target="interp")(x, torch.zeros(N // 2, dtype=torch.int32))

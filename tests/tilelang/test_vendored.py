@@ -194,6 +194,30 @@ def _sparse_mla_fwd():
           DQK=576, DV=512, topk=64)()
 
 
+def _topk_selector():
+    """deepseek_v32/topk_selector.py's ``tl_topk`` (one block of 1024 threads per row: an 8-bit
+    histogram with shared fetch-and-adds handing out output slots, then up to four radix rounds
+    over the threshold bucket, ended by a runtime ``break``) at 3 rows of 2048, top-64.  Its
+    ``test_topk_selector`` only prints the overlap with ``torch.topk`` (and times with CUDA
+    events), so the harness asserts it: each row's indices are exactly ``torch.topk``'s over
+    the row's ``[start, end)`` window, as sets (rows 1 and 2 use windows that start past 0 and
+    end early; randn values have no ties)."""
+    path = str(HERE / "deepseek_v32/topk_selector.py")
+    with script_scope(path):
+        import torch
+
+        g = runpy.run_path(path, run_name="kernforge_vendored")
+        torch.manual_seed(1)
+        x = torch.randn(3, 2048, dtype=torch.float32, device="cuda")
+        starts = torch.tensor([0, 5, 0], dtype=torch.int32, device="cuda")
+        ends = torch.tensor([2048, 2041, 1024], dtype=torch.int32, device="cuda")
+        idx = g["tl_topk"](x, starts, ends, 64)
+        for i in range(3):
+            s, e = int(starts[i]), int(ends[i])
+            want = torch.topk(x[i, s:e], 64)[1] + s
+            assert sorted(idx[i].tolist()) == sorted(want.tolist()), i
+
+
 CASES = {
     "gemm/example_gemm.py": _call("gemm/example_gemm.py", "main"),
     "quickstart.py": _script("quickstart.py"),
@@ -237,6 +261,7 @@ CASES = {
     # 1280 is one of the file's own hidden sizes (five tiles of 256), 33 tokens leave a ragged tile
     "cast/example_group_per_split_token_cast_to_fp8.py": _group_cast,
     "deepseek_v32/sparse_mla_fwd.py": _sparse_mla_fwd,
+    "deepseek_v32/topk_selector.py": _topk_selector,
     "deepseek_mhc/example_mhc_pre.py": _call("deepseek_mhc/example_mhc_pre.py", "test", n=33, hidden_size=1280,
                                              hc_mult=4),
 }

@@ -301,7 +301,8 @@ class CpuRenderer(CRenderer, Renderer):
         not branches of ``?:``, ``&&``, ``||``), so nothing is read that the loop
         would not read anyway (extents are >= 1)."""
         loop_vars = set(map(id, s.vars))
-        written = {id(n.buffer) for n in statements(s.body) if isinstance(n, (ir.Store, ir.Atomic))}
+        written = {id(b) for n in statements(s.body) if isinstance(n, (ir.Store, ir.Atomic))
+                   for b in (n.buffer, getattr(n, "result", None)) if b is not None}
         found: dict[int, ir.Expr] = {}
         invariant_memo: dict[int, bool] = {}
 
@@ -365,12 +366,29 @@ class CpuRenderer(CRenderer, Renderer):
     def stmt_Atomic(self, s: ir.Atomic, out, pad, depth):
         ref = f"{self.names[s.buffer]}[{self.offset(s.buffer, s.indices)}]"
         value = self.store_value(s.value, s.buffer.dtype)
-        if s.buffer.scope == ir.Scope.GLOBAL:
+        if s.result is not None:
+            self.fetch(s, ref, value, out, pad)
+        elif s.buffer.scope == ir.Scope.GLOBAL:
             out.append(f"{pad}{self.atomic_op[s.op]}(&{ref}, {value});")
         elif s.op == ir.Op.ATOMIC_ADD:
             out.append(f"{pad}{ref} = {ref} + {value};")
         else:
             out.append(f"{pad}{ref} = kf::max_ignoring_nan({ref}, {value});")
+
+    def fetch(self, s: ir.Atomic, ref: str, value: str, out, pad) -> None:
+        """A fetch-and-op (``return_prev=True``): a real fetching atomic on global memory; on a
+        block's own buffers a plain read-modify-write, exact because a block's threads run one
+        after another here (thread maps are serial loops: no ``omp simd`` over an atomic), so
+        same-element updates are numbered in thread order, as the interpreter numbers them."""
+        res = f"{self.names[s.result]}[{self.offset(s.result, s.result_indices)}]"
+        fn = {ir.Op.ATOMIC_ADD: "kf::atomic_fetch_add", ir.Op.ATOMIC_MAX: "kf::atomic_fetch_max"}[s.op]
+        if s.buffer.scope == ir.Scope.GLOBAL:
+            out.append(f"{pad}{res} = {fn}(&{ref}, {value});")
+            return
+        new = "kf_prev + kf_v" if s.op == ir.Op.ATOMIC_ADD else "kf::max_ignoring_nan(kf_prev, kf_v)"
+        ct = self.ctype(s.buffer.dtype)
+        out.append(f"{pad}{{ const {ct} kf_v = {value}; const {ct} kf_prev = {ref}; {ref} = {new}; "
+                   f"{res} = kf_prev; }}")
 
     def stmt_Gemm(self, s: ir.Gemm, out, pad, depth):
         (m, ka), (a_rs, a_cs) = self.matrix(s.a, s.trans_a)

@@ -72,7 +72,25 @@ def render_store(R, s: ir.Store) -> None:
 def render_atomic(R, s: ir.Atomic) -> None:
     fn = "kf::atomic_add" if s.op == ir.Op.ATOMIC_ADD else "kf::atomic_max"
     ref = f"&{R.buffer_name(s.buffer)}[{R.offset(s.buffer, s.indices)}]"
+    if s.result is not None:
+        _render_fetch(R, s, ref)
+        return
     _guarded(R, s.buffer, f"{fn}({ref}, {R.store_value(s.value, s.buffer.dtype)});")
+
+
+def _render_fetch(R, s: ir.Atomic, ref: str) -> None:
+    """A fetch-and-op (``return_prev=True``, thread-level code): each thread runs its own update
+    and stores the previous value to its own result element, through the store path (so a
+    register-planned result works as any store does).  It is not a side effect to run once: a
+    replicated map would hand the value to one replica only, so that is refused."""
+    if not R.in_parallel or (R.reg_ctx is not None and R.reg_ctx[0].replicated):
+        raise ir.KernelError(f"a fetch-and-op ({s.op.value}, return_prev=True) must run once per "
+                             "thread, in thread-level code", s.loc)
+    fn = "kf::atomic_fetch_add" if s.op == ir.Op.ATOMIC_ADD else "kf::atomic_fetch_max"
+    prev = ir.Var(R.fresh("prev"), s.buffer.dtype)
+    R.emit(f"const {R.ctype(s.buffer.dtype)} {prev.name} = {fn}({ref}, "
+           f"{R.store_value(s.value, s.buffer.dtype)});")
+    render_store(R, ir.Store(s.result, s.result_indices, prev, s.loc))
 
 
 def render_ring_consume(R, loop: ir.For, tiles, v: str, start: str, j: str, bars: str, S: int) -> None:

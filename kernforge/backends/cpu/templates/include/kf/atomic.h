@@ -58,4 +58,43 @@ inline void atomic_max(T* p, T v) {
   }
 }
 
+// Fetch-and-op (T.atomic_add/atomic_max(..., return_prev=True)): the same updates, returning
+// the value the element held just before this one.
+template <class T>
+inline T atomic_fetch_add(T* p, T v) {
+  if constexpr (std::is_integral_v<T>) {
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+  } else {
+    using U = typename atomic_bits<T>::type;
+    U* bits = reinterpret_cast<U*>(p);
+    U old = __atomic_load_n(bits, __ATOMIC_RELAXED);
+    while (true) {
+      const U want = __builtin_bit_cast(U, T(__builtin_bit_cast(T, old) + v));
+      if (__atomic_compare_exchange_n(bits, &old, want, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return __builtin_bit_cast(T, old);
+    }
+  }
+}
+
+template <class T>
+inline T atomic_fetch_max(T* p, T v) {
+  if constexpr (std::is_integral_v<T>) {
+    T old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (v > old &&
+           !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    return old;
+  } else {
+    using U = typename atomic_bits<T>::type;
+    U* bits = reinterpret_cast<U*>(p);
+    U old = __atomic_load_n(bits, __ATOMIC_RELAXED);
+    while (true) {
+      const U want = __builtin_bit_cast(U, max_ignoring_nan(__builtin_bit_cast(T, old), v));
+      if (want == old) return __builtin_bit_cast(T, old);
+      if (__atomic_compare_exchange_n(bits, &old, want, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return __builtin_bit_cast(T, old);
+    }
+  }
+}
+
 }  // namespace kf

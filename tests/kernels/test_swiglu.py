@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import kernforge
 from kernforge.kernels import swiglu as K
-from kernforge.kernels.swiglu import vexp
+from kernforge.kernels import vexp
 from kernforge.kernels.check import run_spec
 from kernforge.kernels.grouped_gemm.reference import per_token_cast_to_fp8
 from kernforge.kernels.registry import get

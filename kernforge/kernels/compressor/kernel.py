@@ -19,7 +19,7 @@ One block computes one entry for ``block_d`` channels: candidate i's row is
 ``k r + i`` (overlap; its column moves to the second half for ``i >= r``) or ``(k+1) r + i``,
 so the gather is one index expression and both layouts share the code.  The softmax is the
 model's ``exp(s - max) / sum``, its exponential within 2 ulps of the exact one
-(``kernforge.kernels.swiglu.vexp``: branch-free float32, so the CPU loop vectorises; a
+(``kernforge.kernels.vexp``: branch-free float32, so the CPU loop vectorises; a
 float64 ``exp`` call per candidate kept it scalar, 2.8x slower at tiny()'s prefill), then
 ``sum(w * kv)``.  Absent rows score ``-inf`` and weigh 0; a channel whose candidates are
 all ``-inf`` is NaN, as in torch.  At bf16 the weights and products are rounded to bf16 as
@@ -28,7 +28,7 @@ the model's bf16 ops round them; sums are float32, rounded once.
 from __future__ import annotations
 
 import kernforge.dsl as T
-from kernforge.kernels.swiglu.vexp import exp
+from kernforge.kernels.vexp import exp
 
 DTYPES = ("float32", "bfloat16")
 

@@ -19,7 +19,7 @@ unquantised output.  Clamps propagate NaN (``T.min``/``T.max``), as ``torch.clam
 from __future__ import annotations
 
 import kernforge.dsl as T
-from kernforge.kernels.swiglu.vexp import exp
+from kernforge.kernels.vexp import exp
 
 #: the quantisation block (DeepGEMM's activation recipe: 1 x 128)
 QBLOCK = 128

@@ -22,6 +22,7 @@ Defined where TileKernels leaves things open:
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Optional, Union
 
 import torch
@@ -33,7 +34,7 @@ from kernforge.kernels.moe_permute import kernel as permute
 from kernforge.kernels.swiglu import config as swiglu_config
 from kernforge.kernels.swiglu import kernel as swiglu_kernel
 from kernforge.ops._capture import capturing
-from kernforge.ops._launch import chosen, launch
+from kernforge.ops._launch import Bound, chosen, launch
 from kernforge.tune import consult
 
 #: the segment alignments TileKernels' tests and DeepGEMM's SM90 grouped GEMMs use
@@ -46,6 +47,7 @@ _INT32_MAX = 2 ** 31 - 1
 _HOST_SCAN = 64
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
                 torch.float8_e4m3fn: "float8_e4m3"}
+_DTYPES = tuple(_DTYPE_NAMES)
 
 
 # ---------------------------------------------------------------- get_fused_mapping
@@ -76,27 +78,29 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
         if not str(unhashable).startswith("unhashable"):
             raise
         plan = _mapping_plan.__wrapped__(*settings)
-    n, sync, chunks, launches = plan
+    n, sync, chunks, (scan, scatter) = plan
     if not capturing(topk_idx) and _out_of_range(topk_idx, -1, num_experts):
         bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)][:4].tolist()
         raise ValueError(f"topk_idx values must be in [-1, {num_experts}) (num_experts), got {bad}")
     # separate allocations: the outputs must not alias each other (torch.library's custom ops,
-    # kernforge.ops.torch_library, refuse aliased returns)
-    i32 = functools.partial(torch.empty, dtype=torch.int32, device=dev)
-    chunk_offset = i32((chunks, num_experts))
-    expert_count, expert_start, expert_end, per_expert = (i32((num_experts,)) for _ in range(4))
-    pos_to_expert, pos_to_token, pos_to_token_topk = i32((n,)), i32((n,)), i32((n,))
-    token_topk_to_pos = i32((t, k))
-    (scan_key, scan), (scatter_key, scatter) = launches
-    launch(scan_key, scan, (topk_idx, chunk_offset, expert_count, expert_start, expert_end, per_expert))
-    launch(scatter_key, scatter, (topk_idx, chunk_offset, expert_count, expert_start, expert_end, pos_to_expert,
-                                  pos_to_token, pos_to_token_topk, token_topk_to_pos))
+    # kernforge.ops.torch_library, refuse aliased returns).  Sizes as ints, not tuples: a
+    # tuple costs torch 0.5 us more per tensor, and a decode step allocates seven here
+    i32, e = torch.int32, num_experts
+    expert_start, expert_end = torch.empty(e, dtype=i32, device=dev), torch.empty(e, dtype=i32, device=dev)
+    per_expert = torch.empty(e, dtype=i32, device=dev)
+    pos_to_expert, pos_to_token = torch.empty(n, dtype=i32, device=dev), torch.empty(n, dtype=i32, device=dev)
+    pos_to_token_topk, token_topk_to_pos = torch.empty(n, dtype=i32, device=dev), torch.empty(t, k, dtype=i32,
+                                                                                                device=dev)
+    chunk_offset, expert_count = _mapping_scratch(dev, chunks, e)
+    scan((topk_idx, chunk_offset, expert_count, expert_start, expert_end, per_expert))
+    scatter((topk_idx, chunk_offset, expert_count, expert_start, expert_end, pos_to_expert, pos_to_token,
+             pos_to_token_topk, token_topk_to_pos))
     per_expert_list: list[int] = []
     if sync:
         per_expert_list = per_expert.tolist()
         total = sum(per_expert_list)
-        pos_to_expert, pos_to_token, pos_to_token_topk = (v[:total] for v in (pos_to_expert, pos_to_token,
-                                                                                 pos_to_token_topk))
+        for v in (pos_to_expert, pos_to_token, pos_to_token_topk):   # shrink in place: a view costs 2x more
+            v.resize_(total)
     return (pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
             per_expert, per_expert_list)
 
@@ -139,11 +143,35 @@ def _mapping_plan(t: int, k: int, num_experts, num_expanded_tokens, alignment, f
     chunks = permute_config.num_chunks(t * k, scan["chunk"])
     # the host-synced path trims the rows past the last segment: they need no -1 fill (the
     # scatter's default, so its parameters are the chooser's, as the engine's kernel pack lists them)
-    return n, sync, chunks, ((("moe_mapping_scan", device, t) + choice,
-                              lambda: _kernel(permute.moe_mapping_scan, name, **scan)),
-                             (("moe_mapping_scatter", device, t, n, sync) + choice,
-                              lambda: _kernel(permute.moe_mapping_scatter, name,
-                                              **(scatter if sync else dict(scatter, fill_tail=True)))))
+    return n, sync, chunks, (Bound(("moe_mapping_scan", device, t) + choice,
+                                   lambda: _kernel(permute.moe_mapping_scan, name, **scan)),
+                             Bound(("moe_mapping_scatter", device, t, n, sync) + choice,
+                                   lambda: _kernel(permute.moe_mapping_scatter, name,
+                                                   **(scatter if sync else dict(scatter, fill_tail=True)))))
+
+
+_SCRATCH = threading.local()     # per thread: {(chunks, experts): (chunk_offset, expert_count)}
+
+
+def _mapping_scratch(device: torch.device, chunks: int, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scan's working tensors ``chunk_offset [chunks, E]`` and ``expert_count [E]``, which
+    the scan writes whole and the scatter reads, and which are not returned.  On the host a
+    launch runs to completion in the calling thread before the op returns, so one pair per
+    thread and shape is never in use by two calls at once and is reused (two allocations
+    less per call at decode); on a device, where launches are queued, fresh tensors each time."""
+    if device.type != "cpu":
+        return (torch.empty(chunks, experts, dtype=torch.int32, device=device),
+                torch.empty(experts, dtype=torch.int32, device=device))
+    cache = getattr(_SCRATCH, "pairs", None)
+    if cache is None:
+        cache = _SCRATCH.pairs = {}
+    pair = cache.get((chunks, experts))
+    if pair is None:
+        if len(cache) >= 64:
+            cache.clear()
+        pair = cache[chunks, experts] = (torch.empty(chunks, experts, dtype=torch.int32, device=device),
+                                         torch.empty(experts, dtype=torch.int32, device=device))
+    return pair
 
 
 def _mapping_params(backend: str, k: int, num_experts: int, alignment: int) -> tuple[dict, dict]:
@@ -162,14 +190,15 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
 
     ``out`` (an extension of TileKernels' signature): a caller-held contiguous buffer of
     ``x``'s dtype with ``hidden`` columns and at least ``N`` rows.  Its first ``N`` rows are
-    written, padding zeroed as always, and returned (a view); rows past ``N`` are left as
-    they are.  Why: the padded buffer is mostly padding (T = 64, E = 256, k = 6: 21,632 rows
-    for 384 valid at alignment 128), and a fresh allocation of it pays first-touch page
-    faults on every call, while one buffer reused across MoE layers does not."""
-    _check_tensor("x", x, tuple(_DTYPE_NAMES), dim=2)
+    written, padding zeroed as always, and returned (a view, or ``out`` itself when it has
+    exactly ``N`` rows); rows past ``N`` are left as they are.  Why: the padded buffer is
+    mostly padding (T = 64, E = 256, k = 6: 21,632 rows for 384 valid at alignment 128),
+    and a fresh allocation of it pays first-touch page faults on every call, while one
+    buffer reused across MoE layers does not."""
+    _check_tensor("x", x, _DTYPES, dim=2)
     n, _ = _check_routing(x, token_topk_to_pos, pos_to_expert)
     if out is None:
-        out = torch.empty((n, x.shape[1]), dtype=x.dtype, device=x.device)
+        out = torch.empty(n, x.shape[1], dtype=x.dtype, device=x.device)
     else:
         _check_tensor("out", out, (x.dtype,), dim=2)
         if out.shape[1] != x.shape[1] or out.shape[0] < n:
@@ -180,7 +209,8 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
         if _overlap(out, x):
             raise ValueError("out shares storage with x (their memory overlaps): the expansion would overwrite "
                              "its own input")
-        out = out[:n]
+        if out.shape[0] != n:
+            out = out[:n]
     _launch_expand(x, None, token_topk_to_pos, pos_to_expert, out, None, 0, "float32", False, backend)
     return out
 
@@ -231,14 +261,23 @@ def _launch_expand(x, sf, token_topk_to_pos, pos_to_expert, out, out_sf, cols, s
     n = pos_to_expert.numel()
     if n == 0 or hidden == 0:
         return
-    backend = backends.for_tensor(x, backend)
-    k = token_topk_to_pos.shape[1]
-    choice = (backend, hidden, k, _DTYPE_NAMES[x.dtype], cols, sf_dtype, col_major)
+    dev = x.device
+    run = _expand_plan(t, n, hidden, token_topk_to_pos.shape[1], x.dtype, dev, cols, sf_dtype, col_major,
+                       backend, consult.stamp())
     if sf is None:   # one-element placeholders: the kernel never touches them without scales
-        sf = out_sf = _placeholder(x.device, (1, 1))
-    launch(("expand_to_fused", x.device, t, n) + choice,
-           lambda: _kernel(permute.expand_to_fused, backend, **permute_config.choose_expand(*choice)),
-           (x, sf, token_topk_to_pos, pos_to_expert, out, out_sf))
+        sf = out_sf = _placeholder(dev, (1, 1))
+    run((x, sf, token_topk_to_pos, pos_to_expert, out, out_sf))
+
+
+@functools.lru_cache(maxsize=1024)
+def _expand_plan(t: int, n: int, hidden: int, k: int, dtype: torch.dtype, device: torch.device, cols: int,
+                 sf_dtype: str, col_major: bool, backend, stamp: tuple) -> tuple:
+    """The expansion's launch (a :class:`~kernforge.ops._launch.Bound`) for checked arguments,
+    memoised (the backend lookup, the choice and the key cost more than the kernel's copies at T = 1)."""
+    name = backends.for_device(device.type) if backend is None else backends.for_tensor(None, backend)
+    choice = (name, hidden, k, _DTYPE_NAMES[dtype], cols, sf_dtype, col_major)
+    return Bound(("expand_to_fused", device, t, n) + choice,
+                 lambda: _kernel(permute.expand_to_fused, name, **permute_config.choose_expand(*choice)))
 
 
 # ---------------------------------------------------------------- reduce
@@ -257,16 +296,20 @@ def reduce_fused(x: Union[torch.Tensor, tuple], topk_weights: Optional[torch.Ten
         if len(x) != 2:
             raise TypeError("x must be a tensor or an (x, x_sf) pair")
         x, x_sf = x
-    _check_tensor("x", x, tuple(_DTYPE_NAMES), dim=2)
+    _check_tensor("x", x, _DTYPES, dim=2)
     n, hidden = x.shape
     _check_tensor("token_topk_to_pos", token_topk_to_pos, (torch.int32,), dim=2)
     t, k = token_topk_to_pos.shape
-    if k == 0:
-        raise ValueError("token_topk_to_pos must have at least one column (num_topk > 0)")
-    if fp8_format not in ("", "e4m3"):
-        raise ValueError(f"fp8_format must be '' or 'e4m3', got {fp8_format!r}")
-    if sf is not None and fp8_format != "e4m3":
-        raise ValueError("sf is only valid with fp8_format='e4m3' (only FP8 output takes a scale)")
+    dev = x.device
+    try:
+        run, out_dtype = _reduce_plan(n, t, k, hidden, x.dtype, dev, fp8_format, topk_weights is not None,
+                                      x_sf is not None, sf is not None, backend, consult.stamp())
+    except TypeError as unhashable:   # an unhashable argument: checked uncached (and rejected there)
+        if not str(unhashable).startswith("unhashable"):
+            raise
+        run, out_dtype = _reduce_plan.__wrapped__(n, t, k, hidden, x.dtype, dev, fp8_format,
+                                                  topk_weights is not None, x_sf is not None,
+                                                  sf is not None, backend, consult.stamp())
     if topk_weights is not None:
         _check_tensor("topk_weights", topk_weights, (torch.float32,), shape=(t, k))
     if x_sf is not None:
@@ -275,27 +318,42 @@ def reduce_fused(x: Union[torch.Tensor, tuple], topk_weights: Optional[torch.Ten
         _check_tensor("sf", sf, (torch.float32,))
         if sf.numel() != 1:
             raise ValueError(f"sf must hold one float32 value, got shape {tuple(sf.shape)}")
-    out_dtype = torch.float8_e4m3fn if fp8_format == "e4m3" else x.dtype
     if out is not None:
         _check_tensor("out", out, (out_dtype,), shape=(t, hidden))
     for name, v in (("token_topk_to_pos", token_topk_to_pos), ("topk_weights", topk_weights), ("x_sf", x_sf),
                     ("sf", sf), ("out", out)):
-        if v is not None and v.device != x.device:
-            raise ValueError(f"{name} is on {v.device}, expected {x.device} (x's device)")
+        if v is not None and v.device != dev:
+            raise ValueError(f"{name} is on {v.device}, expected {dev} (x's device)")
     _check_positions(token_topk_to_pos, n)
     if out is None:
-        out = torch.empty((t, hidden), dtype=out_dtype, device=x.device)
+        out = torch.empty(t, hidden, dtype=out_dtype, device=dev)
     if t == 0:
         return out
-    backend = backends.for_tensor(x, backend)
-    choice = (backend, hidden, k, _DTYPE_NAMES[x.dtype], _DTYPE_NAMES[out_dtype],
-              topk_weights is not None, x_sf is not None, sf is not None)
-    one = _placeholder(x.device)
-    launch(("reduce_fused", x.device, n, t) + choice,
-           lambda: _kernel(permute.reduce_fused, backend, **permute_config.choose_reduce(*choice)),
-           (x, topk_weights if topk_weights is not None else _placeholder(x.device, (1, k)), token_topk_to_pos,
-            x_sf if x_sf is not None else one, sf.reshape(1) if sf is not None else one, out))
+    one = _placeholder(dev)
+    run((x, topk_weights if topk_weights is not None else _placeholder(dev, (1, k)), token_topk_to_pos,
+         x_sf if x_sf is not None else one, sf.reshape(1) if sf is not None else one, out))
     return out
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def _reduce_plan(n: int, t: int, k: int, hidden: int, dtype: torch.dtype, device: torch.device, fp8_format,
+                 with_weights: bool, with_x_sf: bool, with_sf: bool, backend, stamp: tuple) -> tuple:
+    """:func:`reduce_fused`'s scalar arguments checked, and its launch: ``(launch (a
+    :class:`~kernforge.ops._launch.Bound`), output dtype)``.  Memoised (the tensors' own
+    checks stay per call) because a decode step reduces the same shapes every layer and
+    this costs more than the kernel at T = 1; ``stamp`` keys the kernel choice to the
+    tuning database's state, as in :func:`launch`."""
+    if k == 0:
+        raise ValueError("token_topk_to_pos must have at least one column (num_topk > 0)")
+    if fp8_format not in ("", "e4m3"):
+        raise ValueError(f"fp8_format must be '' or 'e4m3', got {fp8_format!r}")
+    if with_sf and fp8_format != "e4m3":
+        raise ValueError("sf is only valid with fp8_format='e4m3' (only FP8 output takes a scale)")
+    out_dtype = torch.float8_e4m3fn if fp8_format == "e4m3" else dtype
+    name = backends.for_device(device.type) if backend is None else backends.for_tensor(None, backend)
+    choice = (name, hidden, k, _DTYPE_NAMES[dtype], _DTYPE_NAMES[out_dtype], with_weights, with_x_sf, with_sf)
+    return Bound(("reduce_fused", device, n, t) + choice,
+                 lambda: _kernel(permute.reduce_fused, name, **permute_config.choose_reduce(*choice))), out_dtype
 
 
 # ---------------------------------------------------------------- swiglu

@@ -35,7 +35,8 @@ from kernforge import backends
 from kernforge.kernels import routing as kernels
 from kernforge.kernels.routing import config
 from kernforge.ops._capture import capturing
-from kernforge.ops._launch import launch
+from kernforge.ops._launch import Bound, launch
+from kernforge.tune import consult
 
 #: the most experts per token: one block holds a token's keys on chip (8 KB of int64 keys at 1024)
 MAX_EXPERTS = 1024
@@ -174,28 +175,51 @@ def top2_sum_gate(logits: torch.Tensor, bias: torch.Tensor, num_topk: int, num_t
         if bool(((fixed < -1) | (fixed >= e)).any()):
             raise RoutingValueError(f"unmapped_topk_idx of fix_routing_mask rows must be -1 or in [0, {e})")
 
-    idx = torch.empty(t, k + s, dtype=torch.int64, device=logits.device)
-    weights = torch.empty(t, k + s, dtype=torch.float32, device=logits.device)
+    dev = logits.device
+    idx = torch.empty(t, k + s, dtype=torch.int64, device=dev)
+    weights = torch.empty(t, k + s, dtype=torch.float32, device=dev)
     if t == 0:
         return idx, weights
-    name = backends.for_tensor(logits, backend)
+    # the launch's key and kernel parameters follow from what was checked above: memoised
+    # with it (the layout of the optional tensors, beyond their presence, is in the key)
+    if backend is not None and not isinstance(backend, str):
+        backends.for_tensor(logits, backend)    # the registry's error for a non-name
+    layout = (t, dev, backend, mask is not None, has_fix,
+              None if unmapped_topk_idx is None else unmapped_topk_idx.stride(),
+              None if to_physical_map is None else to_physical_map.stride())
+    run, scalars = _gate_launch(settings, layout, consult.stamp())
+    flag, no_map, one_count, no_unmapped = _placeholders(dev)  # slots of optional tensors not given
+    run((logits, bias, mask if mask is not None else flag,
+         fix_routing_mask if fix_routing_mask is not None else flag,
+         to_physical_map if to_physical_map is not None else no_map,
+         logical_count if logical_count is not None else one_count,
+         unmapped_topk_idx if unmapped_topk_idx is not None else no_unmapped,
+         idx, weights) + scalars)
+    return idx, weights
+
+
+@functools.lru_cache(maxsize=1024)
+def _gate_launch(settings: tuple, layout: tuple, stamp: tuple) -> tuple:
+    """:func:`top2_sum_gate`'s launch for checked ``settings`` (:func:`_gate_settings`'s
+    arguments) and ``layout`` ``(T, device, backend argument, has_mask, has_fix, unmapped
+    strides, map strides)``: ``(launch (a :class:`~kernforge.ops._launch.Bound`), scalar arguments)``.  Memoised because
+    the kernel choice, the key and the scalars cost more than the kernel at T = 1;
+    ``stamp`` (the tuning database's state) is in the key as in :func:`launch`."""
+    k, scoring, groups, topk_groups, s, per_rank = _gate_settings(*settings)
+    e, map_shape = settings[0], settings[-1]
+    routed_scaling_factor, ep_rank, tp_rank, num_tp_ranks = settings[6], settings[7], settings[9], settings[10]
+    t, dev, backend, has_mask, has_fix, unmapped_stride, map_stride = layout
+    name = backends.for_device(dev.type) if backend is None else backends.for_tensor(None, backend)
     choice = dict(num_experts=e, num_topk=k, num_groups=groups, num_topk_groups=topk_groups, scoring_func=scoring,
-                  num_shared=s, has_mask=mask is not None, has_fix=has_fix,
-                  has_unmapped=unmapped_topk_idx is not None, has_map=to_physical_map is not None)
-    flag, no_map, one_count, no_unmapped = _placeholders(logits.device)  # slots of optional tensors not given
+                  num_shared=s, has_mask=has_mask, has_fix=has_fix,
+                  has_unmapped=unmapped_stride is not None, has_map=map_shape is not None)
     scalars = (float(routed_scaling_factor), ep_rank, tp_rank, num_tp_ranks, per_rank, per_rank * num_tp_ranks)
     # the shapes and strides the launch depends on beyond t and the choice: the optional tensors'
-    shapes = tuple(None if v is None else (tuple(v.shape), v.stride())
-                   for v in (to_physical_map, unmapped_topk_idx))
-    launch(("top2_sum_gate", logits.device, t, name, shapes) + tuple(choice.values()) + scalars,
-           lambda: _kernel(kernels.top2_sum_gate, name, **config.choose_top2_sum(name, **choice)),
-           (logits, bias, mask if mask is not None else flag,
-            fix_routing_mask if fix_routing_mask is not None else flag,
-            to_physical_map if to_physical_map is not None else no_map,
-            logical_count if logical_count is not None else one_count,
-            unmapped_topk_idx if unmapped_topk_idx is not None else no_unmapped,
-            idx, weights) + scalars)
-    return idx, weights
+    shapes = (None if map_shape is None else (map_shape, map_stride),
+              None if unmapped_stride is None else ((t, k), unmapped_stride))
+    key = ("top2_sum_gate", dev, t, name, shapes) + tuple(choice.values()) + scalars
+    make = lambda: _kernel(kernels.top2_sum_gate, name, **config.choose_top2_sum(name, **choice))  # noqa: E731
+    return Bound(key, make), scalars
 
 
 @functools.lru_cache(maxsize=1024, typed=True)

@@ -230,6 +230,60 @@ def test_reduce_fused_fp8_output_scale_and_out_argument():
     assert ((unscaled.double() * 4 - want).abs() <= 2.0 ** -3 * want.abs() + 2.0 ** -7).all()
 
 
+def test_reduce_fused_memoised_plan_follows_every_argument():
+    """reduce_fused memoises its scalar checks and launch per signature: calls in turn that
+    differ only in fp8_format, in which optional operand is given, or in the row count of x
+    (same tokens) each get their own kernel, against float64, twice round (memo hits)."""
+    _, p2e, t2p = layout(9, seed=8)
+    n = p2e.numel()
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(n + 64, 256, generator=g) * 0.1
+    w, x_sf, sf = torch.rand(9, K, generator=g), torch.rand(n, generator=g) + 0.5, torch.tensor([2.0])
+    cases = [((x[:n],), {}, (x[:n], w, t2p)), ((x[:n], None), {}, (x[:n], None, t2p)),
+             (((x[:n], x_sf), w), {}, (x[:n], w, t2p, x_sf)), ((x,), {}, (x, w, t2p)),
+             ((x[:n],), {"fp8_format": "e4m3"}, (x[:n], w, t2p)),
+             ((x[:n],), {"fp8_format": "e4m3", "sf": sf}, (x[:n], w, t2p, None, sf))]
+    for _ in range(2):
+        for args, kw, ref in cases:
+            if len(args) == 1:
+                args = (args[0], w)
+            got = moe.reduce_fused(*args, t2p, backend="cpu", **kw)
+            want = reference.reduce(*ref)
+            fp8 = kw.get("fp8_format") == "e4m3"
+            assert got.dtype == (torch.float8_e4m3fn if fp8 else torch.float32)
+            tol = 2.0 ** -4 * want.abs() + 2.0 ** -9 if fp8 else 1e-5 * want.abs() + 1e-6
+            assert ((got.double() - want).abs() <= tol).all(), (args[1] is None, kw)
+
+
+def test_expand_into_a_buffer_of_exactly_n_rows_returns_it():
+    """A caller's buffer with exactly N rows is written and returned as it is (no view)."""
+    _, p2e, t2p = layout(10, seed=9)
+    x = torch.randn(10, 128).bfloat16()
+    out = torch.full((p2e.numel(), 128), float("nan")).bfloat16()      # poisoned
+    got = moe.expand_to_fused(x, t2p, p2e, out=out, backend="cpu")
+    assert got is out
+    assert torch.equal(got.double(), reference.expand(x.float(), t2p, p2e))
+
+
+def test_mapping_scratch_is_per_shape_and_per_thread():
+    """get_fused_mapping reuses its scan's working tensors on the host, one pair per thread
+    and (chunks, experts): shapes and expert counts in turn (1 to 5 chunks), and four threads
+    mapping different routings at once, each get the reference's mapping."""
+    import concurrent.futures
+    cases = [(routing(t, experts=e, seed=t + e), e) for t, e in ((1, 16), (300, 16), (1, 8), (70, 32), (64, 16))]
+
+    def check(case):
+        idx, e = case
+        got = moe.get_fused_mapping(idx, e, 0, A, backend="cpu")
+        want = reference.mapping(idx, e, A, got[0].numel())
+        return all(torch.equal(a, b) for a, b in zip(got[:7], want))
+
+    assert all(check(c) for c in cases + cases)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        jobs = [routing(300, seed=s) for s in range(4)] * 10
+        assert all(pool.map(check, [(idx, E) for idx in jobs]))
+
+
 def test_reduce_fused_without_tokens():
     got = moe.reduce_fused(torch.randn(64, 256), None, torch.zeros((0, K), dtype=torch.int32))
     assert got.shape == (0, 256)
@@ -341,6 +395,14 @@ def _bad_calls():
         "reduce weights dtype": (TypeError, "topk_weights",
                                  lambda: moe.reduce_fused(xe, torch.ones(4, K).bfloat16(), t2p)),
         "reduce fp8_format": (ValueError, "fp8_format", lambda: moe.reduce_fused(xe, None, t2p, fp8_format="e5m2")),
+        # reduce_fused's scalar checks are memoised too: after a valid call, an unhashable
+        # format and an sf without FP8 output are still refused
+        "reduce fp8_format list": (ValueError, "fp8_format",
+                                   lambda: (moe.reduce_fused(xe, None, t2p),
+                                            moe.reduce_fused(xe, None, t2p, fp8_format=["e4m3"]))),
+        "reduce sf after fp8": (ValueError, "sf is only valid",
+                                lambda: (moe.reduce_fused(xe, None, t2p, fp8_format="e4m3", sf=torch.ones(1)),
+                                         moe.reduce_fused(xe, None, t2p, sf=torch.ones(1)))),
         "reduce sf without fp8": (ValueError, "sf", lambda: moe.reduce_fused(xe, None, t2p, sf=torch.ones(1))),
         "reduce x_sf shape": (ValueError, "x_sf", lambda: moe.reduce_fused((xe, torch.ones(3)), None, t2p)),
         "reduce out dtype": (TypeError, "out",

@@ -240,3 +240,19 @@ def test_memoised_settings_still_check_types_on_every_call():
         wrong = list(args)
         wrong[i] = bad
         _bad(lambda: ops.top2_sum_gate(*wrong, backend="interp"), ops.RoutingTypeError, name)
+
+
+def test_memoised_launch_follows_every_scalar_and_optional_tensor():
+    """top2_sum_gate memoises its launch (key, kernel choice, scalars) per signature: calls in
+    turn that differ in one scalar only (an int where a float was too), in the token count,
+    or in whether a mask / unmapped_topk_idx is given, each match the reference, twice round."""
+    logits, bias = gate_args(t=5, e=32, seed=3)
+    mask = torch.tensor([True, False, True, True, False])
+    variants = [{}, {"scale": 1.0}, {"scale": 1}, {"ep": (1, 2)}, {"tp": (1, 2)}, {"scoring": "softmax"},
+                {"k": 3}, {"mask": mask}, {"unmapped_topk_idx": torch.full((5, 4), -7)},
+                {"mask": mask, "unmapped_topk_idx": torch.full((5, 4), -7)}, {"rows": 2}]
+    for _ in range(2):
+        for v in variants:
+            v = dict(v)
+            rows = v.pop("rows", 5)
+            assert_same(*call(logits[:rows], bias, backend="cpu", **v))

@@ -390,3 +390,48 @@ def test_gemms_inside_branches_match_float64(path):
         computed = ~((rows // 16 * 16 + 8 >= m) & (rows % 16 >= 8))
         assert torch.allclose(c[computed].double(), want[computed], rtol=1e-5, atol=1e-4)
         assert torch.all(c[~computed] == 0)
+
+
+def _paired_gemm(unpaired_read: bool):
+    """Two 8-row rungs copy their part of an A tile and multiply it (guarded pairs, M symbolic);
+    with ``unpaired_read`` a third GEMM reads the first rung's rows again without a copy of its own,
+    so it depends on that copy and no pair of the tile may skip it."""
+    M = T.symbolic("M")
+
+    @T.prim_func
+    def paired(A: T.Tensor((M, 32), "float32"), B: T.Tensor((32, 16), "float32"), C: T.Tensor((M, 16), "float32")):
+        with T.Kernel(T.ceildiv(M, 16), threads=128) as bx:
+            a_s = T.alloc_shared((16, 32), "float32")
+            b_s = T.alloc_shared((32, 16), "float32")
+            c = T.alloc_fragment((16, 16), "float32")
+            T.copy(B, b_s)
+            T.clear(c)
+            T.copy(A[bx * 16, 0], a_s[0:8, :])
+            T.gemm(a_s[0:8, :], b_s, c[0:8, :])
+            if unpaired_read:
+                T.gemm(a_s[0:8, :], b_s, c[8:16, :])
+            else:
+                T.copy(A[bx * 16 + 8, 0], a_s[8:16, :])
+                T.gemm(a_s[8:16, :], b_s, c[8:16, :])
+            T.copy(c, C[bx * 16, 0])
+    return paired
+
+
+@pytest.mark.parametrize("unpaired_read", [False, True])
+def test_guarded_pairs_read_in_place_only_when_every_read_is_paired(unpaired_read):
+    """Each rung's GEMM reads A in place where its rows lie inside A (else the copy runs), unless
+    another GEMM reads the tile without its own copy: then every copy stays.  The numbers match
+    float64 for M cutting the last block anywhere, outputs poisoned."""
+    kern = _paired_gemm(unpaired_read)
+    src = CpuRenderer().render(kern.ir, Target("cpu", "avx512")).source
+    in_place = [line for line in src.splitlines() if "kf::gemm<" in line and "(A + " in line]
+    assert len(in_place) == (0 if unpaired_read else 2)
+    g = torch.Generator().manual_seed(9)
+    for m in (3, 8, 13, 16, 40):
+        a, b = torch.randn(m, 32, generator=g), torch.randn(32, 16, generator=g)
+        c = torch.full((m, 16), float("nan"))
+        kernforge.compile(kern, backend="cpu")(a, b, c)
+        want = a.double() @ b.double()
+        if unpaired_read:  # rows 8-15 of a block repeat rows 0-7
+            want = torch.cat([torch.cat([blk[:8], blk[:8]])[:blk.shape[0]] for blk in want.split(16)])
+        assert torch.allclose(c.double(), want, rtol=1e-5, atol=1e-5)

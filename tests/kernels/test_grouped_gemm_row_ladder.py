@@ -2,8 +2,12 @@
 rounded up to a multiple of ``row_step``.  Checked on the CPU backend against float64 torch,
 with garbage in the padding rows of A and NaN-poisoned outputs: a skipped row that holds an
 expert's token, or a ladder step that picks too few rows, leaves NaN or a wrong value."""
+import re
+
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import kernforge
 from kernforge.kernels import grouped_gemm as G
@@ -75,3 +79,50 @@ def test_row_step_must_divide_the_tile():
         G.m_grouped_gemm_nt_contiguous(num_groups=1, N=16, K=16, block_M=32, row_step=12)
     with pytest.raises(ValueError, match="row_step"):
         G.m_grouped_gemm_nt_masked(num_groups=1, N=16, K=16, block_M=32, row_step=-1)
+
+
+_PAIR = dict(block_M=16, block_N=16, block_K=16, row_step=4, row_tiles=2)
+
+
+@pytest.mark.parametrize("backend", CPU)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(segments=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40)), min_size=1, max_size=7),
+       cut=st.integers(0, 15), seed=st.integers(0, 2 ** 16))
+def test_contiguous_two_row_tiles(backend, segments, cut, seed):
+    """``row_tiles=2``: a block's two 16-row tiles hold one expert (its GEMM spans both), two
+    experts (one GEMM and B tile each), an expert then padding, or padding then an expert; the same
+    expert may start again in the next aligned segment (padding rows inside its span), and M may
+    end inside a tile (``cut`` rows off the last one).  A is read in place where the rows lie inside
+    A and copied where they do not."""
+    ids = []
+    for expert, rows in segments:
+        ids += [expert] * rows + [-1] * (-rows % 16)
+    ids = ids[:max(1, len(ids) - cut)] if ids else [-1]
+    _contiguous(backend, torch.tensor(ids, dtype=torch.int32), 3, 24, 40, seed, **_PAIR)
+
+
+def test_two_row_tiles_need_the_ladder():
+    with pytest.raises(ValueError, match="row_tiles"):
+        G.m_grouped_gemm_nt_contiguous(num_groups=1, N=16, K=16, block_M=16, row_tiles=2)
+    with pytest.raises(ValueError, match="row_tiles"):
+        G.m_grouped_gemm_nt_contiguous(num_groups=1, N=16, K=16, block_M=16, row_step=4, row_tiles=3)
+
+
+def test_ladder_reads_a_in_place_when_its_rows_lie_inside_a():
+    """Each rung's A copy feeds only its GEMM, so the layout pass lets the GEMM read A where it is
+    when the rung's rows lie inside A (the test the copy would make), and keeps the copy for a tile
+    cut by M.  The expert's B tile is read in place as before."""
+    from kernforge.backends.cpu.renderer import CpuRenderer
+    from kernforge.codegen.renderer import Target
+    kern = G.m_grouped_gemm_nt_contiguous(num_groups=3, N=32, K=64, num_stages=1, **_PAIR)
+    src = CpuRenderer().render(kern.ir, Target("cpu", "avx512bf16")).source  # source only: any machine
+    calls = re.findall(r"kf::gemm<[^>]*>\(\((\w+) \+", src)
+    rungs = len(range(4, 33, 4)) + len(range(4, 17, 4))
+    assert calls.count("A") == rungs and calls.count("A_shared") == rungs  # guarded: in place, else copied
+    # each in-place call is guarded by its own rows lying inside A: start row + rows <= M
+    guarded = re.findall(r"if \(\((.+?) <= M\)\) \{\n\s*kf::gemm<float, (\d+), [^>]*>"
+                         r"\(\(A \+ \(int64_t\)(.+?) \* 64 ", src)
+    assert len(guarded) == rungs
+    for bound, rows, start in guarded:
+        assert eval(bound, {"by": 5}) == eval(start, {"by": 5}) + int(rows)  # noqa: S307 - the kernel's own text
+    assert "B_shared" not in src and "B_second" not in src

@@ -38,6 +38,10 @@ region itself.  Always for A (the micro-kernel broadcasts its elements from any 
 for B only when few rows use it (``direct_b_rows``): a decode GEMM streams its weight tile
 once, where the copy doubled the traffic, but a B tile that many row blocks reuse is better
 copied into a contiguous tile, clear of the cache-set conflicts of a power-of-two row stride.
+A tile filled by several copies, each followed by the one GEMM reading exactly what it wrote (a
+host kernel's row-ladder rungs), is read in place by those GEMMs in **guarded pairs** (when every
+GEMM read of the tile is in one): ``if (the rows lie inside the tensor) GEMM from global; else copy
++ GEMM``, the interior test the copy made anyway, so a symbolic M does not keep A's copy.
 """
 from __future__ import annotations
 
@@ -246,8 +250,12 @@ class _Direct(ir.Mutator):
     """Within each ``Seq``: a copy into an eligible tile, then GEMMs reading it, become the
     GEMMs reading the copy's source."""
 
-    def __init__(self, kernel: ir.Kernel, direct_b_rows: int, in_place: tuple, k_major_b: frozenset):
+    def __init__(self, kernel: ir.Kernel, direct_b_rows: int, in_place: tuple, k_major_b: frozenset,
+                 paired: Optional[frozenset] = None):
         self.uses = _collect(kernel)
+        self.paired = paired  # tiles whose (copy, GEMM) pairs are rewritten; None: only count them
+        self.paired_reads: dict[ir.Buffer, int] = {}  # GEMM reads of a tile found in such pairs
+        self.extra_reads: dict[ir.Buffer, int] = {}  # reads of other tiles by the GEMMs the rewrite duplicates
         self.in_place = in_place  # the dtypes a GEMM reads from global memory as they are
         self.counts: dict[ir.Buffer, int] = {}
         for n in ir.nodes(kernel.body):
@@ -261,18 +269,52 @@ class _Direct(ir.Mutator):
         self.k_major_b = k_major_b
         self.removed: set = set()
 
-    def source(self, copy: ir.Copy) -> Optional[ir.Region]:
-        """The copy's global source, when the tile it fills may be replaced by it."""
+    def source(self, copy: ir.Copy, whole: bool = True) -> Optional[ir.Region]:
+        """The copy's global source, when the tile it fills may be replaced by it (``whole``: the
+        copy fills the whole tile and the source is provably in bounds)."""
         src, dst = copy.src, copy.dst
         g, t = src.buffer, dst.buffer
         u = self.uses.get(t)
         if (g.scope != ir.Scope.GLOBAL or t.scope not in _ON_CHIP or u is None or g in self.written
-                or g.dtype != t.dtype or t.dtype not in self.in_place or not _whole(dst)
+                or g.dtype != t.dtype or t.dtype not in self.in_place
                 or u.other_reads or not u.strided_only or not u.copy_writes_same_dtype
-                or not all(isinstance(x, ir.Const) for x in g.strides)
-                or tile_mask(src, self.table) is not None or src.squeezed() != dst.squeezed()):
+                or not all(isinstance(x, ir.Const) for x in g.strides) or src.squeezed() != dst.squeezed()):
+            return None
+        if whole and (not _whole(dst) or tile_mask(src, self.table) is not None):
             return None
         return src
+
+    def _pair(self, copy: ir.Stmt, nxt: ir.Stmt) -> Optional[ir.Stmt]:
+        """A copy into part of a tile followed by one GEMM reading exactly that part (a host
+        kernel's row-tile rung; such a tile is filled by several copies, so the whole-tile rewrite
+        of :meth:`visit_Seq` cannot drop it): the GEMM reading the copy's global source when that
+        lies inside its tensor, the pair as it was otherwise.  Only when every GEMM read of the tile
+        is in such a pair (``paired``, from a first, counting walk) does no GEMM depend on a copy
+        that a rewritten pair skips."""
+        if not (isinstance(copy, ir.Copy) and isinstance(nxt, ir.Gemm)):
+            return None
+        src, tile = self.source(copy, whole=False), copy.dst.buffer
+        if src is None:
+            return None
+        operands = [r for r in (nxt.a, nxt.b) if r.buffer is tile]
+        same = all(len(r.starts) == len(copy.dst.starts) and tuple(r.extents) == tuple(copy.dst.extents) and
+                   all(isinstance(x, ir.Const) and isinstance(y, ir.Const) and x.value == y.value
+                       for x, y in zip(r.starts, copy.dst.starts)) for r in operands)
+        if len(operands) != 1 or not same or nxt.c.buffer is tile:
+            return None
+        if nxt.b.buffer is tile and not self._b_in_place(nxt):
+            return None
+        if self.paired is None:
+            self.paired_reads[tile] = self.paired_reads.get(tile, 0) + 1
+            return None
+        if tile not in self.paired:
+            return None
+        direct = _ReadFrom(tile, ir.Region(src.buffer, src.starts, src.extents)).visit(nxt)
+        other = nxt.b.buffer if nxt.a.buffer is tile else nxt.a.buffer
+        self.extra_reads[other] = self.extra_reads.get(other, 0) + 1  # the guarded pair keeps its GEMM
+        self.counts[other] = self.counts.get(other, 0) + 1
+        mask = tile_mask(src, self.table)
+        return direct if mask is None else ir.If(mask, direct, ir.seq([copy, nxt]))
 
     def _b_in_place(self, g: ir.Gemm) -> bool:
         """A B tile the micro-kernel reads as it is: a decode GEMM's (few rows) N-major one, or a
@@ -284,6 +326,11 @@ class _Direct(ir.Mutator):
 
     def visit_Seq(self, s: ir.Seq):
         body = [self.visit(x) for x in s.body]
+        for i in range(len(body) - 1):
+            pair = self._pair(body[i], body[i + 1]) if body[i] is not None else None
+            if pair is not None:
+                body[i], body[i + 1] = None, pair
+        body = [x for x in body if x is not None]
         for i, st in enumerate(body):
             src = self.source(st) if isinstance(st, ir.Copy) else None
             if src is None:
@@ -302,7 +349,8 @@ class _Direct(ir.Mutator):
                     found.append(j)
                     gemms += inner
             reads = sum((g.a.buffer is tile) + (g.b.buffer is tile) for g in gemms)
-            ok = clean and gemms and reads == self.uses[tile].gemm_reads and self.counts.get(tile, 0) == reads + 1
+            ok = (clean and gemms and reads == self.uses[tile].gemm_reads + self.extra_reads.get(tile, 0)
+                  and self.counts.get(tile, 0) == reads + 1)
             ok = ok and all(_whole(g.a) if g.a.buffer is tile else _whole(g.b) for g in gemms)
             ok = ok and all(g.b.buffer is not tile or self._b_in_place(g) for g in gemms)
             if not ok:
@@ -367,7 +415,13 @@ def gemm_operand_layout(kernel: ir.Kernel, widen=NARROW, direct: bool = False, d
     k_major_b, to_bf16 = frozenset(k_major_b), frozenset(to_bf16)
     if direct:
         in_place = tuple(x for x in NARROW if x not in widen and x not in to_bf16)
-        d = _Direct(kernel, direct_b_rows, _DIRECT_DTYPES + in_place, k_major_b)
+        dtypes_ = _DIRECT_DTYPES + in_place
+        count = _Direct(kernel, direct_b_rows, dtypes_, k_major_b)
+        count.visit(kernel.body)
+        # a tile the whole-tile rewrite removes keeps that rewrite
+        paired = frozenset(t for t, n in count.paired_reads.items()
+                           if n == count.uses[t].gemm_reads and t not in count.removed)
+        d = _Direct(kernel, direct_b_rows, dtypes_, k_major_b, paired)
         body = d.visit(kernel.body)
         if d.removed:
             kernel = kernel.with_body(_DropAllocations(d.removed).visit(body))

@@ -31,8 +31,9 @@ def _within_expert(config: dict) -> bool:
 def choose(backend: str, num_groups: int, N: int, K: int, alignment: int = 128) -> dict:
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_contiguous` parameters.
     GPUs use 128x128 output tiles with 64-deep K steps (three stages fit Hopper shared
-    memory); the CPU 128x128 tiles with 512-deep K steps and a 16-row ladder (``row_step``:
-    padding rows cost little, the B tile is packed once per 128 rows), other host backends
+    memory); the CPU 128x128 tiles with 512-deep K steps, a 16-row ladder (``row_step``:
+    padding rows cost little) and two row tiles a block (``row_tiles``: the B tile is packed
+    once per 256 rows of one expert), other host backends
     128x128x256 tiles (64 rows for 16+ groups).  A configuration tuned for this shape
     (``kernforge tune``) takes precedence over both, as for every chooser here."""
     return _heuristic(backend, num_groups, N, K, alignment)
@@ -49,9 +50,11 @@ def _heuristic(backend: str, num_groups: int, N: int, K: int, alignment: int) ->
         # (G 4 x 256 rows, N = K = 4096: 182 against 186-190 ms with 256-deep ones).
         # Zen 4, avx512bf16, one thread, against torch's per-expert loop: G 32 x 0-130 rows, N = K =
         # 1024: 0.66x (64-row tiles) -> 0.84x (32-row steps) -> 0.99x (16); G 4 x 0-512 rows, N = K =
-        # 2048: 0.77x -> 0.92x
+        # 2048: 0.77x -> 0.92x.  Two row tiles a block (``row_tiles``): an expert's rows across both
+        # share one B packing per K step (G 4 x 256 rows, N = K = 4096: 177 -> 169 ms; with A read in
+        # place by the GEMM (passes.gemm_layout's guarded pairs) 160 ms, torch's loop 160-165)
         return dict(num_groups=num_groups, N=N, K=K, block_M=rows, block_N=128, num_stages=1, block_K=512,
-                    row_step=min(rows, 16))
+                    row_step=min(rows, 16), row_tiles=2)
     if num_groups >= 16:
         # other hosts compute every row a tile holds: at G 32 with 0-130 rows per expert (1228 rows in
         # 3584 aligned ones), 64-row tiles ran 1.55x faster than 128-row ones (Zen 4, avx512bf16, 1
@@ -82,7 +85,7 @@ choose_fp8_fp4 = tuned("m_grouped_fp8_fp4_gemm_nt_contiguous", keys=("alignment"
 def choose_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int) -> dict:
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_masked` parameters: the
     contiguous tiles, with a row tile sized by ``expected_m`` (typical rows per group).  On the
-    CPU 64 or 128 rows with the contiguous kernel's row ladder.  Other host tiles compute every
+    CPU 64 or 256 rows with the contiguous kernel's row ladder.  Other host tiles compute every
     row they hold, and a group's last tile is partly past ``masked_m``, so they are smaller:
     16 rows up to 32 expected, 32 up to 128, else 64 (Zen 4, avx512bf16, one
     thread, against torch's per-group loop: G 8 x 0-64 rows, N = K = 1024: 0.48x with 128-row
@@ -93,7 +96,11 @@ def choose_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int
     elif backends.lang(backend) == "c++":
         # the row ladder (as in :func:`choose`) bounds the rows past ``masked_m`` instead: G 8 x 0-64
         # rows, N = K = 1024: 0.97x -> 1.1x; G 4 x 0-200, N = K = 2048: 0.71x -> 0.94x
-        return dict(_heuristic(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 128)
+        # 256 rows past 64 expected: a group's B tile is packed once for up to 256 of its rows (G 4 x
+        # 0-200 rows, N = K = 2048: 0.94x -> 0.96x against 128-row tiles)
+        cfg = dict(_heuristic(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 256)
+        del cfg["row_tiles"]  # a masked tile never spans groups: the contiguous layout's concern only
+        return cfg
     else:
         rows = 16 if expected_m <= 32 else 32 if expected_m <= 128 else 64
     return dict(_heuristic(backend, num_groups, N, K, 128), block_M=rows)

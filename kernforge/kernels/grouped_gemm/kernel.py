@@ -36,56 +36,92 @@ from kernforge.kernels.gemm.kernel import FP4_GRAN_K, FP8, GRAN_K, fp4_value
 
 
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64, 128, 256],
-           num_stages=[1, 2, 3], row_step=[0, 16])
+           num_stages=[1, 2, 3], row_step=[0, 16], row_tiles=[1, 2])
 def m_grouped_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: int = 64,
                                  block_N: int = 64, block_K: int = 64, num_stages: int = 2,
                                  dtype: str = "bfloat16", out_dtype: str = "bfloat16",
-                                 threads: int = 128, row_step: int = 0):
+                                 threads: int = 128, row_step: int = 0, row_tiles: int = 1):
     """bf16 (or fp16) grouped GEMM.  Kernel parameters: ``A [M, K]``, ``B [num_groups, N, K]``,
     ``m_indices int32 [M]`` (expert of each row, ``-1`` = padding), output ``D [M, N]``.
     ``row_step`` (a host's choice; 0: off) multiplies only the tile's first rows up to its last
-    expert row, rounded up to a multiple of ``row_step`` (:func:`_row_ladder`)."""
+    expert row, rounded up to a multiple of ``row_step`` (:func:`_row_ladder`).
+
+    ``row_tiles = 2`` (with ``row_step``) gives a block two ``block_M``-row tiles, which may
+    belong to two experts: the block's first expert multiplies all its rows (both tiles when its
+    segment spans them) in one GEMM per K step, so the B tile, which a host's bf16 nt
+    micro-kernel packs per call, is packed once per 256 rows instead of once per 128; a second
+    tile that starts another expert gets its own GEMM and B tile."""
     _check_row_step(row_step, block_M)
+    if row_tiles not in (1, 2) or (row_tiles == 2 and not row_step):
+        raise ValueError(f"row_tiles ({row_tiles}) must be 1, or 2 with a row_step")
     accum = "float32"
     M = T.symbolic("M")
+    rows_per_block = block_M * row_tiles
     name = (f"m_grouped_gemm_nt_contiguous_g{num_groups}_n{N}_k{K}_M{block_M}_N{block_N}"
-            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}{f'_r{row_step}' if row_step else ''}")
+            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}{f'_r{row_step}' if row_step else ''}"
+            f"{'_x2' if row_tiles == 2 else ''}")
 
     @T.prim_func(name=name)
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((num_groups, N, K), dtype),
              m_indices: T.Tensor((M,), "int32"), D: T.Tensor((M, N), out_dtype)):
-        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
-            A_shared = T.alloc_shared((block_M, block_K), dtype)
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, rows_per_block), threads=threads) as (bx, by):
+            r0 = by * rows_per_block
+            A_shared = T.alloc_shared((rows_per_block, block_K), dtype)
             B_shared = T.alloc_shared((block_N, block_K), dtype)
-            C = T.alloc_fragment((block_M, block_N), accum)
-            expert = m_indices[by * block_M]
+            C = T.alloc_fragment((rows_per_block, block_N), accum)
+            expert = m_indices[r0]
             T.clear(C)
-            if expert >= 0:
-                if row_step:
-                    used = T.alloc_var("int32", 0)  # rows up to the tile's last expert row
-                    for i in T.serial(block_M):
-                        if by * block_M + i < M:
-                            if m_indices[by * block_M + i] >= 0:
-                                used = i + 1
-                # the clamp changes no valid id (the ops layer checks them) and proves the B tile in
-                # bounds when block_N and block_K divide N and K: the CPU's GEMM then reads the expert's
-                # weights in place (its bf16 nt micro-kernel packs them anyway) instead of a copy
-                e = T.max(T.min(expert, num_groups - 1), 0)
+            if row_step:
+                used = T.alloc_var("int32", 0)  # rows up to the block's last row of its first expert
+                for i in T.serial(rows_per_block):
+                    if r0 + i < M:
+                        if m_indices[r0 + i] == expert:
+                            used = i + 1
+                if row_tiles == 2:
+                    # the second tile's own expert, when it starts one (else its rows are the first
+                    # expert's or padding): 0 rows to multiply otherwise
+                    B_second = T.alloc_shared((block_N, block_K), dtype)
+                    second = T.alloc_var("int32", -1)
+                    used2 = T.alloc_var("int32", 0)
+                    if r0 + block_M < M:
+                        second = m_indices[r0 + block_M]
+                    if (second >= 0) & (second != expert):
+                        for i in T.serial(block_M):
+                            if r0 + block_M + i < M:
+                                if m_indices[r0 + block_M + i] == second:
+                                    used2 = i + 1
+            # the clamp changes no valid id (the ops layer checks them) and proves the B tile in
+            # bounds when block_N and block_K divide N and K: the CPU's GEMM then reads the expert's
+            # weights in place (its bf16 nt micro-kernel packs them anyway) instead of a copy
+            e = T.max(T.min(expert, num_groups - 1), 0)
+            # one tile: the K loop runs for an expert's tile only; two: for either tile's expert
+            live = expert >= 0 if row_tiles == 1 else (expert >= 0) | (used2 > 0)
+            first = True if row_tiles == 1 else expert >= 0
+            if live:
                 for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
-                    if row_step:
-                        T.copy(B[e, bx * block_N, k * block_K], B_shared)
-                        for rows in _row_ladder(block_M, row_step):
-                            if (used > rows - row_step) & (used <= rows):
-                                T.copy(A[by * block_M, k * block_K], A_shared[0:rows, :])
-                                T.gemm(A_shared[0:rows, :], B_shared, C[0:rows, :], transpose_B=True)
-                    else:
-                        T.copy(A[by * block_M, k * block_K], A_shared)
-                        T.copy(B[e, bx * block_N, k * block_K], B_shared)
-                        T.gemm(A_shared, B_shared, C, transpose_B=True)
-            for i, j in T.Parallel(block_M, block_N):
-                row = T.min(by * block_M + i, M - 1)
+                    if first:
+                        if row_step:
+                            T.copy(B[e, bx * block_N, k * block_K], B_shared)
+                            for rows in _row_ladder(rows_per_block, row_step):
+                                if (used > rows - row_step) & (used <= rows):
+                                    T.copy(A[r0, k * block_K], A_shared[0:rows, :])
+                                    T.gemm(A_shared[0:rows, :], B_shared, C[0:rows, :], transpose_B=True)
+                        else:
+                            T.copy(A[r0, k * block_K], A_shared)
+                            T.copy(B[e, bx * block_N, k * block_K], B_shared)
+                            T.gemm(A_shared, B_shared, C, transpose_B=True)
+                    if row_tiles == 2:
+                        if used2 > 0:
+                            T.copy(B[T.max(T.min(second, num_groups - 1), 0), bx * block_N, k * block_K], B_second)
+                            for rows in _row_ladder(block_M, row_step):
+                                if (used2 > rows - row_step) & (used2 <= rows):
+                                    T.copy(A[r0 + block_M, k * block_K], A_shared[block_M:block_M + rows, :])
+                                    T.gemm(A_shared[block_M:block_M + rows, :], B_second,
+                                           C[block_M:block_M + rows, :], transpose_B=True)
+            for i, j in T.Parallel(rows_per_block, block_N):
+                row = T.min(r0 + i, M - 1)
                 C[i, j] = T.if_then_else(m_indices[row] >= 0, C[i, j], 0.0)
-            T.copy(C, D[by * block_M, bx * block_N])
+            T.copy(C, D[r0, bx * block_N])
 
     return main
 
@@ -151,7 +187,7 @@ def m_grouped_fp8_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: i
     return main
 
 
-@T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64, 128, 256],
+@T.tunable(block_M=[32, 64, 128, 256], block_N=[32, 64, 128], block_K=[32, 64, 128, 256],
            num_stages=[1, 2, 3], row_step=[0, 16])
 def m_grouped_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int = 64,
                              block_N: int = 64, block_K: int = 64, num_stages: int = 2,

@@ -60,6 +60,13 @@ class Backend:
     # False for oracles and emulators: tools give them small problems and time them once.
     speed_path = True
 
+    def workers(self) -> Optional[int]:
+        """How many grid blocks the next launch runs at once on a host backend (its thread
+        team), so that an op can split work that would leave threads idle; None where the
+        backend does not run blocks in parallel (oracles, emulators) or has its own device
+        query (CUDA: the SM count)."""
+        return None
+
     def target(self, arch: Optional[str] = None, launch: bool = False) -> Target:
         return Target(self.name, arch)
 

@@ -22,8 +22,9 @@ first call computes FlashMLA's balanced schedule from ``cache_seqlens``
 ``FlashMLASchedMeta`` from ``get_mla_metadata``, and runs the kernel that walks it plus
 the combine (``mla_decode_scheduled``); later calls with that object reuse it (valid
 while the lengths are unchanged, as in FlashMLA).  The schedule is computed on the
-host, so a CUDA-graph capture needs it recorded by an earlier call.  Host backends do
-not split by default (two splits measured slower on the 2-core machine).
+host, so a CUDA-graph capture needs it recorded by an earlier call.  Host backends split
+only when the batch's blocks would leave threads of their team idle (batch 1 at 64 heads
+on 2 threads: 1.7x faster, measured on the quiet 2-core machine).
 ``num_kv_splits=`` (or a recorded ``kv_splits``) keeps the older uniform split (every
 request cut into the same power of two, ``config.choose_splits``; what the
 ``mla_decode_splitkv`` tuning entry sweeps).  Legacy metadata tensors (v1/v2 API) are
@@ -45,6 +46,7 @@ from kernforge.kernels import mla_decode as kernels
 from kernforge.kernels.mla_decode import config, schedule
 from kernforge.kernels.mla_decode.scheduled import Scheduled
 from kernforge.kernels.mla_decode.split_kv import SplitKV
+from kernforge.model import numerics as nx
 
 _DTYPES = (torch.bfloat16,)
 
@@ -101,7 +103,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
 
     kernforge additions (keyword-only): ``backend``; ``num_sm_parts`` to run the dense path
     over FlashMLA's balanced schedule with that many partitions on any backend (default:
-    on a CUDA device, FlashMLA's count for its SMs; elsewhere no split); ``num_kv_splits``
+    on a CUDA device, FlashMLA's count for its SMs; on a host, a split only when the batch
+    would leave threads idle, never in deterministic mode); ``num_kv_splits``
     to force a uniform split-KV factor instead (default: the ``kv_splits`` a
     ``FlashMLASchedMeta`` recorded, else
     :func:`kernforge.kernels.mla_decode.config.choose_splits`)."""
@@ -158,8 +161,9 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
 def _schedule_parts(backend, cfg, q, meta, num_kv_splits, num_sm_parts) -> Optional[int]:
     """The partition count of the balanced split-KV schedule this call runs, or ``None``
     for the uniform path (``num_kv_splits`` or a recorded ``kv_splits`` given, a host
-    device without ``num_sm_parts``, or CUDA-graph capture with no schedule recorded: the
-    schedule is computed on the host from ``cache_seqlens``, which capture cannot read)."""
+    backend whose threads the batch's blocks already fill (:func:`config.host_parts`), or
+    CUDA-graph capture with no schedule recorded: the schedule is computed on the host from
+    ``cache_seqlens``, which capture cannot read)."""
     if num_sm_parts is not None:
         if num_kv_splits is not None:
             raise ValueError("pass num_kv_splits (uniform splits) or num_sm_parts (balanced schedule), not both")
@@ -173,9 +177,13 @@ def _schedule_parts(backend, cfg, q, meta, num_kv_splits, num_sm_parts) -> Optio
         return None
     if meta is not None and meta.tile_scheduler_metadata is not None:
         return meta.tile_scheduler_metadata.shape[0]
-    if backends.device(backend) == "cuda" and not capturing(q):
+    if capturing(q):
+        return None
+    if backends.device(backend) == "cuda":
         return config.sm_parts(cfg, q.device)
-    return None
+    if nx.is_deterministic():  # a host split follows the batch size: a row's bits would follow its batch
+        return None
+    return config.host_parts(cfg, q.shape[0], backends.get(backend).workers())
 
 
 def _scheduled(backend, cfg, q, kv_flat, block_table, cache_seqlens, sink, scale, head_dim_v, meta, parts):

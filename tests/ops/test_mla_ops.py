@@ -294,3 +294,31 @@ def test_balanced_schedule_gqa_and_mtp(backend, h_kv, s_q, causal):
                                           backend=backend, num_sm_parts=7)
     assert meta.num_splits[-1] > 4
     check(out, lse, q, kv, table, lens, sink, 96 ** -0.5, causal, dim_v=64)
+
+
+def test_host_split_only_when_threads_would_idle(monkeypatch):
+    """On a host the balanced schedule runs only when the batch's blocks leave threads of
+    the team idle, with one partition per idle multiple; never in deterministic mode (the
+    split follows the batch size, so a row's bits would follow its batch)."""
+    from kernforge.backends.cpu.backend import CpuBackend
+    from kernforge.kernels.mla_decode import config
+    from kernforge.model import deterministic
+
+    cfg = dict(heads=64, heads_kv=1, seq_q=1, block_H=64)
+    assert config.host_parts(cfg, 1, 2) == 2 and config.host_parts(cfg, 1, 8) == 8
+    assert config.host_parts(cfg, 2, 2) is None and config.host_parts(cfg, 1, 1) is None
+    assert config.host_parts(dict(cfg, heads=128), 1, 2) is None  # two row blocks fill two threads
+    assert config.host_parts(dict(cfg, heads=128), 1, 4) == 2
+
+    q, kv, table, lens = make([900], heads=16, d=96, page=16, seed=3)
+    monkeypatch.setattr(CpuBackend, "workers", lambda self: 4)
+    meta, _ = mla.get_mla_metadata()
+    out, lse = mla.flash_mla_with_kvcache(q, kv, table, lens, 64, meta, backend="cpu")
+    assert meta.tile_scheduler_metadata.shape[0] == 4 and meta.num_splits[-1] > 1  # the one request was cut
+    check(out, lse, q, kv, table, lens, None, 96 ** -0.5, False, dim_v=64)
+    with deterministic():
+        meta2, _ = mla.get_mla_metadata()
+        out2, _ = mla.flash_mla_with_kvcache(q, kv, table, lens, 64, meta2, backend="cpu")
+    assert meta2.tile_scheduler_metadata is None and meta2.kv_splits == 1
+    monkeypatch.setattr(CpuBackend, "workers", lambda self: 1)
+    assert torch.equal(mla.flash_mla_with_kvcache(q, kv, table, lens, 64, backend="cpu")[0], out2)

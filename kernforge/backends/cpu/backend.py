@@ -19,7 +19,7 @@ import numpy as np
 
 from kernforge import runtime
 from kernforge.backends.base import Backend
-from kernforge.backends.cpu import isa
+from kernforge.backends.cpu import isa, threads
 from kernforge.backends.cpu import renderer as cpu
 from kernforge.codegen import ir
 from kernforge.codegen.passes import checks
@@ -158,6 +158,9 @@ class CpuBackend(Backend):
     options = ("-ffp-contract=off",)
 
     supports_checks = True
+
+    def workers(self) -> int:
+        return threads.num_threads()
 
     def target(self, arch: Optional[str] = None, launch: bool = False) -> Target:
         """``arch`` is the instruction-set path (``isa.PATHS``); None: ``$KERNFORGE_CPU_ISA``, else the

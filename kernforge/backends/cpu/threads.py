@@ -21,3 +21,7 @@ def set_num_threads(n: int) -> None:
         raise ValueError(f"set_num_threads: n must be a positive int, got {n!r}")
     _gomp().omp_set_num_threads(ctypes.c_int(n))
 
+
+def num_threads() -> int:
+    """The team size the next launch from this thread gets (``omp_get_max_threads``)."""
+    return int(_gomp().omp_get_max_threads())

@@ -109,3 +109,19 @@ def sm_parts(config: dict, device=None) -> int:
 
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return schedule.num_sm_parts(sms, config["heads"], config["heads_kv"], config["seq_q"], config["block_H"])
+
+
+def host_parts(config: dict, batch: int, workers) -> int | None:
+    """The balanced schedule's partition count on a host backend with ``workers`` threads,
+    or None to run unsplit: only when the batch's blocks (``batch`` x latent heads x row
+    blocks) leave threads idle -- batch 1 at 64 heads on 2 threads would run one block on
+    one thread.  Otherwise a split only adds the combine (two splits of a batch that
+    already fills the threads measured no faster on the 2-core machine)."""
+    from kernforge.kernels.mla_decode import schedule
+
+    if not workers or workers < 2:
+        return None
+    per_part = -(-(config["seq_q"] * config["heads"] // config["heads_kv"]) // config["block_H"]) * config["heads_kv"]
+    if batch * per_part >= workers:
+        return None
+    return schedule.num_sm_parts(workers, config["heads"], config["heads_kv"], config["seq_q"], config["block_H"])

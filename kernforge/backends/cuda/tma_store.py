@@ -72,7 +72,7 @@ def _qualifies(c: ir.Copy, lay, params: list) -> Optional[int]:
     src, dst = c.src.buffer, c.dst.buffer
     if c.disable_tma or not isinstance(lay, AccumLayout) or lay.m128 or lay.wm % 4 or src.dtype != dtypes.float32:
         return None
-    if dst.scope != ir.Scope.GLOBAL or dst not in params or len(dst.shape) != 2 \
+    if dst.scope != ir.Scope.GLOBAL or not any(dst is p for p in params) or len(dst.shape) != 2 \
             or dst.dtype not in (dtypes.bfloat16, dtypes.float32):
         return None
     if c.dst.squeezed() != (lay.m, lay.n) or tuple(c.dst.extents) != (lay.m, lay.n) \
@@ -102,7 +102,7 @@ def plan_tma_stores(kernel: ir.Kernel, layouts, enabled: bool) -> tuple[dict, li
             continue
         swizzle = SLAB_BYTES if (lay.n // lay.wn) * elem % SLAB_BYTES == 0 else 0
         box_cols = SLAB_BYTES // elem if swizzle else lay.n // lay.wn
-        key = (params.index(c.dst.buffer), box_cols, swizzle)
+        key = (next(i for i, p in enumerate(params) if p is c.dst.buffer), box_cols, swizzle)
         if key not in specs:
             specs[key] = TensorMapSpec(f"kf_tmap_store_{safe_identifier(c.dst.buffer.name)}_{len(specs)}", key[0],
                                        c.dst.buffer.name, (64, box_cols), elem, swizzle)

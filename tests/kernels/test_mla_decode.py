@@ -224,3 +224,12 @@ def test_split_kv_and_combine(seqlens, num_splits, seq_q, causal, seed):
     exp_out, exp_lse = M.reference(q, kv, table, lens, sink, dim ** -0.5, dim_v, causal)
     tol_out, tol_lse = M.tolerances(q, kv, dim ** -0.5, max(seqlens), dim_v)
     M.assert_close(out, lse, exp_out, exp_lse, tol_out, tol_lse)
+
+
+def test_run_spec_builds_split_and_combine_for_cut_requests():
+    """`kernforge demo` and the tools run a spec with its own ``build`` as the op runs it:
+    the scheduled kernel's "demo" problem cuts a request, and only the combine writes it."""
+    from kernforge.kernels.registry import get
+
+    res = run_spec(get("mla_decode_scheduled"), "cpu", "demo", repeat=1, seed=3)
+    assert res.verified, res.error

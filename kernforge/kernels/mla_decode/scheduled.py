@@ -241,15 +241,15 @@ class Scheduled:
 
 
 def build(backend: str, params: dict) -> Scheduled:
-    """The runnable for ``mla_decode_scheduled`` parameters ``params`` (``arch`` may be
-    among them) on ``backend``: the split kernel and the combine
+    """The runnable for ``mla_decode_scheduled`` parameters ``params`` (``arch`` and
+    ``checks`` may be among them) on ``backend``: the split kernel and the combine
     :func:`~.config.scheduled_combine_params` picks."""
     import kernforge
     from kernforge.kernels.mla_decode import config
 
     split = kernforge.compile(mla_decode_scheduled, backend=backend, **params)
-    arch = {k: params[k] for k in ("arch",) if k in params}      # a target given with the parameters
-    combine = kernforge.compile(mla_decode_combine_scheduled, backend=backend, **arch,
+    options = {k: params[k] for k in ("arch", "checks") if k in params}  # compile options given with the parameters
+    combine = kernforge.compile(mla_decode_combine_scheduled, backend=backend, **options,
                                 **config.scheduled_combine_params(backend, params["heads"], params.get("seq_q", 1),
                                                                   params.get("dim_v", 512)))
     return Scheduled(split, combine)

@@ -51,6 +51,7 @@ def build(backend: str, params: dict):
     n = params.get("num_splits", 1)
     if n == 1:
         return split
-    combine = kernforge.compile(mla_decode_combine, backend=backend, **config.choose_combine(
+    options = {k: params[k] for k in ("arch", "checks") if k in params}  # compile options given with the parameters
+    combine = kernforge.compile(mla_decode_combine, backend=backend, **options, **config.choose_combine(
         backend, params["heads"], n, params.get("seq_q", 1), params.get("dim_v", 512)))
     return SplitKV(split, combine, n)

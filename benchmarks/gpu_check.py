@@ -110,15 +110,7 @@ def _time_ms(fn, repeat: int) -> float:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(_time_one(fn, "cuda") for _ in range(repeat))
 
 
 def topk_peers(spec, inputs, params):

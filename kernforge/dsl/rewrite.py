@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import inspect
 import linecache
 import textwrap
@@ -264,7 +265,7 @@ def rewrite(fn, helpers: dict, eager: bool = False):
     ``eager`` adds ``@T.jit``'s in-body parameter annotations."""
     key = (fn.__code__, eager)
     if key not in _CODE:
-        _CODE[key] = _compile_rewritten(fn, eager)
+        _CODE[key] = _cached_compile(fn, eager)
     code = _CODE[key]
     if code is None:
         return None
@@ -276,6 +277,44 @@ def rewrite(fn, helpers: dict, eager: bool = False):
     new.__defaults__ = fn.__defaults__
     new.__kwdefaults__ = fn.__kwdefaults__
     return new
+
+
+def _cached_compile(fn, eager: bool = False):
+    """:func:`_compile_rewritten`, through the disk cache (:mod:`kernforge.runtime.code_cache`):
+    parsing, rewriting and compiling a long kernel function is most of a fresh process's first
+    trace.  The key holds the whole text of ``fn``'s file (a function's code is a function of it,
+    whichever way :func:`_parse_function` cuts it), where ``fn`` starts, and this module's own
+    text, so editing either the kernel or the rewrite is a new entry."""
+    from kernforge.runtime import code_cache
+
+    try:
+        filename = inspect.getsourcefile(fn) or fn.__code__.co_filename
+    except (OSError, TypeError):
+        return None
+    linecache.checkcache(filename)
+    lines = linecache.getlines(filename, fn.__globals__)
+    own = _own_text()
+    if not lines or own is None:
+        return _compile_rewritten(fn, eager)
+    key = code_cache.key("rewrite", own, filename, fn.__code__.co_firstlineno, fn.__code__.co_name,
+                         eager, ",".join(fn.__code__.co_freevars), "".join(lines))
+    code = code_cache.load_code("rewrite", key)
+    if code is None:
+        code = _compile_rewritten(fn, eager)
+        if code is not None:
+            code_cache.store_code("rewrite", key, code)
+    return code
+
+
+@functools.lru_cache(maxsize=None)
+def _own_text():
+    """This module's source, which what it produces changes with (None where it cannot be read:
+    an install without sources, then nothing is cached)."""
+    try:
+        with open(__file__, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _compile_rewritten(fn, eager: bool = False):

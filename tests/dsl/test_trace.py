@@ -309,3 +309,137 @@ def test_unknown_dtype_outside_the_dsl_suggests_too():
     with pytest.raises(TypeError) as ei:
         dtypes.dtype("complex128")
     assert "did you mean" not in str(ei.value)  # nothing close: no guess
+
+
+# -- the rewritten kernel functions are kept on disk (kernforge.runtime.code_cache) -------------
+
+_CACHED_KERNEL = '''import kernforge.dsl as T
+
+
+def factory(N):
+    @T.prim_func
+    def shift(X: T.Tensor((N,), "int32"), Y: T.Tensor((N,), "int32")):
+        with T.Kernel(1, threads=1):
+            for i in T.serial(N):
+                if X[i] > 0:
+                    Y[i] = X[i] + OFFSET
+                else:
+                    Y[i] = X[i] - OFFSET
+    return shift
+'''
+
+
+def _kernel_module(tmp_path, offset: int, name: str):
+    """The kernel above, with ``OFFSET`` spelled ``offset``, in ``tmp_path/kern.py``: every
+    version at the same path and lines, so only the file's content tells them apart."""
+    import importlib.util
+
+    path = tmp_path / "kern.py"
+    path.write_text(_CACHED_KERNEL.replace("OFFSET", str(offset)))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _shifted(mod, n: int):
+    import numpy as np
+
+    x = np.random.default_rng(n).integers(-50, 50, size=n).astype(np.int32)
+    y = np.full_like(x, -999)
+    kernforge.compile(mod.factory(n), backend="interp")(x, y)
+    return x, y
+
+
+@pytest.fixture
+def code_cache_root(tmp_path, monkeypatch):
+    """A private code cache, and a process that has rewritten nothing yet."""
+    from kernforge.dsl import rewrite
+    from kernforge.runtime import code_cache
+
+    root = tmp_path / "cache"
+    monkeypatch.setattr(code_cache, "roots", lambda: (str(root),))
+    monkeypatch.setattr(rewrite, "_CODE", {})
+    return root
+
+
+def _fresh_process(monkeypatch, compiling: bool):
+    """Forget this process's rewritten functions; ``compiling=False``: rewriting one again fails."""
+    from kernforge.dsl import rewrite
+
+    monkeypatch.setattr(rewrite, "_CODE", {})
+    if not compiling:
+        def refuse(*a, **k):
+            raise AssertionError("rewrote a function the cache holds")
+        monkeypatch.setattr(rewrite, "_compile_rewritten", refuse)
+
+
+def test_a_rewritten_kernel_is_read_back_from_disk(tmp_path, code_cache_root, monkeypatch):
+    import numpy as np
+
+    x, y = _shifted(_kernel_module(tmp_path, 3, "kern_a"), 17)
+    np.testing.assert_array_equal(y, np.where(x > 0, x + 3, x - 3))
+    assert list(code_cache_root.rglob("*.bin"))
+    _fresh_process(monkeypatch, compiling=False)
+    x, y = _shifted(_kernel_module(tmp_path, 3, "kern_b"), 23)
+    np.testing.assert_array_equal(y, np.where(x > 0, x + 3, x - 3))
+
+
+def test_an_edited_kernel_is_rewritten_again_not_served_stale(tmp_path, code_cache_root, monkeypatch):
+    import numpy as np
+
+    _shifted(_kernel_module(tmp_path, 3, "kern_v1"), 9)
+    _fresh_process(monkeypatch, compiling=True)
+    x, y = _shifted(_kernel_module(tmp_path, 5, "kern_v2"), 9)
+    np.testing.assert_array_equal(y, np.where(x > 0, x + 5, x - 5))
+
+
+def test_a_corrupt_rewrite_entry_is_rewritten_again(tmp_path, code_cache_root, monkeypatch):
+    import numpy as np
+
+    _shifted(_kernel_module(tmp_path, 4, "kern_c"), 5)
+    for path in code_cache_root.rglob("*.bin"):
+        path.write_bytes(path.read_bytes()[:-3] + b"\x00\x01\x02")
+    _fresh_process(monkeypatch, compiling=True)
+    x, y = _shifted(_kernel_module(tmp_path, 4, "kern_d"), 11)
+    np.testing.assert_array_equal(y, np.where(x > 0, x + 4, x - 4))
+
+
+_CHILD = r'''
+import hashlib, json, sys
+import jinja2
+from kernforge import backends
+from kernforge.codegen.renderer import Target
+from kernforge.dsl import rewrite
+counts = {"rewrites": 0, "templates": 0}
+def counted(fn, what):
+    def wrapper(*a, **k):
+        counts[what] += 1
+        return fn(*a, **k)
+    return wrapper
+rewrite._compile_rewritten = counted(rewrite._compile_rewritten, "rewrites")
+jinja2.Environment.compile = counted(jinja2.Environment.compile, "templates")
+import importlib.util
+spec = importlib.util.spec_from_file_location("kern", sys.argv[1])
+mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+source = backends.get("cpu").render(mod.factory(64).ir, Target("cpu")).source
+print(json.dumps(dict(counts, source=hashlib.sha256(source.encode()).hexdigest())))
+'''
+
+
+def test_a_second_process_neither_rewrites_nor_compiles_templates(tmp_path):
+    """The cold cost this cache removes is a fresh process's: two processes on one cache, the
+    second renders the same source without parsing the kernel or compiling a template."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "kern.py"
+    path.write_text(_CACHED_KERNEL.replace("OFFSET", "2"))
+    env = dict(os.environ, KERNFORGE_CACHE_DIR=str(tmp_path / "cache"))
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _CHILD, str(path)], env=env, check=True,
+                                      capture_output=True, text=True).stdout.splitlines()[-1]) for _ in range(2)]
+    assert runs[0]["rewrites"] >= 1 and runs[0]["templates"] >= 1
+    assert (runs[1]["rewrites"], runs[1]["templates"]) == (0, 0)
+    assert runs[1]["source"] == runs[0]["source"]

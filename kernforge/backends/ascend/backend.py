@@ -19,11 +19,11 @@ import os
 import shutil
 from typing import Optional
 
-import jinja2
 
 from kernforge.backends.ascend.renderer import (DEFAULT_ARCH, INCLUDE_DIR, TEMPLATE_DIR, AscendProgram,
                                                 AscendRenderer, arch_info)
 from kernforge.backends.base import Backend, BackendError
+from kernforge.backends.templates import environment as template_environment
 from kernforge.codegen import ir
 from kernforge.codegen.renderer import Target
 
@@ -52,8 +52,7 @@ def compile_options(program: AscendProgram) -> tuple[str, ...]:
     return arch_options(program.arch) + (f"-D__NPU_ARCH__={program.npu_arch}",)
 
 
-_HOST_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
-                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+_HOST_ENV = template_environment(TEMPLATE_DIR, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 
 
 def host_source(program: AscendProgram) -> str:

@@ -43,6 +43,7 @@ import jinja2
 
 from kernforge import dtypes
 from kernforge.backends.ascend import copies, cube, stages
+from kernforge.backends.templates import environment as template_environment
 from kernforge.codegen import ir
 from kernforge.codegen.passes import Analysis, buffer_bytes, nonneg_vars, plan_memory, simplify, simplify_expr
 from kernforge.codegen.passes import ranges
@@ -692,8 +693,8 @@ def unsupported(kernel: ir.Kernel, arch: Optional[str] = None) -> Optional[str]:
 
 @functools.lru_cache(maxsize=None)
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+    return template_environment(TEMPLATE_DIR, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                                autoescape=False)
 
 
 def render_ascend(kernel: ir.Kernel, arch: Optional[str] = None) -> AscendProgram:

@@ -27,12 +27,12 @@ import re
 from pathlib import Path
 from typing import Optional, Sequence
 
-import jinja2
 import numpy as np
 
 from kernforge.backends.ascend.renderer import INCLUDE_DIR as ASCEND_INCLUDE_DIR
 from kernforge.backends.ascend.renderer import MAX_BLOCKS, AscendProgram, AscendRenderer, arch_info, unsupported
 from kernforge.backends.base import Backend
+from kernforge.backends.templates import environment as template_environment
 from kernforge.codegen import ir
 from kernforge.codegen.renderer import Target
 from kernforge.dtypes import is_torch, torch_dtype
@@ -44,8 +44,7 @@ INCLUDE_DIRS = (ASCEND_INCLUDE_DIR, SHIM_INCLUDE_DIR)
 # TopK bitonic network: 1000 lines) that g++ -O1 takes 3x longer to compile than the shim runs it
 BASE_OPTIONS = ("-O0", "-std=c++17", "-pthread", "-fno-strict-aliasing", "-Wno-attributes")
 
-_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), undefined=jinja2.StrictUndefined,
-                          trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+_ENV = template_environment(HERE / "templates", trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 
 
 class AscendEmuError(RuntimeError):

@@ -40,6 +40,18 @@ PROLOGUE = r"""// 5th-generation tensor-core primitives (sm_100a only): tcgen05.
 //   `tcgen05.mma.cta_group::1.kind::f16 [d], a, b, idesc, p;`  D = A * B + (p ? D : 0), asynchronous
 //   (K = 16 per instruction).  tcgen05_mma_f8f6f4: the same with `kind::f8f6f4` (e4m3: type 0,
 //   K = 32 per instruction, K-major operands in 8 x 16-byte core matrices or 128B-swizzled).
+// Block-scaled fp8 (kernforge/backends/cuda/tcgen05.py: instr_desc_block_scaled): the descriptor
+//   drops the D type (f32): bits 4-5 SFB id, 7-9 / 10-12 e4m3 (0), 15/16 MN-major, 17-22 N >> 3,
+//   23 scale type (1 = UE8M0), 24-28 M >> 4 (M = 128), 29-30 SFA id.
+// tcgen05_mma_mxf8f6f4_block_scale(d, desc_a, desc_b, idesc, sfa, sfb, accumulate):
+//   `tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.scale_vec::1X [d], a, b, idesc, [sfa],
+//   [sfb], p;`  D = sum over the instruction's K = 32 of A B sa(row) sb(col) + (p ? D : 0): one UE8M0
+//   factor 2^(e - 127) per row of A and column of B, byte SFA id / SFB id of the cell at lane
+//   r % 32, column (sfa or sfb) + r / 32.
+// tcgen05_cp_32x128b_warpx4(taddr, sdesc): `tcgen05.cp.cta_group::1.32x128b.warpx4 [taddr], sdesc;`
+//   32 rows of 16 shared bytes (unswizzled descriptor: row r at (r / 8) * SBO + (r % 8) * 16) into
+//   columns taddr .. taddr + 3 of every lane quarter (lane 32 q + r), asynchronous, in order with
+//   the thread's later tcgen05.mma: 128 rows' scale factors, 4 bytes (K blocks) each.
 // tcgen05_commit(bar): `tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64`: the
 //   barrier gets one arrival when every tcgen05.mma this thread issued before it has completed.
 // tmem_ld_16x256b<NT>(d, taddr): the warp loads 16 lanes x NT * 8 columns from taddr (its lane
@@ -90,6 +102,16 @@ KF_DEVICE void tcgen05_mma_f8f6f4(uint32_t d_tmem, uint64_t desc_a, uint64_t des
       "{\n.reg .pred p;\nsetp.ne.b32 p, %4, 0;\n"
       "tcgen05.mma.cta_group::1.kind::f8f6f4 [%0], %1, %2, %3, p;\n}\n"
       ::"r"(d_tmem), "l"(desc_a), "l"(desc_b), "r"(idesc), "r"(accumulate) : "memory");
+}
+KF_DEVICE void tcgen05_mma_mxf8f6f4_block_scale(uint32_t d_tmem, uint64_t desc_a, uint64_t desc_b, uint32_t idesc,
+                                                uint32_t sfa_tmem, uint32_t sfb_tmem, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.scale_vec::1X [%0], %1, %2, %3, [%4], [%5], p;\n}\n"
+      ::"r"(d_tmem), "l"(desc_a), "l"(desc_b), "r"(idesc), "r"(sfa_tmem), "r"(sfb_tmem), "r"(accumulate) : "memory");
+}
+KF_DEVICE void tcgen05_cp_32x128b_warpx4(uint32_t taddr, uint64_t sdesc) {
+  asm volatile("tcgen05.cp.cta_group::1.32x128b.warpx4 [%0], %1;\n" ::"r"(taddr), "l"(sdesc) : "memory");
 }
 KF_DEVICE void tcgen05_commit(uint64_t* bar) {
   asm volatile("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%0];\n"

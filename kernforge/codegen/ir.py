@@ -72,6 +72,7 @@ class Op(enum.Enum):
     LOG2 = "log2"
     SQRT = "sqrt"
     RSQRT = "rsqrt"
+    RCP = "rcp"
     ABS = "abs"
     FLOOR = "floor"
     CEIL = "ceil"
@@ -93,7 +94,7 @@ class Op(enum.Enum):
 
 COMPARISONS = frozenset({Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE})
 BITWISE = frozenset({Op.AND, Op.OR, Op.XOR, Op.SHL, Op.SHR})
-FLOAT_UNARY = frozenset({Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.SQRT, Op.RSQRT, Op.FLOOR,
+FLOAT_UNARY = frozenset({Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.SQRT, Op.RSQRT, Op.RCP, Op.FLOOR,
                          Op.CEIL, Op.TANH})
 
 

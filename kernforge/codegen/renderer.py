@@ -201,6 +201,7 @@ class CRenderer:
         ir.Op.SQRT: lambda a, e: f"{_libm('sqrt', e)}({a})",
         ir.Op.RSQRT: lambda a, e: f"(1.0f / {_libm('sqrt', e)}({a}))" if e.dtype == dtypes.float32
         else f"(1.0 / sqrt({a}))",
+        ir.Op.RCP: lambda a, e: f"(1.0f / {a})" if e.dtype == dtypes.float32 else f"(1.0 / {a})",
         ir.Op.ABS: lambda a, e: f"{_libm('fabs', e)}({a})" if e.dtype.is_float else f"kf_abs({a})",
         ir.Op.FLOOR: lambda a, e: f"{_libm('floor', e)}({a})",
         ir.Op.CEIL: lambda a, e: f"{_libm('ceil', e)}({a})",

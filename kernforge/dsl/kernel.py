@@ -90,6 +90,41 @@ class Kernel:
         return False
 
 
+def persistent(l2_group: int = 16, live_rows=None, block_rows: int = 0) -> None:
+    """``T.persistent(l2_group=16, live_rows=masked_m, block_rows=BM)`` inside a ``T.Kernel`` block:
+    a scheduling request that changes no result.  The CUDA backend then launches at most one CTA
+    per SM, each looping over the grid's blocks (DeepGEMM's persistent scheduler) in an
+    L2-grouped order: runs of ``l2_group`` consecutive ``by`` blocks per ``bx`` (CTAs that run at
+    the same time share the ``bx`` operand tile in L2).  ``live_rows`` (a 1-D int32 parameter
+    indexed by ``bz``) with ``block_rows`` promises that a block with ``by * block_rows >=
+    live_rows[bz]`` does nothing, so the scheduler walks only each ``bz``'s first
+    ``ceil(live_rows[bz] / block_rows)`` row blocks (the masked grouped GEMM's experts).
+
+    Recorded in the kernel's ``attrs["persistent_schedule"]`` (so in its artifact name and cache key);
+    the interpreter and the host backends run every block as before, which is the same result
+    because the promise holds; ``kernforge.backends.cuda.persistent`` renders it."""
+    b = B.current()
+    loc = B.user_loc(2)
+    if b.kernel is None or b.top.kind != "kernel":
+        raise B.error("T.persistent must be called directly inside a `with T.Kernel(...)` block", loc)
+    if isinstance(l2_group, bool) or not isinstance(l2_group, int) or l2_group < 1:
+        raise B.error(f"T.persistent l2_group must be a positive int, got {l2_group!r}", loc)
+    spec = f"l2_group={l2_group}"
+    if live_rows is not None:
+        buf = getattr(live_rows, "buffer", None)
+        if (buf is None or buf.scope != ir.Scope.GLOBAL or len(buf.shape) != 1 or buf.dtype.name != "int32"
+                or len(b.kernel["grid"]) != 3):
+            raise B.error("T.persistent live_rows must be a 1-D int32 kernel parameter indexed by bz "
+                          f"of a 3-D grid, got {live_rows!r}", loc)
+        rows, nz = buf.shape[0], b.kernel["grid"][2]
+        if isinstance(rows, ir.Const) and isinstance(nz, ir.Const) and rows.value < nz.value:
+            raise B.error(f"T.persistent live_rows has {rows.value} entries for a grid of {nz.value} along bz", loc)
+        if isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 1:
+            raise B.error(f"T.persistent block_rows must be a positive int with live_rows, got {block_rows!r}", loc)
+        spec += f",live={buf.name}/{block_rows}"
+    b.kernel["persistent"] = spec
+
+
 def name_with(obj, names: tuple, unpacked: bool):
     """Called by the tracer's source rewrite on ``with obj as <names>``: tells a
     :class:`Kernel` what the author binds (other context managers pass through)."""

@@ -47,6 +47,11 @@ log = _unary(ir.Op.LOG, "Natural logarithm (``log(0) = -inf``, NaN below 0)." + 
 log2 = _unary(ir.Op.LOG2, "Base-2 logarithm." + _LOW)
 sqrt = _unary(ir.Op.SQRT, "Square root (NaN below 0)." + _LOW)
 rsqrt = _unary(ir.Op.RSQRT, "``1 / sqrt(x)``, as RMSNorm uses it." + _LOW)
+rcp = _unary(ir.Op.RCP, "``1 / x`` where speed matters more than the last bit (a softmax's final "
+             "``1 / sum``): exact on the interpreter and host backends; on CUDA one "
+             "``rcp.approx.ftz.f32`` (at most 1 ulp from ``1 / x``, subnormal inputs and results "
+             "flushed to zero) instead of IEEE division's multi-instruction sequence and slow-path call; "
+             "float64 stays exact everywhere." + _LOW)
 abs = _unary(ir.Op.ABS, "Absolute value, in the input's dtype (ints stay ints; low-precision floats give float32).")  # noqa: A001
 floor = _unary(ir.Op.FLOOR, "Round toward minus infinity (the result stays a float; ``T.cast`` it for an index)." + _LOW)
 ceil = _unary(ir.Op.CEIL, "Round toward plus infinity (the result stays a float)." + _LOW)

@@ -192,8 +192,9 @@ def build_kernels(b: B.Builder, name: str, params: tuple, attrs: dict, loc) -> t
     kernels = []
     for i, blk in enumerate(b.blocks):
         kname = name if len(b.blocks) == 1 else f"{name}_k{i}"
+        kattrs = dict(attrs, persistent_schedule=blk["persistent"]) if "persistent" in blk else dict(attrs)  # T.persistent
         kernel = ir.Kernel(kname, params, blk["grid"], blk["vars"], blk["threads"], blk["body"],
-                           symbols, dict(attrs), blk["loc"])
+                           symbols, kattrs, blk["loc"])
         verify(kernel)
         kernels.append(kernel)
     return tuple(kernels)

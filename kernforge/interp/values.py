@@ -23,7 +23,7 @@ _BINARY = {
 }
 _UNARY = {
     ir.Op.EXP: np.exp, ir.Op.EXP2: np.exp2, ir.Op.LOG: np.log, ir.Op.LOG2: np.log2,
-    ir.Op.SQRT: np.sqrt, ir.Op.RSQRT: lambda x: np.reciprocal(np.sqrt(x)), ir.Op.ABS: np.abs,
+    ir.Op.SQRT: np.sqrt, ir.Op.RSQRT: lambda x: np.reciprocal(np.sqrt(x)), ir.Op.RCP: np.reciprocal, ir.Op.ABS: np.abs,
     ir.Op.FLOOR: np.floor, ir.Op.CEIL: np.ceil, ir.Op.TANH: np.tanh, ir.Op.NEG: np.negative,
 }
 

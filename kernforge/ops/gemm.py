@@ -14,8 +14,12 @@ place; ``backend=`` picks the kernforge backend (default: by the tensors' device
   the default for packed int scales); FP4 ``b`` per 1x32 (``[N, ceil(K/32)]``).  Each may be
   float32 or UE8M0 packed four per int32 along K (DeepGEMM's SM100 form, byte ``j`` of word
   ``p`` = exponent of scale ``4p + j``), which is unpacked on the host into float32 powers of
-  two (exact).  ``sfa`` in DeepGEMM's required layout (MN-major: ``stride(-2) == 1``,
-  ``stride(-1) >= M``, e.g. TMA-aligned ``align(M, 4)``) goes to the kernel without a copy;
+  two (exact) -- except on CUDA backends when both FP8 scales are packed: the kernel then
+  takes them as they are (``fp8_gemm(sf_format="ue8m0")``, byte ``e`` read as ``2^(e - 127)``,
+  255 as NaN, as DeepGEMM's tensor cores read it), which on sm_100a runs block-scaled
+  ``tcgen05.mma`` with the factors in tensor memory.  ``sfa`` in DeepGEMM's required layout
+  (MN-major: ``stride(-2) == 1``, ``stride(-1) >= M``, e.g. TMA-aligned ``align(M, 4)``) goes to
+  the kernel without a copy;
   any other layout is converted per call, as DeepGEMM does.  ``sfb`` is made contiguous.
 * ``disable_ue8m0_cast``: float32 scales are always used as they are, which is DeepGEMM's
   SM90 behaviour; its SM100 cast requires powers of two, for which it is exact, so results
@@ -81,8 +85,12 @@ def fp8_fp4_gemm_nt(a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tenso
         if c.dtype != d.dtype:
             raise TypeError(f"c must have d's dtype {d.dtype}, got {c.dtype}")
     gran_a, (gran_n, gran_k) = resolve_recipe(recipe, recipe_a, recipe_b, fp4, sfb)
-    sfa = scales("sfa", sfa, (m, -(-k // 128)))
-    sfb = scales("sfb", sfb, (-(-n // gran_n), -(-k // gran_k))).contiguous()
+    backend = backends.for_tensor(a_data, backend)
+    # DeepGEMM's SM100 form straight to the kernel: no host unpacking, block-scaled MMAs on sm_100a
+    packed = not fp4 and backends.lang(backend) == "cuda" and all(
+        isinstance(sf, torch.Tensor) and sf.dtype == torch.int32 for sf in (sfa, sfb))
+    sfa = scales("sfa", sfa, (m, -(-k // 128)), keep_packed=packed)
+    sfb = scales("sfb", sfb, (-(-n // gran_n), -(-k // gran_k)), keep_packed=packed).contiguous()
     sfa = mn_major(sfa)
     tensors = [a_data, sfa, b_data, sfb, d] + ([c] if c is not None else [])
     if len({t.device for t in tensors}) != 1:
@@ -98,8 +106,9 @@ def fp8_fp4_gemm_nt(a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tenso
     accumulate = c is not None
     if accumulate and not _same_storage(c, d):
         d.copy_(c)
-    backend = backends.for_tensor(a_data, backend)
     variant = dict(accumulate=accumulate, out_dtype=_DTYPE_NAMES[d.dtype])
+    if packed:
+        variant["sf_format"] = "ue8m0"
     if fp4:
         kernel = _kernel(kernels.fp8_fp4_gemm, backend, **config.choose(backend, n, k, m, **variant))
     else:
@@ -360,9 +369,10 @@ def resolve_recipe(recipe, recipe_a, recipe_b, fp4: bool, sfb) -> tuple[tuple, t
     return tuple(given_a), tuple(given_b)
 
 
-def scales(name: str, sf, shape: tuple) -> torch.Tensor:
+def scales(name: str, sf, shape: tuple, keep_packed: bool = False) -> torch.Tensor:
     """Scale factors of logical ``shape`` as float32: float32 of that shape, or UE8M0 packed
-    four per int32 along the last dim (``shape[:-1] + (ceil(shape[-1] / 4),)``), unpacked."""
+    four per int32 along the last dim (``shape[:-1] + (ceil(shape[-1] / 4),)``), unpacked
+    (``keep_packed``: checked and returned packed)."""
     if not isinstance(sf, torch.Tensor) or sf.dtype not in (torch.float32, torch.int32):
         raise TypeError(f"{name} must be a float32 or packed-UE8M0 int32 tensor, got {_dtype(sf)}")
     if sf.dtype == torch.float32:
@@ -372,7 +382,7 @@ def scales(name: str, sf, shape: tuple) -> torch.Tensor:
     packed = shape[:-1] + (-(-shape[-1] // 4),)
     if tuple(sf.shape) != packed:
         raise ValueError(f"{name} (packed UE8M0, 4 per int32) must have shape {packed}, got {tuple(sf.shape)}")
-    return unpack_ue8m0_from_int(sf, shape[-1])
+    return sf if keep_packed else unpack_ue8m0_from_int(sf, shape[-1])
 
 
 def mn_major(sf: torch.Tensor) -> torch.Tensor:

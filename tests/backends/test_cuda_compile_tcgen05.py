@@ -4,7 +4,8 @@ issues tcgen05 MMAs (``UTCHMMA`` for bf16, ``UTCQMMA`` for e4m3 ``kind::f8f6f4``
 (``UTMALDG``) with tensor-memory loads (``LDTM``), and no mma.sync (``HMMA``) or cp.async
 (``LDGSTS``).  The bf16 grouped GEMM keeps its accumulator in tensor memory across the K loop:
 no ``LDTM`` in its main loop (MLA decode and the scaled fp8 GEMM read theirs back every
-iteration).  Kept to three builds: CPU time is scarce.  The cycle model's main loop is the K loop,
+iteration), and the UE8M0 fp8 GEMM folds its promotion into block-scaled MMAs.  Kept to four
+builds: CPU time is scarce.  The cycle model's main loop is the K loop,
 not the elect-one loop ptxas wraps around a lone tcgen05.mma (a listing, no nvcc needed)."""
 from __future__ import annotations
 
@@ -62,3 +63,30 @@ def test_model_main_loop_is_the_k_loop_not_the_elect_loop_and_counts_tmem_loads(
     assert sass_report.counts(k.instrs)["ldtm"] == 1
     m = sass_report.model(k, "sm_100a", 128, None, None, utc_flops=2.0 * 128 * 128 * 32)
     assert m["main_loop"]["tmem_loads"] == 0 and m["main_loop"]["waits"] == 1
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_ue8m0_fp8_gemm_builds_block_scaled_mmas_without_a_promotion_loop():
+    """DeepGEMM's SM100 recipe (UE8M0 scales, ``fp8_gemm(sf_format="ue8m0")``) on sm_100a: the K loop
+    copies the scale factors into tensor memory (``UTCCP``) and issues block-scaled ``UTCQMMA``
+    (a third tensor-memory operand, the B factors, after the instruction descriptor), with no
+    FFMA/FMUL promotion of partial products and no ``LDTM`` read-back in the loop."""
+    from kernforge.kernels.gemm import fp8_gemm
+
+    kernel = fp8_gemm(N=7168, K=2048, block_M=128, block_N=128, num_stages=3, threads=256, sf_format="ue8m0").ir
+    report = cuda_backend.build_report(kernel, "sm_100a")
+    assert not (report["spill_stores"] or report["spill_loads"] or report["local_bytes"]), report
+    try:
+        sass = cuda_backend.disassemble(report["path"])
+    except Exception as e:  # noqa: BLE001 - cuobjdump missing: the build check above still ran
+        pytest.skip(f"cuobjdump unavailable: {e}")
+    instrs = next(k for k in sass_report.parse(sass) if any(sass_report.is_mma(i) for i in k.instrs)).instrs
+    lo, hi = sass_report.main_loop(instrs)
+    loop = [i for i in instrs if lo <= i.address <= hi]
+    bases = [i.base for i in loop]
+    scaled = re.findall(r"UTCQMMA gdesc\[\w+\], gdesc\[\w+\], tmem\[[^]]+\], tmem\[[^]]+\], idesc\[\w+\], tmem\[",
+                        sass)
+    assert len(scaled) == bases.count("UTCQMMA") == 128 // 32, (len(scaled), bases.count("UTCQMMA"))
+    assert bases.count("UTCCP") == 2  # A's 128 rows, B's 128 columns
+    assert not {"FFMA", "FMUL", "LDTM", "HMMA"} & set(bases), sorted(set(bases))

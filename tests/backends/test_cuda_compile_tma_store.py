@@ -56,3 +56,28 @@ def test_epilogue_primitives_build_to_stsm_and_tma_stores(tmp_path):
     c = sass_report.counts(k.instrs)
     # 128 bf16 columns = 8 stmatrix.x4; boxes: 2 bf16 slabs + 4 fp32 slabs of 128 bytes
     assert (c["stsm"], c["tma_store"], c["stg"]) == (8, 6, 0), c
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_mla_decode_output_leaves_by_tma_store_with_fast_reciprocals():
+    """MLA decode (dense, 64 heads in one block) on sm_90a: the output tile goes out as STSM + rank-4
+    UTMASTG boxes (only the log-sum-exp rows remain as STG), the row normalisation is one MUFU.RCP per
+    T.rcp with no division slow path (no CALL), and ptxas serializes no wgmma (no C7519/C7520)."""
+    from kernforge.kernels.mla_decode import mla_decode
+
+    kernel = mla_decode(heads=64, dim=96, dim_v=64, page_size=16, block_N=16, block_H=64).ir
+    try:
+        report = cuda_backend.build_report(kernel, "sm_90a", report=True)
+    except Exception as e:  # noqa: BLE001 - cuobjdump missing
+        if "cuobjdump" not in str(e):
+            raise
+        pytest.skip(f"cuobjdump unavailable: {e}")
+    assert report["advisories"] == [] and report["spill_stores"] == 0, report
+    c = report["sass"]
+    (k,) = sass_report.parse(cuda_backend.disassemble(report["path"]))
+    rcp = sum(i.opcode.startswith("MUFU.RCP") for i in k.instrs)
+    # 64 x 64 bf16 over 4 x 2 warps: 2 warp columns of 32 unswizzled columns, one box each; each
+    # warp's 64 x 32 block = 2 stmatrix.x4; a row's two T.rcp (sum, sink) per RowLayout register
+    assert (c["tma_store"], c["stsm"], c["calls"]) == (2, 2, 0), c
+    assert 2 <= rcp <= 8 and c["stg"] <= 2, (rcp, c)

@@ -65,3 +65,59 @@ def test_no_room_for_the_staging_tile_keeps_the_plain_epilogue():
     assert program.dynamic_smem <= 232448
     assert not _stores(program) and "kf::store_pair" in program.source
     assert [t.buffer for t in program.tensor_maps] == ["A", "B"]
+
+
+def _batched_gemm(out_extent_rows=64):
+    """D[e] = A[e] @ B^T written as one 64 x 64 tile of a rank-3 output ``D[e, m0, n0]``
+    (``out_extent_rows`` < 64: a copy whose destination is not the whole tile)."""
+    import kernforge.dsl as T
+
+    @T.prim_func
+    def main(A: T.Tensor((3, 64, 64), "bfloat16"), B: T.Tensor((64, 64), "bfloat16"),
+             D: T.Tensor((3, 100, 64), "bfloat16")):
+        with T.Kernel(3, 2, threads=128) as (e, by):
+            A_s = T.alloc_shared((64, 64), "bfloat16")
+            B_s = T.alloc_shared((64, 64), "bfloat16")
+            C_l = T.alloc_fragment((64, 64), "float32")
+            T.copy(A[e, 0, 0], A_s)
+            T.copy(B[0, 0], B_s)
+            T.gemm(A_s, B_s, C_l, transpose_B=True, clear_accum=True)
+            if out_extent_rows == 64:
+                T.copy(C_l, D[e, by * 64, 0])
+            else:
+                T.copy(C_l[0:out_extent_rows, :], D[e, by * 64:by * 64 + out_extent_rows, :])
+
+    return main
+
+
+def test_rank3_output_takes_a_rank3_box_with_outer_coordinates():
+    """A tile in the last two dimensions of a rank-3 output: box {1, 64, 64} (IR order), and the
+    store passes the outer coordinate (``e``) after the tile's (col, row)."""
+    program = render_cuda(_batched_gemm().ir, "sm_90a")
+    assert _stores(program) == [("D", (1, 64, 64), 128, 2)]
+    src = program.source
+    assert "const int32_t kf_o0 = (int32_t)(bx);" in src  # e is blockIdx.x
+    assert "kf::epilogue_tma_store<64, 128, 2>(&kf_tmap_store_D_0, (kf_smem + " in src and ", kf_o0);" in src
+
+
+def test_a_partial_tile_of_a_rank3_output_keeps_the_plain_epilogue():
+    program = render_cuda(_batched_gemm(out_extent_rows=32).ir, "sm_90a")
+    assert not _stores(program) and "epilogue_tma_store" not in program.source
+
+
+def test_tiles_over_64_kib_are_staged_one_warp_column_per_round():
+    """MLA decode's 64 x 512 float32 split partials (128 KiB) beside its KV pipeline: staged and stored
+    one 64 x 256 warp column per round through a 64 KiB staging tile, each round fenced, stored,
+    waited for and closed by a barrier; the column offset of each round's boxes is its own."""
+    from kernforge.kernels.mla_decode import mla_decode
+
+    kernel = mla_decode(heads=128, dim=576, dim_v=512, page_size=64, block_N=32, block_H=64, num_splits=2).ir
+    program = render_cuda(kernel, "sm_90a")
+    assert _stores(program) == [("Out", (1, 1, 1, 64, 32), 128, 4)]
+    src = program.source
+    rounds = [src.index(f"if (((kf_tid >> 5) / 4) == {r})") for r in (0, 1)]
+    stores = [src.index(f"kf_c0 + {c}, kf_r0 + 0, kf_o0, kf_o1, kf_o2);") for c in (0, 256)]
+    waits = [i for i in range(len(src)) if src.startswith("kf::bulk_wait_group_read<0>();", i)]
+    assert rounds[0] < stores[0] < waits[0] < rounds[1] < stores[1] < waits[1]
+    offset = int(src.split("kf::epilogue_st_f32<256, 128>(")[1].split("(kf_smem + ")[1].split(")")[0])
+    assert offset + 64 * 256 * 4 <= program.dynamic_smem <= 232448

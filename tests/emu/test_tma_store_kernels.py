@@ -69,3 +69,23 @@ def test_two_warp_columns_fp32_epilogue_matches_interp():
     assert emu.launcher.last_variant == "tma"
     kernforge.compile(pf, backend="interp")(q, k, want)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_rank3_output_tiles_are_clipped_per_dimension():
+    """D[e, m0:m0 + 64, :] of a rank-3 output (3 x 100 rows): the second row block overhangs the
+    100 rows of each ``e`` and must be clipped there, not spill into ``e + 1``'s rows (which a
+    rank-2 view of the same memory would allow); the TMA variant must have run."""
+    from tests.codegen.test_cuda_tma_store import _batched_gemm
+
+    pf = _batched_gemm()
+    assert "kf::epilogue_tma_store<" in render_cuda(pf.ir, "sm_90a").source
+    g = torch.Generator().manual_seed(9)
+    a, b = torch.randn(3, 64, 64, generator=g).bfloat16(), torch.randn(64, 64, generator=g).bfloat16()
+    got = torch.full((3, 100, 64), float("nan"), dtype=torch.bfloat16)
+    emu = kernforge.compile(pf, backend="cuda-emu", arch="sm_90a")
+    emu(a, b, got)
+    assert emu.launcher.last_variant == "tma"
+    want = torch.einsum("emk,nk->emn", a.double(), b.double())
+    for e in range(3):  # rows 64..99 of every e come from its own tile (row 0..35 of block 1)
+        np.testing.assert_allclose(got[e].float().numpy(), want[e, :, :].repeat(2, 1)[:100].numpy(),
+                                   rtol=2.0 ** -7, atol=1e-2)

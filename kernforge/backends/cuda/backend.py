@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 from kernforge.backends.base import Backend, BackendError
 from kernforge.backends.cuda.renderer import (ARCHS, DEFAULT_ARCH, arch_info, INCLUDE_DIR, TENSOR_MAP_CTYPE, CudaProgram,
                                               CudaRenderer, render_cuda)
-from kernforge.backends.cuda import sass_report
+from kernforge.backends.cuda import cluster, persistent, sass_report
 from kernforge.backends.cuda.tma import TensorMapLaunch
 from kernforge.codegen import ir
 from kernforge.codegen.passes import checks
@@ -169,6 +169,20 @@ class CudaLauncher(TensorMapLaunch):
         self._fallback_launcher: Optional[CudaLauncher] = None
         self.last_variant = ""
         self.last_fallback_reason = ""
+        self._sm_count: Optional[int] = None
+
+    @property
+    def sm_count(self) -> int:
+        """The CTAs of a persistent kernel's launch (``cuda.persistent``): the device's SMs."""
+        if self._sm_count is None:
+            import torch
+
+            self._sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        return self._sm_count
+
+    @sm_count.setter
+    def sm_count(self, value: int) -> None:
+        self._sm_count = int(value)
 
     def __call__(self, args: Sequence, dims: Sequence[int], grid: Sequence[int]) -> None:
         values = []
@@ -199,8 +213,10 @@ class CudaLauncher(TensorMapLaunch):
 
     def _launch(self, values: list, args: Sequence, dims: Sequence[int], grid: Sequence[int]) -> None:
         grid, block = tuple(int(g) for g in grid), (self.program.threads,)
+        launch = (persistent.launch_grid(grid, self.sm_count, self.program.cluster) if self.program.persistent
+                  else cluster.launch_grid(grid, self.program.cluster))
         if not self.program.tensor_maps:
-            self.function.launch(values, grid=grid, block=block, smem_bytes=self.program.dynamic_smem)
+            self.function.launch(values, grid=launch, block=block, smem_bytes=self.program.dynamic_smem)
             self.last_variant = "cp.async"
             return
         maps = self.maps_or_fallback(self.program.tensor_maps, args, dims, grid)
@@ -209,7 +225,7 @@ class CudaLauncher(TensorMapLaunch):
         encoded = [cuda_module.encode_tensor_map(rank=m.rank, elem_bytes=m.elem_bytes, address=m.address, dims=m.dims,
                                                  strides_bytes=m.strides_bytes, box=m.box, swizzle=m.swizzle)
                    for m in maps]
-        self.function.launch(values, grid=grid, block=block, smem_bytes=self.program.dynamic_smem,
+        self.function.launch(values, grid=launch, block=block, smem_bytes=self.program.dynamic_smem,
                              tensor_maps=encoded)
         self.last_variant = "tma"
 

@@ -50,14 +50,20 @@ class LayoutPlan:
     gemm_kind: dict[ir.Gemm, str] = field(default_factory=dict)  # "wgmma" | "tcgen05" | "mma" | "scalar"
     # tcgen05 gemms whose accumulator stays in TMEM across their loop (``tcgen05.plan_resident``)
     tmem_resident: dict[ir.Gemm, ir.For] = field(default_factory=dict)
+    # of those, the UE8M0-scaled fp8 gemms whose promotion folds into block-scaled MMAs
+    # (``tcgen05.plan_block_scaled``): gemm -> tcgen05.BlockScaled
+    block_scaled: dict = field(default_factory=dict)
 
     def tmem_columns(self) -> int:
         """Tensor-memory columns the kernel allocates once (0 without a tcgen05 gemm): the largest
         accumulator's (``tcgen05_columns``; every tcgen05 gemm reuses the same columns, its
-        result is in registers when it returns), rounded up to a power of two >= 32 as
-        ``tcgen05.alloc`` requires."""
-        need = max((tcgen05_columns(self.registers[g.c.buffer]) for g, k in self.gemm_kind.items()
-                    if k == "tcgen05"), default=0)
+        result is in registers when it returns), plus a block-scaled gemm's scale-factor columns
+        (``tcgen05.scale_columns``), rounded up to a power of two >= 32 as ``tcgen05.alloc``
+        requires."""
+        from kernforge.backends.cuda.tcgen05 import scale_columns
+        need = max((tcgen05_columns(self.registers[g.c.buffer]) +
+                    (scale_columns(self.registers[g.c.buffer]) if g in self.block_scaled else 0)
+                    for g, k in self.gemm_kind.items() if k == "tcgen05"), default=0)
         return max(32, 1 << (need - 1).bit_length()) if need else 0
 
 
@@ -211,9 +217,11 @@ class _Planner:
                 self.plan.core_tiles |= {g.a.buffer, g.b.buffer}
         self.plan.swizzled = {b for b in self.plan.core_tiles if self._swizzle_128b(b)}
         if self.tcgen05:
-            from kernforge.backends.cuda.tcgen05 import plan_m128, plan_resident
+            from kernforge.backends.cuda.tcgen05 import plan_block_scaled, plan_m128, plan_resident
             plan_m128(self.k, self.plan)
             self.plan.tmem_resident = plan_resident(self.k, self.plan.gemm_kind)
+            self.plan.block_scaled = plan_block_scaled(self.k, self.plan)
+            self.plan.tmem_resident.update({g: bs.loop for g, bs in self.plan.block_scaled.items()})
 
     def _swizzle_128b(self, b: ir.Buffer) -> bool:
         """Whether core tile ``b`` can take the 128-byte-swizzled layout (``smem_layouts``): only

@@ -100,10 +100,11 @@ def render_ring_consume(R, loop: ir.For, tiles, v: str, start: str, j: str, bars
     thread-0-issue ring and the warp-specialized consumers (cuda.warp_specialize)."""
     R.emit(f"kf::mbarrier_wait_parity({bars} + {j} % {S}, (uint32_t)(({j} / {S}) & 1));")
     R.wgmma_keep = 1
-    _render_stage(R, loop, [t.copy for t in tiles], v, start)
+    # a persistent ring's j counts on over tiles (cuda.persistent): its stage is j % S
+    _render_stage(R, loop, [t.copy for t in tiles], v, start, f"{j} % {S}" if loop in R.ring_base else None)
     R.wgmma_keep = 0
     R.open(f"if ({j} > 0)")
-    R.emit(f"kf::mbarrier_arrive({bars} + {S} + ({j} - 1) % {S});")
+    R.emit(R.release(f"{bars} + {S} + ({j} - 1) % {S}"))  # both CTAs' copies in a cluster
     R.close()
 
 
@@ -466,13 +467,15 @@ def render_pipelined(R, loop: ir.For) -> None:
     R.emit("kf::cp_async_wait<0>();")
 
 
-def _render_stage(R, loop: ir.For, copies, v: str, start: str) -> None:
+def _render_stage(R, loop: ir.For, copies, v: str, start: str, stage: Optional[str] = None) -> None:
     """One iteration of a pipelined loop: point each prefetched tile's name at its stage of
-    the ring, then render the rest of the body (the copies themselves were issued ahead)."""
+    the ring (``stage``, default ``(v - start) % S``), then render the rest of the body (the
+    copies themselves were issued ahead)."""
     S = loop.num_stages
+    stage = stage or f"({v} - {start}) % {S}"
     for c in copies:
         b = c.dst.buffer
-        R.emit(f"{R.ctype(b.dtype)}* const {R.cname(b)} = {R.cname(b)}_ring + (({v} - {start}) % {S}) * "
+        R.emit(f"{R.ctype(b.dtype)}* const {R.cname(b)} = {R.cname(b)}_ring + ({stage}) * "
                f"{prod(b.static_shape())};")
     for x in (loop.body.body if isinstance(loop.body, ir.Seq) else (loop.body,)):
         if x not in copies:
@@ -489,7 +492,12 @@ def render_tma_pipelined(R, loop: ir.For) -> None:
     end = R.fresh("end")
     R.nonneg_vars.add(loop.var)
     R.emit(f"const int32_t {end} = {start} + {R.cast_to(loop.extent, I32)};")
-    cuda_tma.render_init(R, bars, S)
+    # persistent (cuda.persistent): the barriers live across tiles and the ring's running count
+    # ``base`` offsets every stage index and parity; else they are set up per loop entry
+    base = R.ring_base.get(loop)
+    g = "" if base is None else f"{base} + "
+    if base is None:
+        cuda_tma.render_init(R, bars, S)
 
     def issue(k_expr: str, stage_expr: str) -> None:
         kv = R.fresh("k")
@@ -502,18 +510,21 @@ def render_tma_pipelined(R, loop: ir.For) -> None:
 
     for s in range(S - 1):
         R.open("")
-        issue(f"{start} + {s}", str(s))
+        issue(f"{start} + {s}", str(s) if base is None else f"({base} + {s}) % {S}")
         R.close()
     R.open(f"for (int32_t {v} = {start}; {v} < {end}; ++{v})")
-    R.emit(f"kf::mbarrier_wait_parity({bars} + ({v} - {start}) % {S}, (uint32_t)((({v} - {start}) / {S}) & 1));")
+    R.emit(f"kf::mbarrier_wait_parity({bars} + ({g}{v} - {start}) % {S}, (uint32_t)((({g}{v} - {start}) / {S}) & 1));")
     # every thread is done with the stage refilled next (generic reads/writes before async-proxy writes)
     R.emit("kf::fence_proxy_async(); __syncthreads();")
     R.open("")
-    issue(f"{v} + {S - 1}", f"({v} - {start} + {S - 1}) % {S}")
+    issue(f"{v} + {S - 1}", f"({g}{v} - {start} + {S - 1}) % {S}")
     R.close()
-    _render_stage(R, loop, [t.copy for t in tiles], v, start)
+    _render_stage(R, loop, [t.copy for t in tiles], v, start, None if base is None else f"({g}{v} - {start}) % {S}")
     R.close()
-    cuda_tma.render_inval(R, bars, S)
+    if base is None:
+        cuda_tma.render_inval(R, bars, S)
+    else:
+        R.emit(f"{base} += {end} - {start};")
 
 
 def render_release_ring(R, loop: ir.For) -> None:

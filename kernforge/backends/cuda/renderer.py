@@ -53,10 +53,12 @@ from kernforge.backends.cuda.fp8_operands import (cuda_fp8_operands, cuda_fp8_op
 from kernforge.backends.cuda.layout_plan import SWIZZLE_ALIGN, LayoutPlan, plan_layouts
 from kernforge.backends.cuda.pipeline_plan import (PipelinePlan, plan_pipelines, plan_promotion_rings,
                                                    plan_release_rings, plan_warp_specialization)
-from kernforge.backends.cuda import warp_specialize
+from kernforge.backends.cuda import persistent as cuda_persistent, warp_specialize
+from kernforge.backends.cuda import cluster as cuda_cluster
 from kernforge.backends.cuda import smem_layouts
 from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tcgen05 as cuda_tcgen05, tma as cuda_tma
 from kernforge.backends.cuda import tma_store as cuda_tma_store
+from kernforge.backends.templates import environment as template_environment
 from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, Target, entry_symbol, safe_identifier
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
@@ -126,6 +128,13 @@ class CudaProgram(Program):
     # the threads that run the main loop: all of them, or a warp-specialized kernel's consumers
     # (the SASS cycle model spreads the main loop's issue over their warps only)
     main_loop_threads: int = 0
+    # a persistent kernel (cuda.persistent): launched on a 1-D grid of min(#blocks, #SMs) CTAs,
+    # each looping over the logical grid's blocks
+    persistent: bool = False
+    # CTAs per thread-block cluster along x (cuda.cluster: TMA multicast of a shared operand); the
+    # launchers round the grid's x extent up to whole clusters
+    cluster: int = 1
+    cluster_reason: str = ""  # why a kernel that asked for a cluster (attrs["cluster"]) has none
 
     @property
     def variant(self) -> str:
@@ -152,6 +161,9 @@ class CudaRenderer(CRenderer, Renderer):
 
     name = "cuda"
     tid = "kf_tid"
+    # T.rcp: one rcp.approx.ftz.f32 (kf/common.cuh) instead of an IEEE division with a slow-path call
+    unary_table = {**CRenderer.unary_table,
+                   ir.Op.RCP: lambda a, e: f"kf_rcp_approx({a})" if e.dtype == dtypes.float32 else f"(1.0 / {a})"}
 
     def pipeline(self, kernel: ir.Kernel, target: Target) -> tuple:
         arch = arch_info(target.arch)
@@ -172,6 +184,10 @@ class CudaRenderer(CRenderer, Renderer):
             Analysis("promotion", lambda k, facts: plan_promotion_rings(facts["tma"][0], facts["layouts"])),
             Analysis("warpspec", lambda k, facts: plan_warp_specialization(k, facts["pipelines"], facts["release"],
                                                                            facts["promotion"])),
+            Analysis("persistent", lambda k, facts: cuda_persistent.plan_persistent(
+                k, facts["tma"][0], facts["release"], facts["warpspec"])),
+            Analysis("cluster", lambda k, facts: cuda_cluster.plan_kernel(
+                k, arch.name, facts["tma"][0], facts["warpspec"], facts["persistent"])),
         )
 
     def native(self, kernel: ir.Kernel, target: Target) -> tuple[type, ...]:
@@ -202,6 +218,12 @@ class CudaRenderer(CRenderer, Renderer):
         self.release_rings: set = facts.get("release", set())  # full + empty mbarriers, wgmma_wait<1>
         self.wgmma_keep = 0  # wgmma groups a gemm leaves in flight (1 inside a release ring)
         self.warp_spec = facts.get("warpspec")  # a producer warpgroup fills the release rings
+        self.persistent = facts.get("persistent")  # a persistent tile loop (cuda.persistent)
+        self.ring_base: dict[ir.For, str] = {}  # persistent: each ring's running iteration count
+        # a 2-CTA cluster sharing one ring tile by TMA multicast (cuda.cluster), and why not if asked
+        self.cluster, self.cluster_reason = facts.get("cluster") or (None, "")
+        if self.cluster is not None:  # the shared tile's map boxes one CTA's slice
+            self.tma_loops, self.tensor_maps = cuda_cluster.apply(self.cluster, self.tma_loops, self.tensor_maps)
         self.mbarrier_offsets: dict[ir.For, int] = {}
         self.lines: list[str] = []
         self.depth = 1
@@ -298,6 +320,14 @@ class CudaRenderer(CRenderer, Renderer):
             return
         self.emit("kf::fence_proxy_async(); __syncthreads();" if self.uses_wgmma else "__syncthreads();")
 
+    def release(self, bar: str) -> str:
+        """A consumer thread's release of a ring stage: one arrival on the stage's empty barrier, on
+        every CTA's copy in a cluster (each CTA's multicast writes the stage in all of them)."""
+        if self.cluster is None:
+            return f"kf::mbarrier_arrive({bar});"
+        return (f"for (uint32_t kf_r = 0; kf_r < {self.cluster.plan.size}u; ++kf_r) "
+                f"kf::mbarrier_arrive_cluster({bar}, kf_r);")
+
     # -- kernel ---------------------------------------------------------------------
     def allocate_smem(self) -> None:
         off = 0
@@ -315,8 +345,8 @@ class CudaRenderer(CRenderer, Renderer):
             bars = loop.num_stages * (2 if released else 1)  # full (+ empty) per stage
             off += -(-8 * bars // SMEM_ALIGN) * SMEM_ALIGN
         if self.plan.tmem_columns():  # the TMEM address tcgen05.alloc writes, then the MMA mbarrier
-            self.tmem_slot_offset = off
-            off += SMEM_ALIGN
+            self.tmem_slot_offset = off  # (and block-scaled gemms' scale-byte staging after them)
+            off += SMEM_ALIGN + -(-cuda_tcgen05.staging_bytes(self.plan) // SMEM_ALIGN) * SMEM_ALIGN
         scratch = max((cuda_reduce.reduce_scratch_floats(self, r) for r in ir.nodes(self.k.body)
                        if isinstance(r, ir.Reduce)), default=0)
         if scratch:
@@ -360,7 +390,7 @@ class CudaRenderer(CRenderer, Renderer):
 
     def prologue(self) -> None:
         self.emit(f"const int {self.tid} = threadIdx.x;")
-        for axis, v in zip("xyz", self.k.block_vars):
+        for axis, v in zip("xyz", self.k.block_vars if self.persistent is None else ()):  # else per tile
             self.emit(f"const {self.ctype(v.dtype)} {self.cname(v)} = ({self.ctype(v.dtype)})blockIdx.{axis};")
         for p in self.k.scalar_params:
             if p.dtype in _SCALAR_ABI:
@@ -369,7 +399,10 @@ class CudaRenderer(CRenderer, Renderer):
                 self.emit(f"const {self.ctype(p.dtype)} {self.cname(p)} = {conv};")
         for s in self.k.symbols:
             self.emit(f"const {self.ctype(s.dtype)} {self.cname(s)} = ({self.ctype(s.dtype)})kf_dim_{self.cname(s)};")
-        if self.smem_bytes:
+        if self.cluster is not None:  # this CTA's slice of the cluster's arena under emulation
+            self.emit("KF_CTA_SMEM(kf_smem);")
+            self.emit("const uint32_t kf_cta_rank = kf::cluster_ctarank();")
+        elif self.smem_bytes:
             aligned = self.plan.swizzled or self.tma_store_offset >= 0
             self.emit(f"extern __shared__ __align__({SWIZZLE_ALIGN if aligned else SMEM_ALIGN}) "
                       "unsigned char kf_smem[];")
@@ -391,10 +424,16 @@ class CudaRenderer(CRenderer, Renderer):
     def render_body(self) -> CudaProgram:
         self.allocate_smem()
         self.prologue()
+        if self.persistent is not None:
+            cuda_persistent.render_setup(self)
         if self.warp_spec is not None:
             warp_specialize.render_kernel_body(self)
+        elif self.persistent is not None:
+            cuda_persistent.render_tiles(self, lambda: self.stmt(self.k.body), consumers=True)
         else:
             self.stmt(self.k.body)
+        if self.persistent is not None:
+            cuda_persistent.render_teardown(self)
         if self.tmem_slot_offset >= 0:
             cuda_tcgen05.render_teardown(self)
         for kind in set(self.plan.gemm_kind.values()):
@@ -407,20 +446,26 @@ class CudaRenderer(CRenderer, Renderer):
         if self.pipes.prefetch or any(isinstance(n, ir.Copy) for n in ir.nodes(self.k.body)):
             self.headers.add("kf/cp_async.cuh")
         self.headers |= {"kf/reduce.cuh", "kf/atomic.cuh"} | ({"kf/check.cuh"} if self.checks else set())
+        if self.cluster is not None:
+            self.headers.add("kf/cluster.cuh")
         params = self.params()
         entry = entry_symbol(self.k)
         threads = self.k.threads if self.warp_spec is None else self.warp_spec.threads
         source = _environment().get_template("kernel.cu.j2").render(
             name=self.k.name, arch=self.arch.name, threads=threads, dynamic_smem=self.smem_bytes,
             headers=sorted(self.headers - {"kf/common.cuh"}), entry=entry,
+            attributes=self.cluster.plan.attribute + " " if self.cluster is not None else "",
             params=", ".join(f"{t} {n}" for n, t in params), body=self.lines)
         return CudaProgram(source, entry, params, threads, self.smem_bytes, self.arch.name,
-                           tuple(self.tensor_maps), self.k.threads)
+                           tuple(self.tensor_maps), self.k.threads, self.persistent is not None,
+                           1 if self.cluster is None else self.cluster.plan.size, self.cluster_reason)
 
     # -- statements -----------------------------------------------------------------
     def stmt(self, s: ir.Stmt) -> None:
         if self.warp_spec is not None and s in self.warp_spec.rings:  # the consumers' side of the ring
             warp_specialize.render_consumer_ring(self, s)
+            return
+        if isinstance(s, ir.Parallel) and cuda_tcgen05.folded(self, s):  # the block-scaled MMAs do it
             return
         if isinstance(s, ir.For) and s in self.plan.tmem_resident.values() and not self.in_parallel:
             cuda_tcgen05.render_resident_loop(self, s, lambda: HANDLERS[ir.For](self, s))
@@ -443,8 +488,7 @@ HANDLERS: dict[type, Callable] = {
 def _environment() -> jinja2.Environment:
     """One environment for the process: it keeps its compiled templates (checking their files'
     times), where a new one per kernel compiled ``kernel.cu.j2`` again at every render."""
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE_DIR), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True)
+    return template_environment(TEMPLATE_DIR, keep_trailing_newline=True)
 
 
 def render_cuda(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True, checks: bool = False) -> CudaProgram:

@@ -27,12 +27,22 @@ take a row order in which warp w's rows of each 128-row block are the 32 of its 
 warp column replaces two ``M = 64`` ones, and ``tcgen05.ld.16x256b`` at lanes ``32 (w % 4)`` and
 ``+ 16`` returns the warp's two 16-row slices in the usual fragment.
 
-Not done here: 2-CTA MMA and block-scaled fp8 (fp8 gemms other than K-major e4m3 keep their bf16
-shadow tiles); docs/backends/cuda.md says what each needs.
+Block-scaled fp8 (:func:`plan_block_scaled`): an fp8 gemm whose K-loop promotion
+``C[i, j] += partial[i, j] * sa(i) * sb(j)`` scales by UE8M0 values (``kernels.gemm.ue8m0_value``:
+DeepGEMM's SM100 scales) becomes ``tcgen05.mma ... kind::mxf8f6f4.block_scale.scale_vec::1X``
+with C's sum resident in TMEM across the loop: each iteration stages the tile's scale bytes in
+shared memory (row r of a 128-row block at byte ``(r % 32) * 16 + (r / 32) * 4``), one thread
+copies them into TMEM (``tcgen05.cp .32x128b.warpx4``: every lane quarter gets the 32 rows) and
+issues the MMAs, which apply ``2^(e - 127)`` per row of A and column of B on the tensor cores;
+the promotion loop on the CUDA cores disappears, and C is read back once after the loop.
+
+Not done here: 2-CTA MMA (fp8 gemms other than K-major e4m3 keep their bf16 shadow tiles);
+docs/backends/cuda.md says what each needs.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Optional
 
 from kernforge import dtypes
 from kernforge.backends.cuda.layouts import AccumLayout, RowLayout
@@ -60,6 +70,160 @@ def instr_desc(m: int, n: int, dtype, mn_major_a: bool, mn_major_b: bool) -> int
         ((n >> 3) << 17) | ((m >> 4) << 24)
 
 
+def instr_desc_block_scaled(m: int, n: int, sfa_id: int = 0, sfb_id: int = 0) -> int:
+    """The 32-bit ``kind::mxf8f6f4.block_scale`` instruction descriptor for e4m3 x e4m3, K-major,
+    UE8M0 scales (PTX "Instruction descriptor" for the block-scaled kinds): it has no D-type field
+    (D is f32) -- bits 4-5 hold the SFB id instead (which byte of B's 32-bit scale cells this
+    instruction uses: the K block of 32 within a packed word of four) -- A/B type e4m3 (0) in
+    bits 7-9 / 10-12, N >> 3 in bits 17-22, the scale type in bit 23 (1 = UE8M0), M >> 4 in bits
+    24-28 (``cta_group::1`` block scaling is M = 128 only) and the SFA id in bits 29-30."""
+    if m != 128 or n % 16 or not 16 <= n <= 256:
+        raise ValueError(f"instr_desc_block_scaled: M = {m}, N = {n} is not a cta_group::1 block-scaled shape")
+    if not (0 <= sfa_id < 4 and 0 <= sfb_id < 4):
+        raise ValueError(f"instr_desc_block_scaled: scale-factor ids {sfa_id}, {sfb_id} are not bytes 0-3")
+    return (sfb_id << 4) | ((n >> 3) << 17) | (1 << 23) | ((m >> 4) << 24) | (sfa_id << 29)
+
+
+@dataclass(frozen=True)
+class BlockScaled:
+    """A gemm whose promotion ``promotion`` (``acc[i, j] += c[i, j] * sa(i) * sb(j)``, ``sa`` and
+    ``sb`` UE8M0 values) runs on the tensor cores: ``sfa`` / ``sfb`` are the scale bytes as
+    expressions in the promotion's row / column variable ``i`` / ``j``."""
+
+    promotion: ir.Parallel
+    loop: ir.For
+    acc: ir.Buffer
+    i: ir.Var
+    j: ir.Var
+    sfa: ir.Expr
+    sfb: ir.Expr
+
+
+def _same(x, y) -> bool:
+    """Structural equality of two expressions (variables and buffers by identity)."""
+    if isinstance(x, (ir.Var, ir.Buffer)) or isinstance(y, (ir.Var, ir.Buffer)):
+        return x is y
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, ir.Const):
+        return x.value == y.value and x.dtype == y.dtype
+    if isinstance(x, tuple):
+        return len(x) == len(y) and all(_same(a, b) for a, b in zip(x, y))
+    if not isinstance(x, ir.Expr):
+        return x == y
+    return all(_same(getattr(x, f), getattr(y, f)) for f in x.__dataclass_fields__)
+
+
+def _const(e, value) -> bool:
+    return isinstance(e, ir.Const) and e.value == value
+
+
+def match_ue8m0(e: ir.Expr) -> Optional[ir.Expr]:
+    """The byte ``b`` if ``e`` is ``kernels.gemm.ue8m0_value``'s decode of it,
+    ``bitcast<float32>(b == 0 ? 1 << 22 : b == 255 ? 0x7fc00000 : b << 23)`` (exactly
+    ``2^(b - 127)``, NaN at 255, as the tensor cores read a UE8M0 byte); None otherwise."""
+    if not (isinstance(e, ir.Bitcast) and e.dtype == dtypes.float32 and isinstance(e.a, ir.Select)):
+        return None
+    s0 = e.a
+    s1 = s0.b
+    if not (isinstance(s0.cond, ir.Binary) and s0.cond.op == ir.Op.EQ and _const(s0.cond.b, 0)
+            and _const(s0.a, 1 << 22) and isinstance(s1, ir.Select)):
+        return None
+    byte = s0.cond.a
+    if not (isinstance(s1.cond, ir.Binary) and s1.cond.op == ir.Op.EQ and _const(s1.cond.b, 255)
+            and _const(s1.a, 0x7FC00000) and isinstance(s1.b, ir.Binary) and s1.b.op == ir.Op.SHL
+            and _const(s1.b.b, 23) and _same(s1.cond.a, byte) and _same(s1.b.a, byte)):
+        return None
+    # the byte itself: ``(word >> s) & 255`` (any expression whose value is in 0..255)
+    if not (isinstance(byte, ir.Binary) and byte.op == ir.Op.AND and _const(byte.b, 255)):
+        return None
+    return byte
+
+
+def _uses(e: ir.Expr, v) -> bool:
+    """Whether expression ``e`` mentions variable or buffer ``v``."""
+    return any(x is v or (isinstance(x, ir.Load) and x.buffer is v) for x in ir.nodes(e))
+
+
+def _promotion(p: ir.Parallel, c: ir.Buffer):
+    """``(acc, i, j, sfa byte, sfb byte)`` if ``p`` is ``acc[i, j] = acc[i, j] + c[i, j] * sa * sb``
+    with UE8M0 ``sa`` free of ``j`` and ``sb`` free of ``i``; None otherwise."""
+    if len(p.vars) != 2 or not isinstance(p.body, ir.Store) or tuple(p.extents) != c.static_shape():
+        return None
+    i, j = p.vars
+    st = p.body
+    v = st.value
+    if not (len(st.indices) == 2 and st.indices[0] is i and st.indices[1] is j and st.buffer is not c
+            and isinstance(v, ir.Binary) and v.op == ir.Op.ADD and isinstance(v.a, ir.Load)
+            and v.a.buffer is st.buffer and _same(v.a.indices, (i, j))):
+        return None
+    m = v.b
+    if not (isinstance(m, ir.Binary) and m.op == ir.Op.MUL and isinstance(m.a, ir.Binary) and m.a.op == ir.Op.MUL
+            and isinstance(m.a.a, ir.Load) and m.a.a.buffer is c and _same(m.a.a.indices, (i, j))):
+        return None
+    sfa, sfb = match_ue8m0(m.a.b), match_ue8m0(m.b)
+    if sfa is None or sfb is None or _uses(sfa, j) or _uses(sfb, i) or _uses(sfa, c) or _uses(sfb, c):
+        return None
+    return st.buffer, i, j, sfa, sfb
+
+
+def _references(root, b: ir.Buffer) -> set:
+    """The ids of the loads, stores and regions of buffer ``b`` under ``root``."""
+    return {id(n) for n in ir.nodes(root) if isinstance(n, (ir.Load, ir.Store, ir.Region)) and n.buffer is b}
+
+
+def plan_block_scaled(kernel: ir.Kernel, plan) -> dict:
+    """``{gemm: BlockScaled}`` for the fp8 gemms whose promotion folds into block-scaled MMAs:
+    a tcgen05 gemm of K-major e4m3 tiles with ``M = 128`` blocks (block scaling has no
+    ``M = 64``) and one warp column (or 128-column ones: a B scale address starts on a whole
+    copy), ``clear_accum``, the only tcgen05 gemm of its loop's body, followed there (barriers
+    between are fine) by its promotion (:func:`_promotion`) into an accumulator of the same
+    register layout that nothing else in the loop touches, and whose product nothing else reads."""
+    out = {}
+    for loop in ir.nodes(kernel.body):
+        if not isinstance(loop, ir.For):
+            continue
+        body = loop.body.body if isinstance(loop.body, ir.Seq) else (loop.body,)
+        mine = [n for n in ir.nodes(loop.body) if isinstance(n, ir.Gemm) and plan.gemm_kind.get(n) == "tcgen05"]
+        if len(mine) != 1 or mine[0] not in body:
+            continue
+        g = mine[0]
+        lay = plan.registers.get(g.c.buffer)
+        if not (g.clear_accum and g.a.buffer.dtype == dtypes.float8_e4m3 and not g.trans_a and g.trans_b
+                and isinstance(lay, AccumLayout) and lay.m128 and (lay.wn == 1 or (lay.n // lay.wn) % 128 == 0)):
+            continue
+        t = body.index(g)
+        rest = [x for x in body[t + 1:] if not isinstance(x, ir.Sync)]
+        if not rest or not isinstance(rest[0], ir.Parallel):
+            continue
+        found = _promotion(rest[0], g.c.buffer)
+        if found is None:
+            continue
+        acc, i, j, sfa, sfb = found
+        if _references(kernel.body, g.c.buffer) != _references(g, g.c.buffer) | _references(rest[0], g.c.buffer) \
+                or plan.registers.get(acc) != lay or any(x is not rest[0] and _touches(x, acc) for x in body):
+            continue
+        out[g] = BlockScaled(rest[0], loop, acc, i, j, sfa, sfb)
+    return out
+
+
+def scale_columns(lay: AccumLayout) -> int:
+    """TMEM columns a block-scaled gemm's scale factors take after its accumulator's: four per
+    128-row block of A (32 lanes x 4 bytes each: one ``tcgen05.cp .32x128b.warpx4``) and four
+    per 128 columns of B."""
+    return 4 * (lay.m // 128) + 4 * -(-lay.n // 128)
+
+
+def staging_bytes(plan) -> int:
+    """Shared bytes the block-scaled gemms stage their scale bytes in: 512 per ``tcgen05.cp``."""
+    return max((128 * scale_columns(plan.registers[g.c.buffer]) for g in plan.block_scaled), default=0)
+
+
+def folded(R, p: ir.Parallel) -> bool:
+    """Whether ``p`` is a promotion the tensor cores do (the renderer emits nothing for it)."""
+    return any(bs.promotion is p for bs in R.plan.block_scaled.values())
+
+
 def render_setup(R, slot_offset: int) -> None:
     """Kernel entry: warp 0 allocates the TMEM columns and publishes their address through shared
     memory; thread 0 initialises the MMA-completion mbarrier."""
@@ -79,6 +243,9 @@ def render_setup(R, slot_offset: int) -> None:
     R.emit("kf::tcgen05_fence_after();")
     R.emit("const uint32_t kf_tmem = *kf_tmem_slot;")
     R.emit("uint32_t kf_mma_phase = 0;")
+    if R.plan.block_scaled:  # after the slot's SMEM_ALIGN bytes (renderer.allocate_smem)
+        from kernforge.backends.cuda.renderer import SMEM_ALIGN
+        R.emit(f"uint8_t* const kf_sf_stage = reinterpret_cast<uint8_t*>(kf_smem + {slot_offset + SMEM_ALIGN});")
 
 
 def render_teardown(R) -> None:
@@ -146,7 +313,8 @@ def render_resident_loop(R, loop: ir.For, render) -> None:
     render()
     del R.tmem_live[g]
     R.open(f"if ({live})")
-    _render_read_back(R, g, "+=")
+    bs = R.plan.block_scaled.get(g)
+    _render_read_back(R, g, "+=", bs.acc if bs is not None else g.c.buffer)
     R.close()
 
 
@@ -155,6 +323,9 @@ def render_gemm(R, g: ir.Gemm) -> None:
     (for a TMEM-resident gemm, :func:`render_resident_loop` reads back once after its loop)."""
     from kernforge.backends.cuda.gemm import smem_desc
 
+    if g in R.plan.block_scaled:
+        _render_block_scaled(R, g, R.plan.block_scaled[g])
+        return
     lay: AccumLayout = R.plan.registers[g.c.buffer]
     a, b = g.a.buffer, g.b.buffer
     K = a.static_shape()[0] if g.trans_a else a.static_shape()[1]
@@ -199,11 +370,68 @@ def render_gemm(R, g: ir.Gemm) -> None:
         R.emit(f"{live} = 1;")
 
 
-def _render_read_back(R, g: ir.Gemm, op: str) -> None:
-    """Each warp ``tcgen05.ld``s its rows of the accumulator and stores (``=``) or adds (``+=``)
-    them into its registers."""
+def _render_block_scaled(R, g: ir.Gemm, bs: BlockScaled) -> None:
+    """One K step of a block-scaled gemm (:func:`plan_block_scaled`; TMEM-resident, so inside
+    :func:`render_resident_loop`): every thread stages scale bytes of the tile's rows and columns
+    (``i``/``j`` bound to a strided index) in the ``tcgen05.cp`` source layout, then thread 0 copies
+    them into the columns after the accumulator's and issues the MMAs, each with its block's
+    factors; commit, and every thread waits (the ring stage and the staging bytes are free)."""
+    from kernforge.backends.cuda.gemm import smem_desc
+    from kernforge.backends.cuda.layout_plan import tcgen05_columns
+
     lay: AccumLayout = R.plan.registers[g.c.buffer]
-    cn = R.buffer_name(g.c.buffer)
+    a, b = g.a.buffer, g.b.buffer
+    K = a.static_shape()[1]
+    n = lay.n // lay.wn
+    blocks, pieces = lay.m // 128, -(-lay.n // 128)
+    sfa_col = tcgen05_columns(lay)
+    sfb_col = sfa_col + 4 * blocks
+    idesc = instr_desc_block_scaled(128, n)
+    live = R.tmem_live[g]
+    # row r of a 128-row piece: lane r % 32, column r / 32 (byte 0: the descriptor's SF ids are 0)
+    for var, expr, extent, base in ((bs.i, bs.sfa, lay.m, 0), (bs.j, bs.sfb, lay.n, 512 * blocks)):
+        R.open(f"for (int kf_s = {R.tid}; kf_s < {extent}; kf_s += {R.k.threads})")
+        R.var_override[var] = "kf_s"
+        R.emit(f"kf_sf_stage[{base} + (kf_s >> 7) * 512 + (kf_s & 31) * 16 + ((kf_s >> 5) & 3) * 4] = "
+               f"static_cast<uint8_t>({R.expr(expr)});")
+        del R.var_override[var]
+        R.close()
+    R.barrier()  # with tcgen05 it fences the staged bytes for tcgen05.cp (async proxy) first
+    R.open(f"if ({R.tid} == 0)")
+    R.emit("kf::tcgen05_fence_after();")
+    for piece, col in [(p, sfa_col + 4 * p) for p in range(blocks)] + \
+            [(blocks + p, sfb_col + 4 * p) for p in range(pieces)]:
+        R.emit(f"kf::tcgen05_cp_32x128b_warpx4(kf_tmem + {col}, "
+               f"kf::make_umma_desc(kf_sf_stage + {512 * piece}, 0, 128));")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_kk = 0; kf_kk < {K // 32}; ++kf_kk)")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_b = 0; kf_b < {blocks}; ++kf_b)")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_wc = 0; kf_wc < {lay.wn}; ++kf_wc)")
+    R.emit("const int kf_row0 = kf_b * 128;")
+    R.emit(f"const int kf_col0 = kf_wc * {n};")
+    R.emit(f"const uint64_t kf_da = {smem_desc(R, a, 'kf_row0', 'kf_kk * 32', True, umma=True)};")
+    R.emit(f"const uint64_t kf_db = {smem_desc(R, b, 'kf_col0', 'kf_kk * 32', True, umma=True)};")
+    R.emit(f"kf::tcgen05_mma_mxf8f6f4_block_scale(kf_tmem + (kf_b * {lay.wn} + kf_wc) * {n}, kf_da, kf_db, "
+           f"{idesc:#010x}u, kf_tmem + {sfa_col} + 4 * kf_b, kf_tmem + {sfb_col} + kf_col0 / 32, "
+           f"{live} | (kf_kk > 0));")
+    R.close()
+    R.close()
+    R.close()
+    R.emit("kf::tcgen05_commit(kf_mma_bar);")
+    R.close()
+    R.emit("kf::mbarrier_wait_parity(kf_mma_bar, kf_mma_phase);")
+    R.emit("kf_mma_phase ^= 1u;")
+    R.emit("kf::tcgen05_fence_after();")
+    R.emit(f"{live} = 1;")
+
+
+def _render_read_back(R, g: ir.Gemm, op: str, target: Optional[ir.Buffer] = None) -> None:
+    """Each warp ``tcgen05.ld``s its rows of the accumulator and stores (``=``) or adds (``+=``)
+    them into its registers (``target``'s: a block-scaled gemm's sum is its promotion's)."""
+    lay: AccumLayout = R.plan.registers[g.c.buffer]
+    cn = R.buffer_name(target if target is not None else g.c.buffer)
     n = lay.n // lay.wn
     groups = lay.wm // 4  # warpgroups along M
     R.open("" if lay.used_warps == lay.warps else f"if (({R.tid} >> 5) < {lay.used_warps})")

@@ -237,10 +237,18 @@ def render_issue(R, tiles: list[TmaTile], stage_expr: str, bar: str, leader: int
     policy = R.fresh("pol") if any(t.evict_first for t in tiles) else None
     if policy:
         R.emit(f"const uint64_t {policy} = kf::l2_policy_evict_first();")
+    cl = R.cluster if R.cluster is not None and tiles is R.tma_loops.get(R.cluster.ring) else None
+    shared = tiles[cl.shared] if cl is not None else None
     R.open(f"if ({R.tid} == {leader})")
-    R.emit(f"kf::mbarrier_arrive_expect_tx({bar}, {sum(t.bytes for t in tiles)}u);")
+    if cl is None:
+        R.emit(f"kf::mbarrier_arrive_expect_tx({bar}, {sum(t.bytes for t in tiles)}u);")
+    else:  # every CTA's slice of the shared tile lands here too (cuda.cluster)
+        own = sum(t.bytes for t in tiles if t is not shared)
+        R.emit(f"kf::mbarrier_arrive_expect_tx({bar}, {cl.plan.expect_tx(shared.bytes, own)}u);")
     for t in tiles:
-        if t.layout != "core":
+        if t is shared:
+            _issue_boxes(R, t, stage_expr, bar, None, R.fresh("q"), 1, "#pragma unroll", multicast=cl.plan)
+        elif t.layout != "core":
             _issue_boxes(R, t, stage_expr, bar, policy, R.fresh("q"), 1, "#pragma unroll")
     R.close()
     for t in tiles:
@@ -248,7 +256,11 @@ def render_issue(R, tiles: list[TmaTile], stage_expr: str, bar: str, leader: int
             _issue_boxes(R, t, stage_expr, bar, policy, R.fresh("q"), R.k.threads, None, start=R.tid)
 
 
-def _issue_boxes(R, t: TmaTile, stage_expr: str, bar: str, policy, q: str, step, pragma, start="0") -> None:
+def _issue_boxes(R, t: TmaTile, stage_expr: str, bar: str, policy, q: str, step, pragma, start="0",
+                 multicast=None) -> None:
+    """``multicast`` (a ``cluster.ClusterPlan``): this CTA loads only its slice of each box (rows
+    ``kf_cta_rank * slice_rows``.. of a one-row-box tile) and multicasts it to the same place in
+    every CTA of the cluster."""
     c = t.copy
     src = c.src.buffer
     ct = R.ctype(src.dtype)
@@ -258,7 +270,10 @@ def _issue_boxes(R, t: TmaTile, stage_expr: str, bar: str, policy, q: str, step,
         R.emit(pragma)
     R.open(f"for (int {q} = {start}; {q} < {t.boxes}; {q} += {step})")
     R.emit(f"const int kf_rb = {q} / {per_row}, kf_cb = {q} % {per_row};")
-    R.emit(f"{ct}* kf_dst = {base} + {t.box_offset('kf_rb', 'kf_cb')};")
+    piece = ""
+    if multicast is not None:  # the slice's first row, in elements of the stage
+        piece = f" + kf_cta_rank * {multicast.slice_rows * t.box_cols}u"
+    R.emit(f"{ct}* kf_dst = {base} + {t.box_offset('kf_rb', 'kf_cb')}{piece};")
     coords = []
     last = len(src.shape) - 1
     for axis in reversed(range(len(src.shape))):
@@ -267,7 +282,14 @@ def _issue_boxes(R, t: TmaTile, stage_expr: str, bar: str, policy, q: str, step,
             start_ += f" + kf_cb * {t.box_cols}"
         elif axis == t.row_axis:
             start_ += f" + kf_rb * {t.box_rows}"
+            if multicast is not None:
+                start_ += f" + (int32_t)kf_cta_rank * {multicast.slice_rows}"
         coords.append(start_)
+    if multicast is not None:
+        R.emit(f"kf::tma_load_{len(coords)}d_multicast(kf_dst, &{t.spec.name}, {', '.join(coords)}, {bar}, "
+               f"(uint16_t){multicast.cta_mask}u);")
+        R.close()
+        return
     hint = f", {policy}" if policy and t.evict_first else ""
     R.emit(f"kf::tma_load_{len(coords)}d(kf_dst, &{t.spec.name}, {', '.join(coords)}, {bar}{hint});")
     R.close()

@@ -27,7 +27,7 @@ from __future__ import annotations
 from math import prod
 
 from kernforge.codegen import arith, ir
-from kernforge.backends.cuda import tma as cuda_tma
+from kernforge.backends.cuda import persistent as cuda_persistent, tma as cuda_tma
 from kernforge.backends.cuda.ops import I32, render_ring_consume
 from kernforge.backends.cuda.pipeline_plan import leads_to_ring
 
@@ -44,11 +44,17 @@ def render_kernel_body(R) -> None:
     ws = R.warp_spec
     R.open(f"if ({R.tid} >= {ws.consumers})")  # the producer warpgroup
     R.emit(f"kf::setmaxnreg_dec<{ws.producer_regs}>();")
-    _producer(R, R.k.body)
+    if R.persistent is not None:  # each role walks the same tiles (cuda.persistent)
+        cuda_persistent.render_tiles(R, lambda: _producer(R, R.k.body), consumers=False)
+    else:
+        _producer(R, R.k.body)
     R.close("} else {")
     R.depth += 1
     R.emit(f"kf::setmaxnreg_inc<{ws.consumer_regs}>();")
-    R.stmt(R.k.body)
+    if R.persistent is not None:
+        cuda_persistent.render_tiles(R, lambda: R.stmt(R.k.body), consumers=True)
+    else:
+        R.stmt(R.k.body)
     R.close()
 
 
@@ -99,17 +105,25 @@ def _ring(R, loop: ir.For, producer: bool) -> None:
     end, j = R.fresh("end"), R.fresh("j")
     R.nonneg_vars.add(loop.var)
     R.emit(f"const int32_t {end} = {start} + {R.cast_to(loop.extent, I32)};")
-    if producer:
+    base = R.ring_base.get(loop)  # persistent: barriers live across tiles, j counts on from base
+    j_expr = f"{v} - {start}" if base is None else f"{base} + ({v} - {start})"
+    cluster = R.cluster.plan.size if R.cluster is not None else 1
+    # a cluster's rings meet at cluster barriers: no peer multicasts into (or releases to) barriers
+    # not yet initialised, and none leaves while a peer may still do so (cuda.cluster)
+    block_sync = "kf::cluster_sync();" if cluster > 1 else "__syncthreads();"
+    if producer and base is None:
         R.open(f"if ({R.tid} == {ws.leader})")
         R.emit(f"for (int kf_s = 0; kf_s < {S}; ++kf_s) kf::mbarrier_init({bars} + kf_s, 1);")
-        R.emit(f"for (int kf_s = 0; kf_s < {S}; ++kf_s) kf::mbarrier_init({bars} + {S} + kf_s, {ws.consumers});")
+        R.emit(f"for (int kf_s = 0; kf_s < {S}; ++kf_s) kf::mbarrier_init({bars} + {S} + kf_s, "
+               f"{ws.consumers * cluster});")  # each CTA of the cluster releases every stage
         R.emit("kf::mbarrier_init_fence();")
         R.close()
-    R.emit("__syncthreads();")
+    if base is None:
+        R.emit(block_sync)
     if producer:
         R.open(f"if ({R.tid} == {ws.leader})")
         R.open(f"for (int32_t {v} = {start}; {v} < {end}; ++{v})")
-        R.emit(f"const int32_t {j} = {v} - {start};")
+        R.emit(f"const int32_t {j} = {j_expr};")
         R.open(f"if ({j} >= {S})")  # the stage's previous occupant, iteration j - S, was released
         R.emit(f"kf::mbarrier_wait_parity({bars} + {S} + {j} % {S}, (uint32_t)(({j} / {S} - 1) & 1));")
         R.close()
@@ -118,7 +132,7 @@ def _ring(R, loop: ir.For, producer: bool) -> None:
         R.close()
     elif loop in ws.promoting:
         R.open(f"for (int32_t {v} = {start}; {v} < {end}; ++{v})")
-        R.emit(f"const int32_t {j} = {v} - {start};")
+        R.emit(f"const int32_t {j} = {j_expr};")
         R.emit(f"kf::mbarrier_wait_parity({bars} + {j} % {S}, (uint32_t)(({j} / {S}) & 1));")
         copies = [t.copy for t in tiles]
         for c in copies:
@@ -130,17 +144,20 @@ def _ring(R, loop: ir.For, producer: bool) -> None:
                 continue
             R.stmt(x)
             if isinstance(x, ir.Gemm):  # its wgmma_wait<0> retired the stage's readers: release it
-                R.emit(f"kf::mbarrier_arrive({bars} + {S} + {j} % {S});")
+                R.emit(R.release(f"{bars} + {S} + {j} % {S}"))
         R.close()
     else:
         R.open(f"for (int32_t {v} = {start}; {v} < {end}; ++{v})")
-        R.emit(f"const int32_t {j} = {v} - {start};")
+        R.emit(f"const int32_t {j} = {j_expr};")
         render_ring_consume(R, loop, tiles, v, start, j, bars, S)
         R.close()
         gemm = next(x for x in _body(loop) if isinstance(x, ir.Gemm))
         R.emit("kf::wgmma_wait<0>();")
         R.emit(f"kf::wgmma_fence_operand({R.buffer_name(gemm.c.buffer)});")
-    R.emit("__syncthreads();")
+    if base is not None:  # the next tile's iterations continue the count (cuda.persistent)
+        R.emit(f"{base} += {end} - {start};")
+        return
+    R.emit(block_sync)
     if producer:
         R.open(f"if ({R.tid} == {ws.leader})")
         R.emit(f"for (int kf_s = 0; kf_s < {2 * S}; ++kf_s) kf::mbarrier_inval({bars} + kf_s);")

@@ -34,13 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-import jinja2
 import numpy as np
 
 from kernforge.backends.base import Backend
 from kernforge.backends.cuda.renderer import INCLUDE_DIR as CUDA_INCLUDE_DIR
 from kernforge.backends.cuda.renderer import CudaProgram, CudaRenderer, arch_info
+from kernforge.backends.cuda import cluster, persistent
 from kernforge.backends.cuda.tma import TensorMapLaunch
+from kernforge.backends.templates import environment as template_environment
 from kernforge.codegen import ir
 from kernforge.codegen.passes import checks
 from kernforge.codegen.renderer import CRenderer, Target
@@ -58,8 +59,7 @@ DEFAULT_TIMEOUT_MS = 20_000
 BASE_OPTIONS = ("-O0", "-std=c++17", "-pthread", "-fno-strict-aliasing", "-DKF_HOST_EMULATION",
                 "-include", "kf/emu/cuda_emu.h", "-Wno-attributes", "-Wno-unused-result")
 
-_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                          keep_trailing_newline=True)
+_ENV = template_environment(TEMPLATES, keep_trailing_newline=True)
 
 
 class EmulationError(RuntimeError):
@@ -106,13 +106,24 @@ def call_args(params: Sequence[HostParam]) -> str:
 
 
 def emu_source(kernel_source: str, *, name: str, entry: str, params: Sequence[HostParam], threads: int,
-               grid_rank: int) -> str:
-    """The kernel's CUDA source followed by its generated host entry."""
+               grid_rank: int, cluster: int = 1) -> str:
+    """The kernel's CUDA source followed by its generated host entry (``cluster``: CTAs per
+    cluster along x, run together; the build must then size the arena for the whole cluster,
+    :func:`cluster_smem_bytes`)."""
     from_args = [p for p in params if p.kind != "symbol"]  # in args[] order
     maps = [i for i, p in enumerate(from_args) if p.kind == "tensormap"]
     wrapper = _ENV.get_template("emu_launch.cpp.j2").render(
-        name=name, entry=entry, threads=threads, grid_rank=grid_rank, call_args=call_args(params), tmap_args=maps)
+        name=name, entry=entry, threads=threads, grid_rank=grid_rank, call_args=call_args(params), tmap_args=maps,
+        cluster=int(cluster))
     return kernel_source.rstrip() + "\n\n" + wrapper
+
+
+def cluster_smem_bytes(dynamic_smem: int, cluster: int) -> int:
+    """The emulated shared arena of a cluster launch: one 1024-byte-aligned slice of
+    ``dynamic_smem`` per CTA (kf/emu/cluster.h cuts it back into slices)."""
+    if cluster <= 1:
+        return int(dynamic_smem)
+    return int(cluster) * max(1024, -(-int(dynamic_smem) // 1024) * 1024)
 
 
 def build_options(dynamic_smem: int, arch: str) -> tuple[str, ...]:
@@ -216,6 +227,9 @@ class EmuLauncher(TensorMapLaunch):
         self._fallback_launcher: Optional[EmuLauncher] = None
         self.last_variant = ""
         self.last_fallback_reason = ""
+        # a persistent kernel's CTAs (cuda.persistent): the arch's default device, or what a test sets
+        self.sm_count = persistent.DEFAULT_SM_COUNT.get(program.arch, 132)
+        self.last_grid: tuple = ()
         self.scalar_np = {}
         for p, hp in zip(kernel.params, params):
             if not isinstance(p, ir.Buffer):
@@ -234,6 +248,11 @@ class EmuLauncher(TensorMapLaunch):
         if maps is None:
             return
         record = [] if self.program.checks is None else [np.zeros(checks.RECORD_LEN, dtype=np.int64)]
+        if self.program.persistent:
+            grid = persistent.launch_grid(grid, self.sm_count, self.program.cluster)
+        else:
+            grid = cluster.launch_grid(grid, self.program.cluster)  # whole clusters (cuda.cluster)
+        self.last_grid = tuple(grid)
         self.emulated(packed + record + [m.packed() for m in maps], dims, grid)
         self.last_variant = "tma" if maps else "cp.async"
         if record and record[0][0]:
@@ -248,7 +267,8 @@ class EmuRenderer(CudaRenderer):
     def emit_program(self, kernel: ir.Kernel, facts: dict, target: Target) -> CudaProgram:
         program = super().emit_program(kernel, facts, target)
         source = emu_source(program.source, name=kernel.name, entry=program.entry,
-                            params=host_params(kernel, program), threads=program.threads, grid_rank=len(kernel.grid))
+                            params=host_params(kernel, program), threads=program.threads,
+                            grid_rank=1 if program.persistent else len(kernel.grid), cluster=program.cluster)
         return dataclasses.replace(program, source=source)
 
 
@@ -267,7 +287,8 @@ class CudaEmuBackend(Backend):
         tag = f"emu_{kernel.artifact_name}_{program.arch}" + (
             "_cpasync" if target.variant == "cp.async" and arch_info(program.arch).tma else "") + (
             "_checked" if target.checks else "")
-        module = EmulatedModule(tag, program.source, dynamic_smem=program.dynamic_smem, arch=program.arch)
+        module = EmulatedModule(tag, program.source, dynamic_smem=cluster_smem_bytes(program.dynamic_smem, program.cluster),
+                                arch=program.arch)
         fallback = ((lambda: self.build(kernel, dataclasses.replace(target, variant="cp.async")))
                     if program.tensor_maps else None)
         return EmuLauncher(kernel, module.kernel(kernel.name), host_params(kernel, program), program,

@@ -63,12 +63,26 @@ def choose_dense(backend: str, N: int, K: int, m: int, **variant) -> dict:
     elif backends.lang(backend) == "cuda":
         cfg = dict(block_M=64 if m <= 64 or variant.get("accumulate") else 128, block_N=128, block_K=64,
                    num_stages=3, threads=256)
+        cfg.update(_cluster(N, cfg, variant))
     elif variant.get("dtype", "bfloat16") == "bfloat16":
         cfg = dict(block_M=_rows(m) if m <= 64 else 128 if m <= 128 else 256, block_N=128,
                    block_K=512 if m <= 64 else 256, num_stages=1)
     else:
         cfg = dict(block_M=_rows(m), block_N=64, block_K=64, num_stages=1)
     return dict(N=N, K=K, **cfg, **variant)
+
+
+def _cluster(N: int, cfg: dict, variant: dict) -> dict:
+    """``cluster=2`` where the shape allows 2-CTA TMA multicast of the A tile (at least two N
+    blocks, a K-major A whose half tile keeps the swizzle's 1024-byte alignment): the CTAs of
+    adjacent N blocks load each A tile once from L2 (``kernforge.backends.cuda.cluster``; the
+    renderer falls back to one CTA, with the same code, on archs without a warp-specialized TMA
+    ring: sm_80, sm_100a).  Nothing is timed yet: no GPU has run it."""
+    from kernforge.backends.cuda.cluster import config_request
+
+    if variant.get("a_major", "k") != "k":
+        return {}
+    return config_request(-(-N // cfg["block_N"]), cfg["block_M"], cfg["block_K"] * 2)
 
 
 def _rows(m: int) -> int:

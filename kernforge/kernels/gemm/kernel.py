@@ -42,6 +42,16 @@ def fp4_value(code):
     return T.if_then_else(code >= 8, -mag, mag)
 
 
+def ue8m0_value(word, index):
+    """The float32 value of UE8M0 byte ``index`` of the int32 ``word`` (DeepGEMM's SM100 scales,
+    four per word, byte ``j`` the exponent of scale ``4p + j``): ``2^(e - 127)`` exactly --
+    ``e = 0`` is the subnormal ``2^-127`` and ``e = 255`` NaN, as the tensor cores read them.
+    Built as the float's bit pattern, so the sm_100a backend can recognise it and hand the byte
+    to ``tcgen05.mma ... block_scale`` instead (``backends/cuda/tcgen05.match_ue8m0``)."""
+    e = (word >> (index * 8)) & 255
+    return T.reinterpret("float32", T.if_then_else(e == 0, 1 << 22, T.if_then_else(e == 255, 0x7FC00000, e << 23)))
+
+
 def decode_fp4_tile(packed, out, rows: int, width: int):
     """``out[r, c]`` (e4m3, ``width`` codes per row) from ``packed[r, c // 2]`` (int8):
     the low nibble holds the even element, the high nibble the odd one."""
@@ -63,29 +73,39 @@ def _tile_origin(major: str, mn0, k0):
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], num_stages=[1, 2, 3])
 def fp8_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", gran_n: int = 128,
              accumulate: bool = False, block_M: int = 64, block_N: int = 128, num_stages: int = 2,
-             out_dtype: str = "bfloat16", threads: int = 128):
+             out_dtype: str = "bfloat16", threads: int = 128, sf_format: str = "float32"):
     """FP8 x FP8.  Kernel parameters: ``A`` e4m3 (``[M, K]`` or ``[K, M]``),
     ``SFA float32 [M, ceil(K/128)]`` (MN-major, leading dimension ``sfa_ld``), ``B`` e4m3
     (``[N, K]`` or ``[K, N]``), ``SFB float32 [ceil(N/gran_n), ceil(K/128)]``, ``D [M, N]``.
-    With ``gran_n == 128``, ``block_N`` divides 128 so a tile sees one SFB row."""
+    With ``gran_n == 128``, ``block_N`` divides 128 so a tile sees one SFB row.
+    ``sf_format="ue8m0"``: both scales are DeepGEMM's SM100 form instead, UE8M0 packed four per
+    int32 along K (``SFA int32 [M, ceil(K/512)]`` MN-major, ``SFB int32 [ceil(N/gran_n),
+    ceil(K/512)]``), decoded by :func:`ue8m0_value`.  The product is the same; on sm_100a with
+    K-major operands and 128-row tiles the backend then folds the promotion into the tensor
+    cores (``tcgen05.mma ... kind::mxf8f6f4.block_scale``, the scales copied into tensor
+    memory), keeping the sum in tensor memory across the K loop."""
     if gran_n not in (1, GRAN_K):
         raise ValueError(f"gran_n must be 1 or {GRAN_K}, got {gran_n}")
+    if sf_format not in ("float32", "ue8m0"):
+        raise ValueError(f"sf_format must be 'float32' or 'ue8m0', got {sf_format!r}")
+    ue8m0 = sf_format == "ue8m0"
     if gran_n == GRAN_K and GRAN_K % block_N:
         raise ValueError(f"block_N ({block_N}) must divide the 128-wide B scale block")
     accum = "float32"
     k_blocks = -(-K // GRAN_K)
     M = T.symbolic("M")
     sfa_ld = T.symbolic("sfa_ld")
+    sf_cols, sf_dtype = (-(-k_blocks // 4), "int32") if ue8m0 else (k_blocks, accum)
     name = (f"fp8_gemm_{a_major}{b_major}_n{N}_k{K}_g{gran_n}{'_acc' if accumulate else ''}"
-            f"_M{block_M}_N{block_N}_s{num_stages}_{out_dtype}_t{threads}")
+            f"_M{block_M}_N{block_N}_s{num_stages}_{out_dtype}_t{threads}{'_ue8m0' if ue8m0 else ''}")
     a_tile = (block_M, GRAN_K) if a_major == "k" else (GRAN_K, block_M)
     b_tile = (block_N, GRAN_K) if b_major == "k" else (GRAN_K, block_N)
 
     @T.prim_func(name=name)
     def main(A: T.Tensor(_operand_shape(a_major, M, K), FP8),
-             SFA: T.StridedTensor((M, k_blocks), (1, sfa_ld), accum),
+             SFA: T.StridedTensor((M, sf_cols), (1, sfa_ld), sf_dtype),
              B: T.Tensor(_operand_shape(b_major, N, K), FP8),
-             SFB: T.Tensor((-(-N // gran_n), k_blocks), accum),
+             SFB: T.Tensor((-(-N // gran_n), sf_cols), sf_dtype),
              D: T.Tensor((M, N), out_dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
             A_shared = T.alloc_shared(a_tile, FP8)
@@ -103,7 +123,11 @@ def fp8_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", gran_n: int
                     # 128-wide B scale blocks: block_N divides 128, so one scale serves the whole tile
                     # (a loop-invariant load; per column, the CPU's vectorised loop gathered it)
                     col = (bx * block_N) // gran_n if gran_n == GRAN_K else T.min(bx * block_N + j, N - 1)
-                    C[i, j] = C[i, j] + partial[i, j] * SFA[row, k] * SFB[col, k]
+                    if ue8m0:
+                        sa, sb = ue8m0_value(SFA[row, k // 4], k % 4), ue8m0_value(SFB[col, k // 4], k % 4)
+                    else:
+                        sa, sb = SFA[row, k], SFB[col, k]
+                    C[i, j] = C[i, j] + partial[i, j] * sa * sb
             if accumulate:
                 for i, j in T.Parallel(block_M, block_N):
                     row = T.min(by * block_M + i, M - 1)
@@ -164,18 +188,22 @@ def fp8_fp4_gemm(N: int, K: int, accumulate: bool = False, block_M: int = 64, bl
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64, 128, 256], num_stages=[1, 2, 3])
 def dense_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", accumulate: bool = False,
                dtype: str = "bfloat16", out_dtype: str = "bfloat16", block_M: int = 64, block_N: int = 64,
-               block_K: int = 64, num_stages: int = 2, threads: int = 128):
+               block_K: int = 64, num_stages: int = 2, threads: int = 128, cluster: int = 0):
     """Unscaled ``D = [D +] A @ B^T`` (DeepGEMM's ``bf16_gemm_*``; ``dtype="float32"`` for
     float32 operands, which DeepGEMM lacks and the float32 reference model needs).  Kernel
     parameters: ``A`` (``[M, K]`` or ``[K, M]``), ``B`` (``[N, K]`` or ``[K, N]``), ``D [M, N]``.
     The float32 accumulator sums the K tiles in order; with ``accumulate`` the old ``D`` is
-    added after the whole product, so ``d = c + a @ b^T`` rounds as ``(a @ b^T) + c``."""
+    added after the whole product, so ``d = c + a @ b^T`` rounds as ``(a @ b^T) + c``.
+    ``cluster`` (> 1): a scheduling request that changes no result -- on sm_90a the CTAs of adjacent
+    N blocks form clusters of that size and share each A tile by TMA multicast
+    (``kernforge.backends.cuda.cluster`` reads the factory's ``attrs["cluster"]``; other targets
+    ignore it)."""
     if dtype not in ("bfloat16", "float32"):
         raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
     accum = "float32"
     M = T.symbolic("M")
     name = (f"dense_gemm_{a_major}{b_major}_n{N}_k{K}{'_acc' if accumulate else ''}_M{block_M}_N{block_N}"
-            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}")
+            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}{f'_c{cluster}' if cluster > 1 else ''}")
     a_tile = (block_M, block_K) if a_major == "k" else (block_K, block_M)
     b_tile = (block_N, block_K) if b_major == "k" else (block_K, block_N)
 

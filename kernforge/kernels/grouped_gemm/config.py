@@ -16,6 +16,13 @@ def _gpu(backend: str) -> bool:
     return backends.lang(backend) == "cuda"
 
 
+#: GPUs run the grouped GEMMs (bf16, fp8, FP8 x FP4) persistent (``persistent``: one CTA per SM
+#: looping over the tiles, :mod:`kernforge.backends.cuda.persistent`) in L2 groups of 16 row tiles
+#: per N tile, DeepGEMM's ``kNum1DBlocksPerGroup`` for its large shapes: 16 CTAs running together
+#: share one B tile (an expert's weights) and read 16 A row tiles, each reused across the N tiles
+L2_GROUP = 16
+
+
 def block_m(alignment: int) -> int:
     """Rows per tile: the largest power of two up to 128 dividing the layout alignment,
     so a tile never spans two experts."""
@@ -31,18 +38,35 @@ def _within_expert(config: dict) -> bool:
 def choose(backend: str, num_groups: int, N: int, K: int, alignment: int = 128) -> dict:
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_contiguous` parameters.
     GPUs use 128x128 output tiles with 64-deep K steps (three stages fit Hopper shared
-    memory); the CPU 128x128 tiles with 512-deep K steps, a 16-row ladder (``row_step``:
-    padding rows cost little) and two row tiles a block (``row_tiles``: the B tile is packed
-    once per 256 rows of one expert), other host backends
-    128x128x256 tiles (64 rows for 16+ groups).  A configuration tuned for this shape
+    memory) and the persistent tile loop (:data:`L2_GROUP`); the CPU 128x128 tiles with 512-deep
+    K steps, a 16-row ladder (``row_step``: padding rows cost little) and two row tiles a block
+    (``row_tiles``: the B tile is packed once per 256 rows of one expert), other host
+    backends 128x128x256 tiles (64 rows for 16+ groups).  A configuration tuned for this shape
     (``kernforge tune``) takes precedence over both, as for every chooser here."""
-    return _heuristic(backend, num_groups, N, K, alignment)
+    cfg = _heuristic(backend, num_groups, N, K, alignment)
+    if _gpu(backend):
+        # clusters of 2 adjacent N tiles share each A tile by TMA multicast where the shape allows
+        # (kernforge.backends.cuda.cluster; sm_90a's warp-specialized ring; nothing timed yet)
+        from kernforge.backends.cuda.cluster import config_request
+
+        cfg.update(config_request(-(-N // cfg["block_N"]), cfg["block_M"], cfg["block_K"] * 2))
+    return cfg
 
 
-def _heuristic(backend: str, num_groups: int, N: int, K: int, alignment: int) -> dict:
+def _splits(N: int, threads: int) -> int:
+    """``n_splits`` for a CPU team of ``threads``: one run of N tiles per thread when they divide the
+    128-column tiles (:func:`~kernforge.kernels.grouped_gemm.kernel._grid`), else one run.  Busiest
+    thread's CPU time per call at 2 threads, masked G 4 x [200, 9, 128, 0], N = K = 2048: 10.4 ->
+    8.5 ms (torch's loop 8.6).  The masked op passes its team only for a skewed ``masked_m``; the
+    contiguous chooser keeps one run (there the runs cost 10% of locality, what they gained)."""
+    return threads if threads > 1 and -(-N // 128) % threads == 0 else 1
+
+
+def _heuristic(backend: str, num_groups: int, N: int, K: int, alignment: int, threads: int = 1) -> dict:
     rows = block_m(alignment)
     if _gpu(backend):
-        return dict(num_groups=num_groups, N=N, K=K, block_M=rows, block_N=128, num_stages=3, block_K=64)
+        return dict(num_groups=num_groups, N=N, K=K, block_M=rows, block_N=128, num_stages=3, block_K=64,
+                    persistent=L2_GROUP)
     if backends.lang(backend) == "c++":
         # the CPU: a tile multiplies only its rows up to the last expert row, in steps of 16 rows
         # (``row_step``), so a ragged expert's padding costs < 16 rows of work while the B tile is
@@ -54,7 +78,7 @@ def _heuristic(backend: str, num_groups: int, N: int, K: int, alignment: int) ->
         # share one B packing per K step (G 4 x 256 rows, N = K = 4096: 177 -> 169 ms; with A read in
         # place by the GEMM (passes.gemm_layout's guarded pairs) 160 ms, torch's loop 160-165)
         return dict(num_groups=num_groups, N=N, K=K, block_M=rows, block_N=128, num_stages=1, block_K=512,
-                    row_step=min(rows, 16), row_tiles=2)
+                    row_step=min(rows, 16), row_tiles=2, n_splits=_splits(N, threads))
     if num_groups >= 16:
         # other hosts compute every row a tile holds: at G 32 with 0-130 rows per expert (1228 rows in
         # 3584 aligned ones), 64-row tiles ran 1.55x faster than 128-row ones (Zen 4, avx512bf16, 1
@@ -72,7 +96,7 @@ def choose_fp8(backend: str, num_groups: int, N: int, K: int, alignment: int = 1
     cfg = dict(num_groups=num_groups, N=N, K=K, block_M=block_m(alignment), block_N=128,
                num_stages=3 if gpu else 1)
     if gpu:
-        cfg["threads"] = 256
+        cfg.update(threads=256, persistent=L2_GROUP)
     return cfg
 
 
@@ -82,23 +106,28 @@ choose_fp8_fp4 = tuned("m_grouped_fp8_fp4_gemm_nt_contiguous", keys=("alignment"
 
 
 @tuned("m_grouped_gemm_nt_masked")
-def choose_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int) -> dict:
+def choose_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int, threads: int = 1) -> dict:
     """:func:`~kernforge.kernels.grouped_gemm.m_grouped_gemm_nt_masked` parameters: the
     contiguous tiles, with a row tile sized by ``expected_m`` (typical rows per group).  On the
-    CPU 64 or 256 rows with the contiguous kernel's row ladder.  Other host tiles compute every
+    CPU 64 or 256 rows with the contiguous kernel's row ladder, and the N tiles in one run per thread
+    of ``threads`` (``n_splits``, :func:`_splits`).  Other host tiles compute every
     row they hold, and a group's last tile is partly past ``masked_m``, so they are smaller:
     16 rows up to 32 expected, 32 up to 128, else 64 (Zen 4, avx512bf16, one
     thread, against torch's per-group loop: G 8 x 0-64 rows, N = K = 1024: 0.48x with 128-row
     tiles, 0.85x with 64, 0.97x with 16; G 4 x 0-200 rows, N = K = 2048: 0.68x / 0.70x / 0.71x
     with 128 / 64 / 32)."""
     if _gpu(backend):
+        from kernforge.backends.cuda.cluster import config_request  # as choose's clusters
+
         rows = 64 if expected_m <= 64 else 128
+        return dict(_heuristic(backend, num_groups, N, K, 128), block_M=rows,
+                    **config_request(-(-N // 128), rows, 64 * 2))
     elif backends.lang(backend) == "c++":
         # the row ladder (as in :func:`choose`) bounds the rows past ``masked_m`` instead: G 8 x 0-64
         # rows, N = K = 1024: 0.97x -> 1.1x; G 4 x 0-200, N = K = 2048: 0.71x -> 0.94x
         # 256 rows past 64 expected: a group's B tile is packed once for up to 256 of its rows (G 4 x
         # 0-200 rows, N = K = 2048: 0.94x -> 0.96x against 128-row tiles)
-        cfg = dict(_heuristic(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 256)
+        cfg = dict(_heuristic(backend, num_groups, N, K, 128, threads), block_M=64 if expected_m <= 64 else 256)
         del cfg["row_tiles"]  # a masked tile never spans groups: the contiguous layout's concern only
         return cfg
     else:

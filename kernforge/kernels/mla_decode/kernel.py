@@ -44,6 +44,16 @@ import kernforge.dsl as T
 LOG2E = math.log2(math.e)
 
 
+def rows_are_tiles(group: int, seq_q: int, heads_kv: int, block_H: int) -> bool:
+    """Whether every block of ``block_H`` query rows (row r: token ``r // group``, head
+    ``kvh * group + r % group``) is one tile of ``Out [.., seq_q, heads, dim_v]``: consecutive
+    heads of one token, with any rows past the end past ``heads`` (so a tile copy, which skips
+    what falls outside ``Out``, drops them).  True when blocks never straddle a token or a
+    latent head's group (``group % block_H == 0``) or there is one of each (``seq_q == 1``,
+    ``heads_kv == 1``); otherwise rows are scattered one by one."""
+    return group % block_H == 0 or (seq_q == 1 and heads_kv == 1)
+
+
 def _check_shape_params(heads: int, heads_kv: int, dim: int, dim_v: int, page_size: int,
                         block_N: int, block_H: int) -> None:
     if heads % heads_kv:
@@ -89,6 +99,7 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
     group = heads // heads_kv             # query heads per latent head
     rows = seq_q * group                  # query rows that share one latent head
     row_blocks = -(-rows // block_H)
+    tile_rows = rows_are_tiles(group, seq_q, heads_kv, block_H)
     batch = T.symbolic("batch")
     num_tokens = T.symbolic("num_tokens")
     max_pages = T.symbolic("max_pages")
@@ -162,19 +173,23 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
             def lse_of(i):
                 return st.m[i] * sm_scale + T.log(st.l[i])
 
+            # the block's rows as one tile of Out (token s0, heads h0..), where they are one
+            s0, h0 = row0 // group, kvh * group + row0 % group
             if split:
                 # partials for mla_decode_combine: normalised within the split, lse -inf if empty
                 _write_rows(block_H, dim_v, st.acc_o, st.l, lse_of, row_of, lambda i: row0 + i < rows,
                             Out, lambda rh, i, d: (bx, bz, rh[0] // group, rh[1], d),
                             LSE, lambda rh, i: (bx, bz, rh[1], rh[0] // group),
-                            sink_of=None, empty_lse=-math.inf)
+                            sink_of=None, empty_lse=-math.inf,
+                            out_tile=Out[bx, bz, s0, h0, 0] if tile_rows else None)
             else:
-                # normalise, fold in the sink, scatter rows back to [b, s, h]; a row with
+                # normalise, fold in the sink, write rows back to [b, s, h]; a row with
                 # nothing visible (l == 0) gets output 0 and lse +inf
                 _write_rows(block_H, dim_v, st.acc_o, st.l, lse_of, row_of, lambda i: row0 + i < rows,
                             Out, lambda rh, i, d: (bx, rh[0] // group, rh[1], d),
                             LSE, lambda rh, i: (bx, rh[1], rh[0] // group),
-                            sink_of=lambda rh: attn_sink[rh[1]], empty_lse=math.inf)
+                            sink_of=lambda rh: attn_sink[rh[1]], empty_lse=math.inf,
+                            out_tile=Out[bx, s0, h0, 0] if tile_rows else None)
 
     return main
 
@@ -312,7 +327,7 @@ def mla_decode_sparse(heads: int, topk: int, seq_q: int = 1, dim: int = 576, dim
             _write_rows(block_H, dim_v, st.acc_o, st.l, lambda i: st.m[i] * sm_scale + T.log(st.l[i]),
                         lambda i: T.min(h0 + i, heads - 1), lambda i: h0 + i < heads,
                         Out, lambda h, i, d: (bx, s, h, d), LSE, lambda h, i: (bx, h0 + i, s),
-                        sink_of=lambda h: attn_sink[h], empty_lse=math.inf)
+                        sink_of=lambda h: attn_sink[h], empty_lse=math.inf, out_tile=Out[bx, s, h0, 0])
 
     return main
 
@@ -399,34 +414,47 @@ def _attend_tile(st, visible, scale_log2):
 
 @T.macro
 def _write_rows(n_rows, dim_v, acc, total, lse_of, row_of, valid, Out, out_at, LSE, lse_at, sink_of,
-                empty_lse, accum="float32"):
+                empty_lse, out_tile=None, accum="float32"):
     """The epilogue: normalise ``n_rows`` accumulated rows, fold in the attention sink,
-    and scatter them to ``Out`` and their log-sum-exp to ``LSE``.
+    and write them to ``Out`` and their log-sum-exp to ``LSE``.
 
     ``acc [n_rows, dim_v]`` holds unnormalised outputs and ``total[i]`` the row's softmax
     sum (0: nothing was visible: output 0, lse ``empty_lse``).  The test is ``!= 0``, not
     ``> 0``: a NaN score (a NaN in ``Q`` or in a visible KV row) leaves ``total`` NaN, and
     that row must come out NaN, as torch's softmax gives, never as the "nothing to attend"
     answer (0, ``empty_lse``), which a split partial would even drop silently in the
-    combine.  ``lse_of(i)`` is the row's
-    natural-log lse.  ``row_of(i)`` computes the row's coordinates once per loop body (the
-    index expressions share them); ``valid(i)``: block row i exists; ``out_at(row, i, d)``
-    and ``lse_at(row, i)``: its indices into ``Out`` and ``LSE``.  ``sink_of(row)``: its
-    sink logit (``out *= 1 / (1 + exp(sink - lse))``), or ``None`` for split partials.  The sink
-    factor is computed once per row, before the row's ``dim_v`` outputs (inside their loop a host
-    backend evaluated its ``exp`` and ``log`` per element: a third of a short sparse decode)."""
-    if sink_of is not None:
-        sink = T.alloc_fragment((n_rows,), accum)
-        for i in T.Parallel(n_rows):
-            sink[i] = T.if_then_else(total[i] != 0, 1.0 / (1.0 + T.exp(sink_of(row_of(i)) - lse_of(i))), 1.0)
-    for i, d in T.Parallel(n_rows, dim_v):
-        rw = row_of(i)
+    combine.  ``lse_of(i)`` is the row's natural-log lse.  ``row_of(i)`` computes the row's
+    coordinates once per loop body (the index expressions share them); ``valid(i)``: block
+    row i exists; ``out_at(row, i, d)`` and ``lse_at(row, i)``: its indices into ``Out`` and
+    ``LSE``.  ``sink_of(row)``: its sink logit (``out *= 1 / (1 + exp(sink - lse))``), or
+    ``None`` for split partials.
+
+    The row's factor ``sink / total`` is computed once per row, not per element (per element,
+    the sink's ``exp`` and ``log`` were a third of a short sparse decode on a host backend),
+    with ``T.rcp`` (on CUDA one ``rcp.approx.ftz.f32`` each, within an ulp of float32 of the
+    quotient, far below the bf16 output's rounding, where an IEEE division is a
+    multi-instruction sequence with a called slow path), and ``acc`` is scaled in place.  ``out_tile``: the ``Out`` region of the whole block (``Out[b, s, h0,
+    0]``) when the block's rows are consecutive rows of ``Out`` and rows past the end fall
+    outside ``Out``'s row dimension (the copy skips them): then one ``T.copy`` writes the
+    tile, which sm_90a lowers to the STSM + TMA-store epilogue
+    (``kernforge/backends/cuda/tma_store.py``); otherwise rows are scattered through
+    ``out_at``."""
+    factor = T.alloc_fragment((n_rows,), accum)
+    for i in T.Parallel(n_rows):
         if sink_of is None:
-            if valid(i):
-                Out[out_at(rw, i, d)] = T.if_then_else(total[i] != 0, acc[i, d] / total[i], 0.0)
+            factor[i] = T.if_then_else(total[i] != 0, T.rcp(total[i]), 0.0)
         else:
+            factor[i] = T.if_then_else(
+                total[i] != 0, T.rcp(total[i]) * T.rcp(1.0 + T.exp(sink_of(row_of(i)) - lse_of(i))), 0.0)
+    for i, d in T.Parallel(n_rows, dim_v):
+        acc[i, d] = T.if_then_else(total[i] != 0, acc[i, d] * factor[i], 0.0)
+    if out_tile is not None:
+        T.copy(acc, out_tile)
+    else:
+        for i, d in T.Parallel(n_rows, dim_v):
+            rw = row_of(i)
             if valid(i):
-                Out[out_at(rw, i, d)] = T.if_then_else(total[i] != 0, acc[i, d] * sink[i] / total[i], 0.0)
+                Out[out_at(rw, i, d)] = acc[i, d]
     for i in T.Parallel(n_rows):
         rw = row_of(i)
         if valid(i):

@@ -19,7 +19,7 @@ import math
 
 import kernforge.dsl as T
 from kernforge.kernels.mla_decode.kernel import (LOG2E, _alloc_attention, _attend_tile, _check_shape_params,
-                                                _init_softmax)
+                                                _init_softmax, _write_rows, rows_are_tiles)
 from kernforge.kernels.mla_decode.schedule import BLOCK, FIELDS
 
 
@@ -48,6 +48,7 @@ def mla_decode_scheduled(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int
     group = heads // heads_kv
     rows = seq_q * group
     row_blocks = -(-rows // block_H)
+    tile_rows = rows_are_tiles(group, seq_q, heads_kv, block_H)
     tiles_per_block = BLOCK // block_N
     batch = T.symbolic("batch")
     batch1 = T.symbolic("batch_plus_1")
@@ -120,16 +121,21 @@ def mla_decode_scheduled(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int
                     return st.m[i] * sm_scale + T.log(st.l[i])
 
                 acc_row = num_splits[req] + T.if_then_else(req == first_req, tile_scheduler_metadata[part, 4], 0)
+                # the block's rows as one tile (token s0, heads h0..) of Out or O_accum, where they are one:
+                # TMA stores on sm_90a (the float32 partials one warp column at a time, tma_store.TmaStore.rounds)
+                s0, h0 = row0 // group, kvh * group + row0 % group
                 if num_splits[req + 1] - num_splits[req] == 1:
-                    _write_rows_scaled(block_H, dim_v, st.acc_o, st.l, lse_of, row_of, lambda i: row0 + i < rows,
+                    _write_rows(block_H, dim_v, st.acc_o, st.l, lse_of, row_of, lambda i: row0 + i < rows,
                                 Out, lambda rh, i, d: (req, rh[0] // group, rh[1], d),
                                 LSE, lambda rh, i: (req, rh[1], rh[0] // group),
-                                sink_of=lambda rh: attn_sink[rh[1]], empty_lse=math.inf)
+                                sink_of=lambda rh: attn_sink[rh[1]], empty_lse=math.inf,
+                                out_tile=Out[req, s0, h0, 0] if tile_rows else None)
                 else:
-                    _write_rows_scaled(block_H, dim_v, st.acc_o, st.l, lse_of, row_of, lambda i: row0 + i < rows,
+                    _write_rows(block_H, dim_v, st.acc_o, st.l, lse_of, row_of, lambda i: row0 + i < rows,
                                 O_accum, lambda rh, i, d: (acc_row, rh[0] // group, rh[1], d),
                                 LSE_accum, lambda rh, i: (acc_row, rh[1], rh[0] // group),
-                                sink_of=None, empty_lse=-math.inf)
+                                sink_of=None, empty_lse=-math.inf,
+                                out_tile=O_accum[acc_row, s0, h0, 0] if tile_rows else None)
 
     return main
 
@@ -183,42 +189,13 @@ def mla_decode_combine_scheduled(heads: int, seq_q: int = 1, dim_v: int = 512, b
                     for i, d in T.Parallel(block_R, dim_v):
                         r = T.min(row0 + i, rows - 1)
                         acc[i, d] = acc[i, d] + w[i] * O_accum[base + sp, r // heads, r % heads, d]
-                _write_rows_scaled(block_R, dim_v, acc, total, lambda i: top[i] + T.log(total[i]),
+                _write_rows(block_R, dim_v, acc, total, lambda i: top[i] + T.log(total[i]),
                             lambda i: T.min(row0 + i, rows - 1), lambda i: row0 + i < rows,
                             Out, lambda r, i, d: (bx, r // heads, r % heads, d),
                             LSE, lambda r, i: (bx, r % heads, r // heads),
                             sink_of=lambda r: attn_sink[r % heads], empty_lse=math.inf)
 
     return main
-
-
-
-@T.macro
-def _write_rows_scaled(n_rows, dim_v, acc, total, lse_of, row_of, valid, Out, out_at, LSE, lse_at, sink_of,
-                       empty_lse, accum="float32"):
-    """:func:`~.kernel._write_rows` with one division per row instead of one per element:
-    the row's factor ``sink / total`` (``1 / total`` for partials) is computed once and the
-    ``dim_v`` outputs are multiplied by it (``acc * (sink / l)`` rounds differently from the
-    unsplit kernel's ``acc * sink / l`` by an ulp of float32, far below the bf16 output's).
-    On CUDA a float division is a multi-instruction IEEE sequence with a called slow path;
-    this leaves ``n_rows`` of them per block instead of ``n_rows * dim_v``.  ``total[i] == 0``
-    (nothing visible) gives output 0 and lse ``empty_lse``; a NaN ``total`` gives NaN."""
-    factor = T.alloc_fragment((n_rows,), accum)
-    for i in T.Parallel(n_rows):
-        if sink_of is None:
-            factor[i] = T.if_then_else(total[i] != 0, 1.0 / total[i], 0.0)
-        else:
-            factor[i] = T.if_then_else(
-                total[i] != 0, 1.0 / ((1.0 + T.exp(sink_of(row_of(i)) - lse_of(i))) * total[i]), 0.0)
-    for i, d in T.Parallel(n_rows, dim_v):
-        rw = row_of(i)
-        if valid(i):
-            Out[out_at(rw, i, d)] = T.if_then_else(total[i] != 0, acc[i, d] * factor[i], 0.0)
-    for i in T.Parallel(n_rows):
-        rw = row_of(i)
-        if valid(i):
-            LSE[lse_at(rw, i)] = T.if_then_else(
-                total[i] != 0, lse_of(i), T.infinity(accum) if empty_lse > 0 else -T.infinity(accum))
 
 
 class Scheduled:

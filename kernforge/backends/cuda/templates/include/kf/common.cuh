@@ -8,7 +8,7 @@
 //    divisor gives 0, as numpy does), kf_fmod_floor is numpy's float remainder;
 //  * kf_max / kf_min on floats propagate NaN (numpy maximum/minimum).
 //
-// No inline PTX here: this header compiles unchanged under host emulation
+// No inline PTX here but kf_rcp_approx's: this header compiles under host emulation
 // (-DKF_HOST_EMULATION), where kf/emu/cuda_shim.h supplies the CUDA builtins.
 #pragma once
 
@@ -44,6 +44,19 @@ template <> KF_DEVICE kf_fp8e4m3 kf_from_float<kf_fp8e4m3>(float x) {
 }
 
 template <typename T> KF_DEVICE bool kf_isnan(T x) { return x != x; }
+
+// T.rcp on float32: rcp.approx.ftz.f32, one MUFU.RCP (at most 1 ulp from 1/x per the PTX ISA;
+// subnormal inputs and results flush to zero), where `1.0f / x` is an IEEE division with a
+// called slow path.  The one inline PTX here; host emulation: kf/emu/intrinsics.h.
+#ifdef KF_HOST_EMULATION
+KF_DEVICE float kf_rcp_approx(float x) { return kf_emu_rcp_approx_ftz(x); }
+#else
+KF_DEVICE float kf_rcp_approx(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+#endif
 
 // Binary helpers take two operand types: the printer mixes int64_t values with `LL` literals.
 template <class A, class B, class T = std::common_type_t<A, B>> KF_DEVICE T kf_max(A a_, B b_) {

@@ -17,6 +17,10 @@
 //    issuing thread's open bulk async-group; the shared data must have been made visible to the
 //    async proxy first: fence_proxy_async() (kf/fence.cuh) in every writing thread, then a
 //    barrier among the writers.
+//    tma_store_nd(map, src, c0, c1[, c2[, c3[, c4]]]): the same with `.3d` .. `.5d` and the outer
+//    coordinates of a rank-3..5 map (an N-D output whose tile is its last two dimensions, e.g.
+//    MLA's Out[b, s, h0:h0+64, :]: the box clips at each dimension, so rows past `heads` are not
+//    written even though the next token's heads follow them in memory).
 //  * bulk_commit_group(): `cp.async.bulk.commit_group;` closes the thread's open bulk group.
 //  * bulk_wait_group_read<N>(): `cp.async.bulk.wait_group.read N;` waits until all but the
 //    newest N committed groups of this thread have finished *reading* their shared sources:
@@ -56,6 +60,24 @@ KF_DEVICE void tma_store_2d(const CUtensorMap* map, const void* src, int32_t c0,
                ::"l"(reinterpret_cast<uint64_t>(map)), "r"(tma_smem_addr(src)), "r"(c0), "r"(c1)
                : "memory");
 }
+KF_DEVICE void tma_store_nd(const CUtensorMap* map, const void* src, int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(tma_smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+KF_DEVICE void tma_store_nd(const CUtensorMap* map, const void* src, int32_t c0, int32_t c1, int32_t c2,
+                            int32_t c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(tma_smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+KF_DEVICE void tma_store_nd(const CUtensorMap* map, const void* src, int32_t c0, int32_t c1, int32_t c2,
+                            int32_t c3, int32_t c4) {
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];\n"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(tma_smem_addr(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+               "r"(c4)
+               : "memory");
+}
 KF_DEVICE void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 template <int N>
 KF_DEVICE void bulk_wait_group_read() {
@@ -77,6 +99,12 @@ KF_DEVICE void tma_store_2d(const CUtensorMap* map, const void* src, int32_t c0,
   const int32_t c[2] = {c0, c1};
   kf_emu::tma_store(map, src, c);
 }
+template <typename... Outer>
+KF_DEVICE void tma_store_nd(const CUtensorMap* map, const void* src, int32_t c0, int32_t c1, Outer... outer) {
+  static_assert(sizeof...(Outer) >= 1 && sizeof...(Outer) <= 3, "TMA maps have rank 3..5 here");
+  const int32_t c[] = {c0, c1, int32_t(outer)...};
+  kf_emu::tma_store(map, src, c);
+}
 KF_DEVICE void bulk_commit_group() { kf_emu::bulk_commit_group(); }
 template <int N>
 KF_DEVICE void bulk_wait_group_read() { kf_emu::bulk_wait_group_read(N); }
@@ -85,6 +113,10 @@ KF_DEVICE void bulk_wait_group_read() { kf_emu::bulk_wait_group_read(N); }
 #endif
 
 namespace kf {
+
+KF_DEVICE void tma_store_nd(const CUtensorMap* map, const void* src, int32_t c0, int32_t c1) {
+  tma_store_2d(map, src, c0, c1);
+}
 
 // Byte offset of element (row, col) of a warpgroup's 64 x N staging tile (layout above).
 template <int N, int SWIZZLE, int ELEM>
@@ -134,13 +166,16 @@ KF_DEVICE void epilogue_st_f32(const float (&d)[N / 2], unsigned char* stage) {
                    d[4 * j + 2 * h + 1]);
 }
 
-// One thread: a TMA store per slab of the 64 x N staging tile to global (col0, row0), then the
-// commit.  The caller waits (bulk_wait_group_read) before the buffer is reused or it returns.
-template <int N, int SWIZZLE, int ELEM>
-KF_DEVICE void epilogue_tma_store(const CUtensorMap* map, const unsigned char* stage, int32_t col0, int32_t row0) {
+// One thread: a TMA store per slab of the 64 x N staging tile to global (col0, row0[, outer...]:
+// the coordinates of a rank-3..5 map's outer dimensions, innermost first), then the commit.  The
+// caller waits (bulk_wait_group_read) before the buffer is reused or it returns.
+template <int N, int SWIZZLE, int ELEM, typename... Outer>
+KF_DEVICE void epilogue_tma_store(const CUtensorMap* map, const unsigned char* stage, int32_t col0, int32_t row0,
+                                  Outer... outer) {
   constexpr int kSlab = SWIZZLE ? SWIZZLE / ELEM : N;
 #pragma unroll
-  for (int s = 0; s < N / kSlab; ++s) tma_store_2d(map, stage + s * 64 * kSlab * ELEM, col0 + s * kSlab, row0);
+  for (int s = 0; s < N / kSlab; ++s)
+    tma_store_nd(map, stage + s * 64 * kSlab * ELEM, col0 + s * kSlab, row0, int32_t(outer)...);
   bulk_commit_group();
 }
 

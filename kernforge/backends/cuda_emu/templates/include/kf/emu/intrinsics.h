@@ -25,6 +25,15 @@ inline float __sinf(float x) { return std::sin(x); }
 inline float __cosf(float x) { return std::cos(x); }
 inline float __tanf(float x) { return std::tan(x); }
 inline float __powf(float x, float y) { return std::pow(x, y); }
+// rcp.approx.ftz.f32 (kf_rcp_approx): the hardware result is within 1 ulp of 1/x (PTX ISA); this
+// returns the correctly rounded 1/x (within 0.5 ulp, so inside the hardware's bound, not bit-exact
+// with MUFU.RCP), with the instruction's .ftz: a subnormal input counts as a signed zero (1/x =
+// signed inf) and a subnormal result becomes a signed zero (|x| > 2^126), which IEEE 1.0f / x keeps.
+inline float kf_emu_rcp_approx_ftz(float x) {
+  if (std::fpclassify(x) == FP_SUBNORMAL) x = std::copysign(0.0f, x);
+  const float r = 1.0f / x;
+  return std::fpclassify(r) == FP_SUBNORMAL ? std::copysign(0.0f, r) : r;
+}
 inline float __fdividef(float x, float y) { return x / y; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fsqrt_rn(float x) { return std::sqrt(x); }

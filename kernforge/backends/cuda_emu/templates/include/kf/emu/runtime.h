@@ -5,6 +5,9 @@
 // Model (docs/backends/cuda-emu.md):
 //  * blocks run in sequence; the threads of a block are `blockDim.x` real host
 //    threads, created once per launch and reused for every block;
+//  * a cluster launch (cluster size C along x, `__cluster_dims__`) runs the C CTAs of a
+//    cluster at the same time: C * blockDim.x host threads, each CTA with its own Block
+//    (its __syncthreads, warps) and its own slice of the shared arena (kf/emu/cluster.h);
 //  * `__syncthreads` is a reusable barrier over the block's threads; every warp
 //    (32 consecutive threads) has its own barrier plus a double-buffered
 //    exchange area for shuffles, votes, mma.sync and ldmatrix;
@@ -38,7 +41,8 @@
 namespace kf_emu {
 
 constexpr int kWarpSize = 32;
-constexpr int kMaxThreads = 1024;
+constexpr int kMaxThreads = 1024;  // host threads of one launch step (a block, or a whole cluster)
+constexpr int kMaxCluster = 8;     // the portable cluster size limit
 constexpr int kExchangeWords = 8;  // 64-bit words each lane may post to its warp per collective
 
 struct Abort {};  // unwinds a thread of an aborted launch
@@ -224,6 +228,7 @@ struct ThreadCtx {
   uint3 thread_idx{0, 0, 0};
   uint3 block_idx{0, 0, 0};
   uint32_t tid = 0, lane = 0, warp = 0;
+  uint32_t cta_rank = 0;     // %cluster_ctarank: this CTA's rank in its cluster (0 without clusters)
   uint32_t warp_phase = 0;   // which half of the exchange area the next warp collective uses
   uint32_t block_phase = 0;  // same for __syncthreads_count/and/or
   Block* block = nullptr;
@@ -271,11 +276,20 @@ struct Block {
 static Block* g_current_block = nullptr;
 inline Block*& current_block() { return g_current_block; }
 
+// The running cluster: its size and every CTA's Block (cta[0] is current_block()).
+struct ClusterRun {
+  uint32_t size = 1;
+  Block* cta[kMaxCluster] = {};
+};
+static ClusterRun g_cluster_run;
+inline ClusterRun& cluster_run() { return g_cluster_run; }
+
 inline void wake_all_waiters() {
-  if (Block* b = current_block()) {
-    b->bar.wake();
-    for (uint32_t w = 0; w < b->nwarps(); ++w) b->warps[w].bar.wake();
-  }
+  for (uint32_t r = 0; r < cluster_run().size; ++r)
+    if (Block* b = cluster_run().cta[r]) {
+      b->bar.wake();
+      for (uint32_t w = 0; w < b->nwarps(); ++w) b->warps[w].bar.wake();
+    }
   hooks().wake.run();
 }
 
@@ -288,12 +302,13 @@ static LaunchDims g_launch_dims;
 inline LaunchDims& launch_dims() { return g_launch_dims; }
 
 // ---- the launch ------------------------------------------------------------------------
-// Runs `body(arg)` for every block of `grid` with `threads` host threads per block.
+// Runs `body(arg)` for every block of `grid` with `threads` host threads per block; with a
+// cluster size > 1 the CTAs of each cluster (consecutive blockIdx.x) run together.
 // Returns 0, or 1 with the message in launch_error().message.
 class Launch {
  public:
-  Launch(uint3 grid, uint32_t threads, void (*body)(void*), void* arg)
-      : grid_(grid), threads_(threads), body_(body), arg_(arg) {}
+  Launch(uint3 grid, uint32_t threads, void (*body)(void*), void* arg, uint32_t cluster = 1)
+      : grid_(grid), threads_(threads), cluster_(cluster), body_(body), arg_(arg) {}
 
   int run() {
     LaunchError& e = launch_error();
@@ -303,25 +318,35 @@ class Launch {
       snprintf(e.message, sizeof e.message, "block size %u outside 1..%d", threads_, kMaxThreads);
       return 1;
     }
+    if (cluster_ < 1 || cluster_ > uint32_t(kMaxCluster) || grid_.x % cluster_ || threads_ * cluster_ > kMaxThreads) {
+      snprintf(e.message, sizeof e.message,
+               "cluster size %u: must be 1..%d, divide gridDim.x (%u) and fit %d host threads with %u per block",
+               cluster_, kMaxCluster, grid_.x, kMaxThreads, threads_);
+      return 1;
+    }
     launch_dims() = LaunchDims{dim3(grid_), dim3(threads_, 1, 1)};
-    current_block() = block_;
+    cluster_run().size = cluster_;
+    for (uint32_t r = 0; r < cluster_; ++r) cluster_run().cta[r] = blocks_[r] = new Block;
+    current_block() = blocks_[0];
+    const uint32_t total = threads_ * cluster_;
     uint32_t started = 0;
-    for (; started < threads_; ++started) {
+    for (; started < total; ++started) {
       args_[started] = WorkerArg{this, started};
       if (pthread_create(&pool_[started], nullptr, &Launch::worker_main, &args_[started]) != 0) {
-        record_failure("could not start emulated thread %u of %u", started, threads_);
+        record_failure("could not start emulated thread %u of %u", started, total);
         break;
       }
     }
-    if (started == threads_)
+    if (started == total)
       for (uint32_t z = 0; z < grid_.z && !e.aborted; ++z)
         for (uint32_t y = 0; y < grid_.y && !e.aborted; ++y)
-          for (uint32_t x = 0; x < grid_.x && !e.aborted; ++x) run_block(uint3{x, y, z});
+          for (uint32_t x = 0; x < grid_.x && !e.aborted; x += cluster_) run_block(uint3{x, y, z});
     stop_ = true;
     start_.fetch_add(1);
     futex_wake(&start_);
     for (uint32_t t = 0; t < started; ++t) pthread_join(pool_[t], nullptr);
     current_block() = nullptr;
+    cluster_run() = ClusterRun{};
     return e.aborted ? 1 : 0;
   }
 
@@ -336,14 +361,16 @@ class Launch {
     return nullptr;
   }
 
+  // Runs one block, or the cluster whose first CTA is `b`.
   void run_block(uint3 b) {
-    block_->reset(threads_);
+    for (uint32_t r = 0; r < cluster_; ++r) blocks_[r]->reset(threads_);
     hooks().block_start.run();
     block_idx_ = b;
     done_.store(0);
     start_.fetch_add(1, std::memory_order_acq_rel);
     futex_wake(&start_);
-    for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != threads_;) futex_wait(&done_, d, -1);
+    const uint32_t total = threads_ * cluster_;
+    for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != total;) futex_wait(&done_, d, -1);
   }
 
   void worker(uint32_t t) {
@@ -354,12 +381,14 @@ class Launch {
       seen = start_.load(std::memory_order_acquire);
       if (stop_) return;
       c = ThreadCtx{};
-      c.thread_idx = uint3{t, 0, 0};
-      c.block_idx = block_idx_;
-      c.tid = t;
-      c.lane = t % kWarpSize;
-      c.warp = t / kWarpSize;
-      c.block = block_;
+      const uint32_t local = t % threads_;
+      c.cta_rank = t / threads_;
+      c.thread_idx = uint3{local, 0, 0};
+      c.block_idx = uint3{block_idx_.x + c.cta_rank, block_idx_.y, block_idx_.z};
+      c.tid = local;
+      c.lane = local % kWarpSize;
+      c.warp = local / kWarpSize;
+      c.block = blocks_[c.cta_rank];
       hooks().thread_start.run();
       try {
         body_(arg_);
@@ -368,17 +397,18 @@ class Launch {
       } catch (...) {
         record_failure("a C++ exception escaped emulated thread %u", t);
       }
-      block_->bar.on_exit();
-      block_->warps[c.warp].bar.on_exit();
-      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_) futex_wake(&done_);
+      c.block->bar.on_exit();
+      c.block->warps[c.warp].bar.on_exit();
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_ * cluster_) futex_wake(&done_);
     }
   }
 
   uint3 grid_;
   uint32_t threads_;
+  uint32_t cluster_;
   void (*body_)(void*);
   void* arg_;
-  Block* block_ = new Block;  // large (the warps' exchange areas): on the heap
+  Block* blocks_[kMaxCluster] = {};  // one per CTA of a cluster; large (the warps' exchange areas): on the heap
   uint3 block_idx_{0, 0, 0};
   pthread_t pool_[kMaxThreads];
   WorkerArg args_[kMaxThreads];
@@ -387,16 +417,18 @@ class Launch {
   std::atomic<bool> stop_{false};
 
  public:
-  ~Launch() { delete block_; }
+  ~Launch() {
+    for (Block* b : blocks_) delete b;
+  }
   Launch(const Launch&) = delete;
 };
 
 static Mutex g_one_launch_at_a_time;
 
 // The host entry's launch: one launch at a time per module (the emulated GPU is
-// global state), grid given as up to three extents.
+// global state), grid given as up to three extents; `cluster`: CTAs per cluster along x.
 template <class F>
-inline int launch_grid(const int64_t* grid, int rank, uint32_t threads, F&& body) {
+inline int launch_grid(const int64_t* grid, int rank, uint32_t threads, F&& body, uint32_t cluster = 1) {
   Lock g(g_one_launch_at_a_time);
   uint32_t ext[3] = {1, 1, 1};
   for (int i = 0; i < rank; ++i) {
@@ -410,7 +442,7 @@ inline int launch_grid(const int64_t* grid, int rank, uint32_t threads, F&& body
   if (ext[0] == 0 || ext[1] == 0 || ext[2] == 0) return 0;  // an empty grid launches nothing
   using Body = typename std::remove_reference<F>::type;
   auto trampoline = [](void* p) { (*static_cast<Body*>(p))(); };
-  Launch* launch = new Launch(uint3{ext[0], ext[1], ext[2]}, threads, trampoline, &body);
+  Launch* launch = new Launch(uint3{ext[0], ext[1], ext[2]}, threads, trampoline, &body, cluster);
   const int status = launch->run();
   delete launch;
   return status;

@@ -14,12 +14,26 @@
 // codes overlap kind::f16's) takes e4m3 only, K-major, K = 32 per instruction.  Anything else
 // fails loudly.
 //
+// Block-scaled fp8 (kind::mxf8f6f4.block_scale, scale_vec::1X, UE8M0 scales only): the instruction
+// descriptor has no D-type field (D is f32); bits 4-5 pick the byte of B's scale cells (SFB id), bit
+// 23 the scale type (1 = UE8M0, required), 24-28 M >> 4 (128 only), 29-30 the byte of A's (SFA id).
+// Row r of A is scaled by byte SFA id of the cell at lane r % 32, column (scale address) + r / 32,
+// and column n of B by byte SFB id of lane n % 32, column + n / 32: the layout tcgen05.cp
+// .32x128b.warpx4 writes, which copies 32 rows of 16 shared bytes into every 32-lane quarter, so
+// all four quarters must hold the same byte (else the launch fails: a copy without warpx4).
+// UE8M0 e is 2^(e - 127) exactly (e = 0: 2^-127), e = 255 NaN.  D = [D +] sum_k A B sa(r) sb(n)
+// over the instruction's 32 K elements, summed in double and rounded to f32 once.
+// tcgen05.cp (kf::tcgen05_cp_32x128b_warpx4) is queued with the MMAs and performed in issue order
+// with them (PTX: a thread's tcgen05.cp and tcgen05.mma execute in order); it reads shared memory
+// through an unswizzled descriptor (row r at start + (r / 8) * SBO + (r % 8) * 16).
+//
 // Completion: an issued MMA is pending.  tcgen05.commit moves the thread's pending MMAs onto the
 // mbarrier as an asynchronous operation (kf/emu/mbarrier.h) that computes them when a thread
 // waits on the barrier, and then arrives.  A tcgen05.ld of columns an uncompleted MMA writes
 // fails ("read before the MMA completed"), so a missing commit or wait is caught, not silently
 // read as stale data.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "kf/emu/mbarrier.h"
@@ -32,14 +46,15 @@ namespace kf_emu {
 
 constexpr int kTmemLanes = 128, kTmemCols = 512;
 
-enum UmmaKind { UMMA_F16, UMMA_F8F6F4 };
+enum UmmaKind { UMMA_F16, UMMA_F8F6F4, UMMA_MXF8F6F4, UMMA_CP_32X128B_WARPX4 };
 
 struct UmmaOp {
-  uint32_t d;
-  uint64_t desc_a, desc_b;
+  uint32_t d;  // accumulator address (MMA) or destination (tcgen05.cp)
+  uint64_t desc_a, desc_b;  // tcgen05.cp: desc_a is the source
   uint32_t idesc;
   bool accumulate;
   UmmaKind kind;
+  uint32_t sfa = 0, sfb = 0;  // block-scaled MMA: scale-factor addresses
 };
 
 struct Tmem {
@@ -126,7 +141,30 @@ struct Idesc {
   bool trans_a, trans_b;
 };
 
+// kind::mxf8f6f4.block_scale's descriptor (see the header comment): e4m3 x e4m3, K-major, M = 128.
+struct MxIdesc {
+  int m, n;
+  unsigned sfa_id, sfb_id;
+};
+inline MxIdesc decode_mx_idesc(uint32_t i) {
+  if (i & 0x7u) fail("tcgen05.mma kind::mxf8f6f4: instruction descriptor 0x%08x asks for sparsity", i);
+  if (((i >> 7) & 7u) || ((i >> 10) & 7u))
+    fail("tcgen05.mma kind::mxf8f6f4: A/B types %u/%u: only e4m3 (0) is emulated", (i >> 7) & 7u, (i >> 10) & 7u);
+  if (i & (3u << 13)) fail("tcgen05.mma: negated operands are not emulated");
+  if (i & (3u << 15)) fail("tcgen05.mma kind::mxf8f6f4: MN-major operands are not emulated (K-major only)");
+  if (!((i >> 23) & 1u)) fail("tcgen05.mma kind::mxf8f6f4: scale type bit 23 is 0 (UE4M3); mxf8f6f4 takes UE8M0");
+  if (i >> 31) fail("tcgen05.mma kind::mxf8f6f4: bit 31 (K size) must be 0");
+  const MxIdesc d{int((i >> 24) & 31u) << 4, int((i >> 17) & 63u) << 3, (i >> 29) & 3u, (i >> 4) & 3u};
+  if (d.m != 128 || d.n < 16 || d.n > 256 || d.n % 16)
+    fail("tcgen05.mma kind::mxf8f6f4.block_scale cta_group::1: M = %d, N = %d is not emulated (M = 128)", d.m, d.n);
+  return d;
+}
+
 inline Idesc decode_idesc(uint32_t i, UmmaKind kind) {
+  if (kind == UMMA_MXF8F6F4) {
+    const MxIdesc mx = decode_mx_idesc(i);
+    return Idesc{mx.m, mx.n, WG_E4M3, false, false};
+  }
   if (i & 0x7u) fail("tcgen05.mma: instruction descriptor 0x%08x asks for sparsity or saturation", i);
   if (((i >> 4) & 3u) != 1u) fail("tcgen05.mma: instruction descriptor 0x%08x: D type is not f32", i);
   const unsigned at = (i >> 7) & 7u, bt = (i >> 10) & 7u;
@@ -149,8 +187,45 @@ inline uint32_t umma_lane(int m, uint32_t d, int r) {
   return (d >> 16) + (m == 64 ? uint32_t(32 * (r / 16) + r % 16) : uint32_t(r));
 }
 
+// UE8M0 exponent byte -> its value, exactly: 2^(e - 127), e = 255 NaN.
+inline double ue8m0_value(uint8_t e) { return e == 255 ? double(NAN) : std::ldexp(1.0, int(e) - 127); }
+
+// Byte `id` of the scale factor of row (or column) r in the cells at column `col`: lane r % 32 of
+// every lane quarter, column col + r / 32; the quarters must agree (tcgen05.cp ... .warpx4).
+inline uint8_t scale_byte(uint32_t col, int r, unsigned id, const char* which) {
+  const uint32_t c = col + uint32_t(r / 32);
+  if (!tmem_allocated_locked(c, 1))
+    fail("tcgen05.mma block_scale: scale factor column %u of %s is not allocated tensor memory", c, which);
+  uint8_t b[4];
+  for (int q = 0; q < 4; ++q) {
+    uint32_t bits;
+    std::memcpy(&bits, &g_tmem.cells[32 * q + r % 32][c], 4);
+    b[q] = uint8_t(bits >> (8 * id));
+  }
+  if (b[1] != b[0] || b[2] != b[0] || b[3] != b[0])
+    fail("tcgen05.mma block_scale: %s's scale factor %d (column %u, lane %d) differs between the four lane "
+         "quarters (%u %u %u %u): copy the factors with tcgen05.cp .warpx4", which, r, c, r % 32, b[0], b[1], b[2],
+         b[3]);
+  return b[0];
+}
+
+inline void cp_execute(const UmmaOp& op) {
+  const uint32_t col0 = op.d & 0xffffu;
+  const SmemDesc s = decode_umma_desc(op.desc_a, "the tcgen05.cp source");
+  for (int r = 0; r < 32; ++r) {
+    const uint32_t addr = s.start + uint32_t(r / 8) * s.sbo + uint32_t(r % 8) * 16u;
+    if (addr + 16 > smem_size()) fail("tcgen05.cp: source row %d at shared address %u is outside shared memory", r, addr);
+    for (int q = 0; q < 4; ++q)
+      for (int c = 0; c < 4; ++c) std::memcpy(&g_tmem.cells[32 * q + r][col0 + c], smem_base() + addr + 4 * c, 4);
+  }
+  for (int c = 0; c < 4; ++c) g_tmem.pending[col0 + c] -= 1;
+}
+
 inline void umma_execute(const UmmaOp& op) {
+  if (op.kind == UMMA_CP_32X128B_WARPX4) return cp_execute(op);
   const Idesc id = decode_idesc(op.idesc, op.kind);
+  const bool scaled = op.kind == UMMA_MXF8F6F4;
+  const MxIdesc mx = scaled ? decode_mx_idesc(op.idesc) : MxIdesc{};
   const int ksteps = id.type == WG_E4M3 ? 32 : 16;
   const SmemDesc a = decode_umma_desc(op.desc_a, "A"), b = decode_umma_desc(op.desc_b, "B");
   const uint32_t col0 = op.d & 0xffffu;
@@ -161,6 +236,9 @@ inline void umma_execute(const UmmaOp& op) {
       double acc = 0.0;
       for (int k = 0; k < ksteps; ++k)
         acc += double(desc_elem(a, r, k, id.trans_a, id.type)) * double(desc_elem(b, c, k, id.trans_b, id.type));
+      if (scaled)
+        acc *= ue8m0_value(scale_byte(op.sfa & 0xffffu, r, mx.sfa_id, "A")) *
+               ue8m0_value(scale_byte(op.sfb & 0xffffu, c, mx.sfb_id, "B"));
       float& dst = g_tmem.cells[lane][col0 + c];
       dst = float((op.accumulate ? double(dst) : 0.0) + acc);
     }
@@ -169,14 +247,32 @@ inline void umma_execute(const UmmaOp& op) {
 }
 
 inline void tcgen05_mma(uint32_t d, uint64_t desc_a, uint64_t desc_b, uint32_t idesc, int accumulate,
-                        UmmaKind kind) {
+                        UmmaKind kind, uint32_t sfa = 0, uint32_t sfb = 0) {
   const Idesc id = decode_idesc(idesc, kind);
   Lock g(g_tmem.mu);
   const uint32_t col0 = d & 0xffffu;
   if (!tmem_allocated_locked(col0, uint32_t(id.n)))
     fail("tcgen05.mma: accumulator columns %u..%u are not allocated tensor memory", col0, col0 + id.n - 1);
+  if (kind == UMMA_MXF8F6F4 && ((sfa >> 16) || (sfb >> 16)))
+    fail("tcgen05.mma block_scale: scale-factor addresses 0x%x / 0x%x must start at lane 0", sfa, sfb);
   for (int c = 0; c < id.n; ++c) g_tmem.pending[col0 + c] += 1;
-  g_tmem.issued.push(UmmaOp{d, desc_a, desc_b, idesc, accumulate != 0, kind});
+  UmmaOp op{d, desc_a, desc_b, idesc, accumulate != 0, kind};
+  op.sfa = sfa;
+  op.sfb = sfb;
+  g_tmem.issued.push(op);
+}
+
+// tcgen05.cp.cta_group::1.32x128b.warpx4: 32 rows x 16 bytes of shared memory into columns
+// taddr .. taddr + 3 of lanes r, 32 + r, 64 + r and 96 + r; queued in order with the MMAs.
+inline void tcgen05_cp_32x128b_warpx4(uint32_t taddr, uint64_t sdesc) {
+  if (taddr >> 16) fail("tcgen05.cp .32x128b.warpx4: destination 0x%x must start at lane 0", taddr);
+  if ((sdesc >> 61) & 7u) fail("tcgen05.cp: only an unswizzled source descriptor is emulated");
+  decode_umma_desc(sdesc, "the tcgen05.cp source");
+  Lock g(g_tmem.mu);
+  const uint32_t col0 = taddr & 0xffffu;
+  if (!tmem_allocated_locked(col0, 4)) fail("tcgen05.cp: columns %u..%u are not allocated tensor memory", col0, col0 + 3);
+  for (int c = 0; c < 4; ++c) g_tmem.pending[col0 + c] += 1;
+  g_tmem.issued.push(UmmaOp{taddr, sdesc, 0, 0, false, UMMA_CP_32X128B_WARPX4});
 }
 
 struct UmmaBatchRef {
@@ -271,6 +367,13 @@ KF_DEVICE void tcgen05_mma_f16(uint32_t d_tmem, uint64_t desc_a, uint64_t desc_b
 KF_DEVICE void tcgen05_mma_f8f6f4(uint32_t d_tmem, uint64_t desc_a, uint64_t desc_b, uint32_t idesc,
                                   int accumulate) {
   kf_emu::tcgen05_mma(d_tmem, desc_a, desc_b, idesc, accumulate, kf_emu::UMMA_F8F6F4);
+}
+KF_DEVICE void tcgen05_mma_mxf8f6f4_block_scale(uint32_t d_tmem, uint64_t desc_a, uint64_t desc_b, uint32_t idesc,
+                                                uint32_t sfa_tmem, uint32_t sfb_tmem, int accumulate) {
+  kf_emu::tcgen05_mma(d_tmem, desc_a, desc_b, idesc, accumulate, kf_emu::UMMA_MXF8F6F4, sfa_tmem, sfb_tmem);
+}
+KF_DEVICE void tcgen05_cp_32x128b_warpx4(uint32_t taddr, uint64_t sdesc) {
+  kf_emu::tcgen05_cp_32x128b_warpx4(taddr, sdesc);
 }
 KF_DEVICE void tcgen05_commit(uint64_t* bar) { kf_emu::tcgen05_commit(bar); }
 KF_DEVICE void tmem_wait_ld() {}

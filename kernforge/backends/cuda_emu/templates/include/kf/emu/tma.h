@@ -95,7 +95,9 @@ inline void perform_tma_copy(const unsigned char* payload) {
   }
 }
 
-inline void tma_load(void* dst, const CUtensorMap* map, const int32_t* coords, const void* bar) {
+// The checked copy of one TMA load (tma_load attaches it to its barrier; a multicast into a
+// peer CTA performs it at once, kf/emu/cluster.h); `bytes` receives the box's size.
+inline TmaCopy tma_copy(void* dst, const CUtensorMap* map, const int32_t* coords, int64_t* bytes) {
   TmaCopy t;
   std::memcpy(&t.d, map, sizeof t.d);
   const TensorMapDesc& d = t.d;
@@ -105,9 +107,15 @@ inline void tma_load(void* dst, const CUtensorMap* map, const int32_t* coords, c
     fail("cp.async.bulk.tensor: shared destination must be 128-byte aligned (1024 with a swizzle)");
   t.count = 1;
   for (uint32_t i = 0; i < d.rank; ++i) t.count *= d.box[i];
-  const int64_t bytes = t.count * d.elem_bytes;
-  if (t.base + bytes > int64_t(smem_size())) fail("cp.async.bulk.tensor: box does not fit in shared memory");
+  *bytes = t.count * d.elem_bytes;
+  if (t.base + *bytes > int64_t(smem_size())) fail("cp.async.bulk.tensor: box does not fit in shared memory");
   for (uint32_t i = 0; i < 5; ++i) t.c[i] = i < d.rank ? coords[i] : 0;
+  return t;
+}
+
+inline void tma_load(void* dst, const CUtensorMap* map, const int32_t* coords, const void* bar) {
+  int64_t bytes = 0;
+  const TmaCopy t = tma_copy(dst, map, coords, &bytes);
   mbarrier_attach_copy(bar, perform_tma_copy, t, bytes);
 }
 

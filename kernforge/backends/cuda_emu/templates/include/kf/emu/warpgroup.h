@@ -17,7 +17,8 @@
 //  * .dec returns registers to the pool at once; .inc blocks until the pool holds them
 //    (as the hardware does), so a block whose counts can never fit 64K times out with a
 //    message naming setmaxnreg.
-// State is per block, reset before every block.
+// State is per block (per CTA of a cluster launch: each CTA has its own barriers and register
+// file), reset before every block.
 #pragma once
 #include <cstdint>
 
@@ -51,7 +52,8 @@ struct WarpgroupState {
   int64_t used = 0;                // registers held by the block's warpgroups
   std::atomic<uint32_t> released{0};  // bumped by every .dec (an .inc waiting for room re-checks)
 };
-static WarpgroupState g_warpgroups;
+static WarpgroupState g_warpgroups[kMaxCluster];
+inline WarpgroupState& my_warpgroups() { return g_warpgroups[ctx().cta_rank]; }
 
 inline int32_t initial_regs(uint32_t nthreads) {
   const int64_t share = kRegisterFile / nthreads / 8 * 8;
@@ -59,29 +61,32 @@ inline int32_t initial_regs(uint32_t nthreads) {
 }
 
 inline void warpgroup_reset() {
-  WarpgroupState& s = g_warpgroups;
   const uint32_t n = current_block()->nthreads;
-  for (auto& b : s.bars) {
-    b.expected = b.arrived = 0;
+  for (WarpgroupState& s : g_warpgroups) {
+    for (auto& b : s.bars) {
+      b.expected = b.arrived = 0;
+    }
+    for (auto& w : s.wg) {
+      w.arrived = 0;
+      w.regs = initial_regs(n);
+    }
+    s.used = int64_t(initial_regs(n)) * n;
   }
-  for (auto& w : s.wg) {
-    w.arrived = 0;
-    w.regs = initial_regs(n);
-  }
-  s.used = int64_t(initial_regs(n)) * n;
 }
 
 inline void warpgroup_wake() {
-  for (auto& b : g_warpgroups.bars) {
-    b.gen.fetch_add(1);
-    futex_wake(&b.gen);
+  for (WarpgroupState& s : g_warpgroups) {
+    for (auto& b : s.bars) {
+      b.gen.fetch_add(1);
+      futex_wake(&b.gen);
+    }
+    for (auto& w : s.wg) {
+      w.gen.fetch_add(1);
+      futex_wake(&w.gen);
+    }
+    s.released.fetch_add(1);
+    futex_wake(&s.released);
   }
-  for (auto& w : g_warpgroups.wg) {
-    w.gen.fetch_add(1);
-    futex_wake(&w.gen);
-  }
-  g_warpgroups.released.fetch_add(1);
-  futex_wake(&g_warpgroups.released);
 }
 
 inline void named_barrier_sync(int id, int count) {
@@ -91,7 +96,7 @@ inline void named_barrier_sync(int id, int count) {
   if (count <= 0 || count % kWarpSize || uint32_t(count) > n)
     fail("bar.sync %d, %d: the thread count must be a positive multiple of 32 and at most the block's %u", id,
          count, n);
-  NamedBarrierState& b = g_warpgroups.bars[id];
+  NamedBarrierState& b = my_warpgroups().bars[id];
   uint32_t g;
   {
     Lock l(b.mu);
@@ -128,7 +133,7 @@ inline void wait_within(std::atomic<uint32_t>& w, uint32_t old, int64_t timeout_
 
 // Applied once per warpgroup instruction, by its last-arriving thread.
 inline void setmaxnreg_apply(WarpgroupRegs& w) {
-  WarpgroupState& s = g_warpgroups;
+  WarpgroupState& s = my_warpgroups();
   for (;;) {
     uint32_t seen;
     {
@@ -158,7 +163,7 @@ inline void setmaxnreg(bool inc, int count) {
   const uint32_t n = ctx().block->nthreads;
   if (n % kWarpgroup) fail("setmaxnreg.%s %d: the block's %u threads are not whole warpgroups", act, count, n);
   const uint32_t wg = ctx().tid / kWarpgroup;
-  WarpgroupRegs& w = g_warpgroups.wg[wg];
+  WarpgroupRegs& w = my_warpgroups().wg[wg];
   uint32_t g;
   bool last;
   {

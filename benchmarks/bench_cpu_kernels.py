@@ -75,7 +75,10 @@ def cpu_tiles(M: int, N: int, K: int, dtype: str = "float32") -> tuple[int, int,
       the B tile (64 KB) and C (64 KB) stay in a 512 KB L2); bf16 on AVX512-BF16 256 x 128 x 256:
       half the float32 C tile reads and writes per FLOP of the 128-deep step, and half the B
       tile copies per row (Zen 4, one thread, CPU time against torch: 1.09 / 1.10 / 0.97 / 1.01x
-      at 256-2048^3 against 1.04 / 1.03 / 0.94 / 0.95x with 128^3);
+      at 256-2048^3 against 1.04 / 1.03 / 0.94 / 0.95x with 128^3); up to 512 rows since the GEMM
+      packs B from its source once per row tile (``kf::gemm_bf16_nn``): at 512^3 one pack per B
+      tile instead of two (1.01 / 1.05x against 1.00 / 0.98x with 256 rows; 1024^3 and 2048^3
+      unchanged);
     * decode rows (M <= 16): the whole M, 2048 columns and 8-deep K steps: B is read in place
       as 8 contiguous 8 KB row segments per step, which the prefetcher streams, and two column
       blocks keep two threads busy;
@@ -85,7 +88,7 @@ def cpu_tiles(M: int, N: int, K: int, dtype: str = "float32") -> tuple[int, int,
     if M <= 64:
         return M, 128, 128
     if dtype == "bfloat16" and isa.default_path() in isa.NATIVE_BF16:
-        return min(M, 256), 128, 256
+        return min(M, 512), 128, 256
     return 128, 128, 128
 
 

@@ -435,3 +435,56 @@ def test_guarded_pairs_read_in_place_only_when_every_read_is_paired(unpaired_rea
         if unpaired_read:  # rows 8-15 of a block repeat rows 0-7
             want = torch.cat([torch.cat([blk[:8], blk[:8]])[:blk.shape[0]] for blk in want.split(16)])
         assert torch.allclose(c.double(), want, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- bf16 B packed from its source
+BF16_NATIVE = pytest.mark.skipif("avx512bf16" not in isa.compiler_paths(),
+                                 reason="the C++ compiler does not target avx512bf16 on this machine")
+
+
+@pytest.mark.parametrize("path", isa.PATHS)
+def test_many_row_bf16_gemm_reads_b_from_its_source_only_where_it_packs_b(path):
+    """On the paths that multiply bf16 natively the layout pass drops an N-major bf16 B tile's copy
+    for any number of rows: ``kf::gemm_bf16_nn`` packs B into (k, k+1) pairs from the global rows
+    itself (the copy was a second pass over the same bytes).  Elsewhere the copy stays (it widens
+    B to float32 once), and a tile that two GEMMs read keeps it on every path."""
+    src = CpuRenderer().render(gemm_kernel(64, 256, 128, 64, 128, 64, "bfloat16", "float32", False, False).ir,
+                               Target("cpu", path)).source
+    gemm = next(line for line in src.splitlines() if "kf::gemm<" in line)
+    assert ("(B + " in gemm) == (path in isa.NATIVE_BF16), gemm
+    assert ("B_s[" in src) == (path not in isa.NATIVE_BF16)
+    shared = CpuRenderer().render(attention_kernel(64, 64, 128).ir, Target("cpu", path)).source
+    assert "K_s[" in shared
+
+
+@BF16_NATIVE
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(M=st.integers(17, 60), tiles=st.sampled_from([(24, 40, 13), (17, 16, 8), (20, 96, 7), (32, 33, 10),
+                                                      (18, 128, 31), (40, 80, 2)]),
+       n_tiles=st.integers(1, 3), k_tiles=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_bf16_b_packed_from_its_source_matches_float64(M, tiles, n_tiles, k_tiles, seed):
+    """``kf::gemm_bf16_nn`` (more than 16 rows, B read in place from a wider matrix, or N not whole
+    16-column vectors): 32-column groups interleaved by VPERMT2W, a column tail word by word, columns
+    past N zero, odd K (a last k without a partner), panels of 64 columns and a narrower last one,
+    partial 6-row blocks; global N and K are whole tiles, so B's copies are all in bounds and
+    dropped, while a ragged M keeps A's."""
+    bm, bn, bk = tiles
+    check("avx512bf16", M, bn * n_tiles, bk * k_tiles, bm, bn, bk, "bfloat16", False, False, seed)
+
+
+@BF16_NATIVE
+def test_bf16_b_packed_gives_the_bits_of_b_read_in_place():
+    """Packed (24-row tile: gemm_bf16_nn) and in place (8-row tile: gemm_bf16_direct), a row sums the
+    same (k, k+1) pair products in the same order and adds them to C once: equal bits, so a row's
+    result does not depend on how many rows its tile has (the engine's deterministic mode)."""
+    g = torch.Generator().manual_seed(11)
+    M, N, K = 24, 96, 70
+    a, b = torch.randn(M, K, generator=g).bfloat16(), torch.randn(K, N, generator=g).bfloat16()
+    out = {}
+    for bm in (8, 24):
+        out[bm] = torch.full((M, N), float("nan"))
+        kern = gemm_kernel(M, N, K, bm, 32, 35, "bfloat16", "float32", False, False)
+        kernforge.compile(kern, backend="cpu", arch="avx512bf16")(a, b, out[bm])
+    assert torch.equal(out[8], out[24])
+    want = a.double() @ b.double()
+    assert (out[24].double() - want).abs().max() <= 1e-5 * (a.double().abs() @ b.double().abs()).max() * K

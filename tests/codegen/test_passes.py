@@ -18,6 +18,7 @@ from kernforge import dtypes
 from kernforge.codegen import arith, ir
 from kernforge.codegen.passes import (PassError, edge_conditions, expr_range, lifetimes, lower_copies,
                                       nonneg_vars, plan_memory, proves, run_pipeline, simplify, var_ranges)
+from kernforge.codegen.passes.gemm_layout import gemm_operand_layout
 from kernforge import backends
 
 FEW = settings(max_examples=15, deadline=None)
@@ -317,3 +318,44 @@ def test_append_recogniser_accepts_only_the_exact_idiom(variant, matched, traili
     if matched:
         assert found.needs_trailing_counter == trailing
         assert len(found.stores) == (2 if variant == "in_place" else 1)
+
+
+# ---------------------------------------------------------------- GEMM operand layout
+
+
+def tiled_bf16_gemm(twice: bool = False):
+    """C = A @ B in 32 x 64 x 16 tiles, B N-major bf16 (``twice``: a second GEMM reads B's tile)."""
+    @T.prim_func
+    def main(A: T.Tensor((64, 48), "bfloat16"), B: T.Tensor((48, 128), "bfloat16"), C: T.Tensor((64, 128), "float32")):
+        with T.Kernel(2, 2, threads=32) as (bx, by):
+            a_s = T.alloc_shared((32, 16), "bfloat16")
+            b_s = T.alloc_shared((16, 64), "bfloat16")
+            acc = T.alloc_fragment((32, 64), "float32")
+            T.clear(acc)
+            for k in T.serial(3):
+                T.copy(A[by * 32, k * 16], a_s)
+                T.copy(B[k * 16, bx * 64], b_s)
+                T.gemm(a_s, b_s, acc)
+                if twice:
+                    T.gemm(a_s, b_s, acc)
+            T.copy(acc, C[by * 32, bx * 64])
+    return main
+
+
+@pytest.mark.parametrize("packed, twice, b_in_place", [((), False, False), ((dtypes.bfloat16,), False, True),
+                                                       ((dtypes.bfloat16,), True, False)])
+def test_packed_b_reads_a_many_row_b_in_place_and_keeps_the_values(packed, twice, b_in_place):
+    """``packed_b`` (a target whose micro-kernel packs an N-major B itself) drops a B tile's copy for
+    a 32-row GEMM, which ``direct_b_rows`` (16) alone keeps, but not for a tile that two GEMMs read;
+    A's copy goes either way.  The interpreter gives the same bits before and after."""
+    k = tiled_bf16_gemm(twice).ir
+    out = gemm_operand_layout(k, widen=(), direct=True, k_major_b=(dtypes.bfloat16,), packed_b=packed)
+    gemms = nodes(out, ir.Gemm)
+    assert all(g.a.buffer.scope == ir.Scope.GLOBAL for g in gemms)
+    assert all((g.b.buffer.scope == ir.Scope.GLOBAL) == b_in_place for g in gemms)
+    assert len(nodes(out, ir.Copy)) == (1 if b_in_place else 2)  # C's write-back (+ B's copy)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 48)).astype(dtypes.bfloat16.np_dtype)
+    b = rng.standard_normal((48, 128)).astype(dtypes.bfloat16.np_dtype)
+    c = np.full((64, 128), np.nan, np.float32)
+    assert np.array_equal(interp(out, [a, b, c], [])[2], interp(k, [a, b, c], [])[2])

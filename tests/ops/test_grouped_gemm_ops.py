@@ -171,3 +171,36 @@ def test_fp8_accepts_mn_major_scales():
     assert mn_major.stride(-2) == 1
     ops.m_grouped_fp8_gemm_nt_contiguous((a8, mn_major), b8, d2, m_indices, backend="interp")
     assert torch.equal(d, d2)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.values[0] == "cpu"])
+def test_cpu_team_splits_the_n_tiles_only_for_a_skewed_layout(backend, monkeypatch):
+    """At 2 threads the masked op asks for one run of N tiles per thread (``n_splits``) when the first
+    half of the groups (the first guided chunk) holds over 3% more than half of ``masked_m``; an even
+    enough layout keeps one run (the split costs locality), and so does the contiguous op whatever
+    its layout.  The results stay correct either way."""
+    from kernforge.backends.cpu import threads
+
+    seen = []
+    real = ops._kernel
+    monkeypatch.setattr(ops, "_kernel", lambda factory, be, **p: seen.append(p) or real(factory, be, **p))
+    before = threads.num_threads()
+    threads.set_num_threads(2)
+    try:
+        for rows, split in (([64, 64, 9, 0], 1), ([40, 40, 40, 40], 1)):
+            a, b, d, m_indices = operands(rows, n=256, k=64)  # 2 N tiles of 128
+            ops.m_grouped_bf16_gemm_nt_contiguous(a, b, d, m_indices, backend=backend)
+            check(d, a, b, m_indices)
+            assert seen[-1]["n_splits"] == split, rows
+        for masked, split in (([60, 5, 0, 3], 2), ([20, 20, 20, 20], 1)):
+            a = torch.randn(4, 64, 64).bfloat16()
+            b = torch.randn(4, 256, 64).bfloat16()
+            d = torch.full((4, 64, 256), float("nan"), dtype=torch.bfloat16)
+            ops.m_grouped_bf16_gemm_nt_masked(a, b, d, torch.tensor(masked, dtype=torch.int32), 16, backend=backend)
+            for g, r in enumerate(masked):
+                want = a[g, :r].double() @ b[g].double().T
+                assert (d[g, :r].double() - want).abs().max() <= 2e-2 * max(1.0, float(want.abs().max())) if r else True
+                assert torch.isnan(d[g, r:].float()).all()
+            assert seen[-1]["n_splits"] == split, masked
+    finally:
+        threads.set_num_threads(before)

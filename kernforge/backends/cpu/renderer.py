@@ -12,7 +12,9 @@ How each construct maps onto a CPU (see docs/backends/cpu.md):
 * ``Copy``/``Fill`` are lowered by ``passes.masks`` into element maps with a
   whole-tile bounds test in front (unmasked fast path for interior tiles);
 * ``Parallel`` is a loop nest whose innermost loop carries ``#pragma omp simd``
-  when its body is only stores and branches (iterations are independent);
+  when its body is only stores and branches (iterations are independent); one that only
+  stores zero over a long contiguous run of global memory is a non-temporal fill
+  (``kf::zero_stream``, :meth:`CpuRenderer.stream_zero`);
 * ``Gemm``/``Reduce``/``Cumsum`` call the templates of ``kf/gemm.h`` and
   ``kf/tile.h`` with every shape and stride as a compile-time constant;
 * ``Atomic`` on a global buffer is a real atomic (blocks run concurrently);
@@ -21,7 +23,9 @@ How each construct maps onto a CPU (see docs/backends/cpu.md):
 from __future__ import annotations
 
 import functools
+import math
 import os
+from typing import Optional
 
 import jinja2
 
@@ -31,6 +35,7 @@ from kernforge.codegen.passes import (Analysis, buffer_bytes, lower_copies, nonn
                                       simplify_expr)
 from kernforge.codegen.passes.append import AppendLoop, match_append
 from kernforge.backends.cpu import isa
+from kernforge.backends.templates import environment as template_environment
 from kernforge.codegen.passes.checks import insert_checks
 from kernforge.codegen.passes.gemm_layout import NARROW, layout_for
 from kernforge.codegen.passes.ranges import statements
@@ -42,6 +47,9 @@ INCLUDE_DIR = os.path.join(TEMPLATE_DIR, "include")
 ERR_GRID = 1  # a grid dimension is negative or does not fit int32
 ERR_ALLOC = 2  # a thread could not allocate its arena
 ERR_CHECK = 3  # checked mode: an access was out of bounds (the violation record says which)
+#: a zero-storing map over at least this many contiguous bytes of global memory is a
+#: non-temporal fill (CpuRenderer.stream_zero): one 4 KB page, a bf16 row of 2048
+STREAM_MIN_BYTES = 4096
 
 
 class CpuRenderer(CRenderer, Renderer):
@@ -106,10 +114,11 @@ class CpuRenderer(CRenderer, Renderer):
         widen = tuple(d for d in NARROW if not (path in isa.NATIVE_BF16 and d in self.native_bf16_dtypes))
         # avx512bf16 reads a K-major (nt) bf16 B as (k, k+1) words: kf::gemm_bf16_nt
         k_major = (dtypes.bfloat16,) if path in isa.NATIVE_BF16 else ()
-        # ... and stores fp8 operand tiles as bf16 (exact), converted once by their copy
+        # ... and stores fp8 operand tiles as bf16 (exact), converted once by their copy; an N-major bf16
+        # B is read in place by any rows: kf::gemm_bf16_nn packs it into (k, k+1) pairs from the source
         to_bf16 = (dtypes.float8_e4m3,) if path in isa.NATIVE_BF16 else ()
-        transforms = self.transforms[:1] + (layout_for(widen, direct=True, k_major_b=k_major, to_bf16=to_bf16),) + \
-            self.transforms[1:]
+        layout = layout_for(widen, direct=True, k_major_b=k_major, to_bf16=to_bf16, packed_b=k_major)
+        transforms = self.transforms[:1] + (layout,) + self.transforms[1:]
         if target.checks:
             transforms = transforms[:2] + (insert_checks,) + transforms[2:]
         # warp shuffles first: the CPU runs a thread region as a loop, split at each shuffle
@@ -138,7 +147,10 @@ class CpuRenderer(CRenderer, Renderer):
         self.scratch: list[str] = []
         written = {n.buffer for n in statements(k.body) if isinstance(n, (ir.Store, ir.Atomic))}
         body: list[str] = []
+        self.streamed = False
         self.stmt(k.body, body, 0)
+        if self.streamed:   # non-temporal stores are weakly ordered: drain them before the barrier
+            body.append("kf::stream_fence();")
         rank = len(k.grid)
         grid_names = [f"kf_grid{d}" for d in range(rank)]
         return _environment(self.template_dir).get_template(self.template).render({
@@ -272,6 +284,11 @@ class CpuRenderer(CRenderer, Renderer):
         out.append(pad + "}")
 
     def stmt_Parallel(self, s: ir.Parallel, out, pad, depth):
+        stream = self.stream_zero(s)
+        if stream is not None:
+            out.append(f"{pad}{stream};")
+            self.streamed = True
+            return
         # ``omp simd`` over stores and branches, except a store under an ``if`` with no ``else``:
         # g++ 12 (its dominator optimisations) drops such a masked store when the condition
         # reads a variable of the enclosing ``omp for``, i.e. every edge tile's masked write-back
@@ -290,6 +307,38 @@ class CpuRenderer(CRenderer, Renderer):
             out.append("  " * (depth + level) + "}")
         for key in hoisted:
             del self.invariant[key]
+
+    def stream_zero(self, s: ir.Parallel) -> Optional[str]:
+        """``kf::zero_stream(&buf[start], count)`` for a map whose body only stores zero into a
+        global buffer over one contiguous run of at least ``STREAM_MIN_BYTES``: indices
+        ``(..., v)`` over part of a row, or ``(..., x + r, c)`` with ``c`` over whole rows,
+        the leading indices free of the map's variables.  Non-temporal stores write such a run
+        without first reading it into the cache (kf/stream.h says why); anything else (a
+        guard, a non-zero value, a strided or short run) is None, an ordinary loop."""
+        st = s.body
+        if (not isinstance(st, ir.Store) or st.buffer.scope != ir.Scope.GLOBAL or not _is_zero(st.value)
+                or len(s.vars) > 2 or len(st.indices) < len(s.vars)):
+            return None
+        buf, idx, vs = st.buffer, st.indices, s.vars
+        count = 1
+        for e in s.extents:
+            count *= e
+        if count * buf.dtype.itemsize < STREAM_MIN_BYTES or idx[-1] is not vs[-1] or not _is(buf.strides[-1], 1):
+            return None
+        start = list(idx[:-1]) + [ir.const(0)]
+        if len(vs) == 2:
+            row, cols = idx[-2], s.extents[1]
+            if not (_is(buf.shape[-1], cols) and _is(buf.strides[-2], cols)):
+                return None
+            if row is vs[0]:
+                start[-2] = ir.const(0)
+            elif isinstance(row, ir.Binary) and row.op == ir.Op.ADD and row.b is vs[0]:
+                start[-2] = row.a
+            else:
+                return None
+        if any(n is v for e in start for n in ir.walk(e) for v in vs):
+            return None
+        return f"kf::zero_stream(&{self.names[buf]}[{self.offset(buf, start)}], (int64_t){count})"
 
     def hoist_invariant_loads(self, s: ir.Parallel, out: list[str], pad: str) -> list[int]:
         """Evaluate, once before the loop nest, the subexpressions of ``s`` that read
@@ -447,6 +496,16 @@ class CpuRenderer(CRenderer, Renderer):
 
 @functools.lru_cache(maxsize=None)
 def _environment(template_dir: str = TEMPLATE_DIR) -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(template_dir), undefined=jinja2.StrictUndefined,
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                              autoescape=False)
+    return template_environment(template_dir, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                                autoescape=False)
+
+
+def _is(e, value: int) -> bool:
+    return isinstance(e, ir.Const) and e.value == value
+
+
+def _is_zero(e: ir.Expr) -> bool:
+    """A constant whose bits are all zero (``+0.0``, not ``-0.0``), possibly under a cast."""
+    while isinstance(e, ir.Cast):
+        e = e.a
+    return isinstance(e, ir.Const) and e.value == 0 and math.copysign(1.0, e.value) > 0

@@ -37,7 +37,10 @@ kernel's runtime choice among row-tile sizes), is replaced in those GEMMs by the
 region itself.  Always for A (the micro-kernel broadcasts its elements from any stride);
 for B only when few rows use it (``direct_b_rows``): a decode GEMM streams its weight tile
 once, where the copy doubled the traffic, but a B tile that many row blocks reuse is better
-copied into a contiguous tile, clear of the cache-set conflicts of a power-of-two row stride.
+copied into a contiguous tile, clear of the cache-set conflicts of a power-of-two row stride --
+unless the micro-kernel packs such a B itself (``packed_b``: avx512bf16's bf16 B, which
+``kf::gemm_bf16_nn`` packs into its (k, k+1)-pair panels straight from the global rows, so the
+copy was a second pass over the same bytes; only for a tile that one GEMM reads).
 A tile filled by several copies, each followed by the one GEMM reading exactly what it wrote (a
 host kernel's row-ladder rungs), is read in place by those GEMMs in **guarded pairs** (when every
 GEMM read of the tile is in one): ``if (the rows lie inside the tensor) GEMM from global; else copy
@@ -251,7 +254,7 @@ class _Direct(ir.Mutator):
     GEMMs reading the copy's source."""
 
     def __init__(self, kernel: ir.Kernel, direct_b_rows: int, in_place: tuple, k_major_b: frozenset,
-                 paired: Optional[frozenset] = None):
+                 paired: Optional[frozenset] = None, packed_b: frozenset = frozenset()):
         self.uses = _collect(kernel)
         self.paired = paired  # tiles whose (copy, GEMM) pairs are rewritten; None: only count them
         self.paired_reads: dict[ir.Buffer, int] = {}  # GEMM reads of a tile found in such pairs
@@ -267,6 +270,7 @@ class _Direct(ir.Mutator):
         self.table = ranges.var_ranges(kernel)
         self.direct_b_rows = direct_b_rows
         self.k_major_b = k_major_b
+        self.packed_b = packed_b
         self.removed: set = set()
 
     def source(self, copy: ir.Copy, whole: bool = True) -> Optional[ir.Region]:
@@ -318,10 +322,14 @@ class _Direct(ir.Mutator):
 
     def _b_in_place(self, g: ir.Gemm) -> bool:
         """A B tile the micro-kernel reads as it is: a decode GEMM's (few rows) N-major one, or a
-        K-major (``trans_b``) one of a ``k_major_b`` dtype, which the micro-kernel packs per call
-        anyway (so the copy would only move the bytes once more)."""
+        K-major (``trans_b``) one of a ``k_major_b`` dtype, or an N-major one of a ``packed_b``
+        dtype that no other GEMM reads; the micro-kernel packs the last two per call anyway (so the
+        copy would only move the bytes once more)."""
         if g.trans_b:
             return g.b.buffer.dtype in self.k_major_b
+        u = self.uses.get(g.b.buffer)
+        if g.b.buffer.dtype in self.packed_b and u is not None and u.gemm_reads == 1:
+            return True
         return g.a.extents[1 if g.trans_a else 0] <= self.direct_b_rows
 
     def visit_Seq(self, s: ir.Seq):
@@ -398,7 +406,7 @@ class _DropAllocations(ir.Mutator):
 
 
 def gemm_operand_layout(kernel: ir.Kernel, widen=NARROW, direct: bool = False, direct_b_rows: int = 16,
-                        k_major_b=(), to_bf16=()) -> ir.Kernel:
+                        k_major_b=(), to_bf16=(), packed_b=()) -> ir.Kernel:
     """``kernel`` with its GEMM operand tiles re-laid-out (see the module docstring);
     ``widen``: the narrow dtypes to store as float32 (none on a target whose GEMM
     multiplies them natively); ``direct``: let GEMMs read eligible global tiles in place (a
@@ -411,17 +419,19 @@ def gemm_operand_layout(kernel: ir.Kernel, widen=NARROW, direct: bool = False, d
     copy); ``to_bf16``: narrow dtypes every value of which bf16 holds exactly (fp8 e4m3) to store as
     bf16 where the target multiplies bf16 natively, so that the copy converts them once and the GEMM
     takes the bf16 kernels (the tile's orientation is then decided as for bf16), rather than
-    re-converting them in a per-call packing; such tiles are not read in place."""
-    k_major_b, to_bf16 = frozenset(k_major_b), frozenset(to_bf16)
+    re-converting them in a per-call packing; such tiles are not read in place; ``packed_b``: dtypes
+    whose N-major B (read by one GEMM) the target's micro-kernel packs itself, so that it is read in
+    place however many rows use it (avx512bf16's bf16: ``kf::gemm_bf16_nn``)."""
+    k_major_b, to_bf16, packed_b = frozenset(k_major_b), frozenset(to_bf16), frozenset(packed_b)
     if direct:
         in_place = tuple(x for x in NARROW if x not in widen and x not in to_bf16)
         dtypes_ = _DIRECT_DTYPES + in_place
-        count = _Direct(kernel, direct_b_rows, dtypes_, k_major_b)
+        count = _Direct(kernel, direct_b_rows, dtypes_, k_major_b, packed_b=packed_b)
         count.visit(kernel.body)
         # a tile the whole-tile rewrite removes keeps that rewrite
         paired = frozenset(t for t, n in count.paired_reads.items()
                            if n == count.uses[t].gemm_reads and t not in count.removed)
-        d = _Direct(kernel, direct_b_rows, dtypes_, k_major_b, paired)
+        d = _Direct(kernel, direct_b_rows, dtypes_, k_major_b, paired, packed_b)
         body = d.visit(kernel.body)
         if d.removed:
             kernel = kernel.with_body(_DropAllocations(d.removed).visit(body))
@@ -431,10 +441,11 @@ def gemm_operand_layout(kernel: ir.Kernel, widen=NARROW, direct: bool = False, d
     return kernel.with_body(_Rebuffer(table).visit(kernel.body))
 
 
-def layout_for(widen, direct: bool = False, k_major_b=(), to_bf16=()) -> "callable":
+def layout_for(widen, direct: bool = False, k_major_b=(), to_bf16=(), packed_b=()) -> "callable":
     """The pass, named for the pipeline, for a target that widens ``widen`` (and reads
     global GEMM operands in place when ``direct``; keeps ``k_major_b`` transposed B K-major;
-    stores ``to_bf16`` tiles as bf16)."""
+    stores ``to_bf16`` tiles as bf16; reads ``packed_b`` N-major B in place for any rows)."""
     def gemm_layout(kernel: ir.Kernel) -> ir.Kernel:
-        return gemm_operand_layout(kernel, widen, direct, k_major_b=k_major_b, to_bf16=to_bf16)
+        return gemm_operand_layout(kernel, widen, direct, k_major_b=k_major_b, to_bf16=to_bf16,
+                                   packed_b=packed_b)
     return gemm_layout

@@ -14,5 +14,6 @@
 #include "gemm.h"
 #include "vmath.h"
 #include "scalar.h"
+#include "stream.h"
 #include "tile.h"
 #include "types.h"

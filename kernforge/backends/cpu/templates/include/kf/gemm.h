@@ -11,7 +11,9 @@
 //   (codegen/passes/gemm_layout.py) gives operand tiles that layout (and the
 //   compute type) at the T.copy that fills them, so no call packs.  Under
 //   AVX512-BF16 bf16 x bf16 tiles are read in place too (gemm_bf16_direct): B's
-//   (k, k+1) pairs for VDPBF16PS are interleaved in registers as B is loaded.
+//   (k, k+1) pairs for VDPBF16PS are interleaved in registers as B is loaded; a
+//   many-row GEMM's B read from global memory is packed into pair panels straight
+//   from its rows instead (gemm_bf16_nn), which replaces the tile copy.
 // * packed: otherwise both operands are packed per call into zero-padded
 //   compute-type panels (float for fp32/fp16/bf16/fp8, int32 for int8, double
 //   for fp64); under AVX512-BF16 bf16/fp8 operands become (k, k+1) pairs for
@@ -71,6 +73,7 @@
 #endif
 
 #include "convert.h"
+#include "gemm_rows.h"  // few-row bf16 nt GEMM reading A and B in place (gemm_bf16_nt dispatches)
 
 namespace kf {
 
@@ -630,6 +633,7 @@ inline void bf16_nt_block(const kf_bf16* __restrict__ a, const uint32_t* __restr
 template <int M, int N, int K, int A_RS, int A_CS, int B_CS, int C_RS, int C_CS, bool CLEAR, class CS>
 inline void gemm_bf16_nt(const kf_bf16* __restrict__ A, const kf_bf16* __restrict__ B, CS* __restrict__ C,
                          char* scratch) {
+  if constexpr (bf16_rows_applies<M, A_CS>) return gemm_bf16_rows<M, N, K, A_RS, B_CS, C_RS, C_CS, CLEAR>(A, B, C);
   constexpr int NV = N >= 64 ? 4 : (N + 15) / 16, W = NV * 16, K2 = (K + 1) / 2, PANELS = (N + W - 1) / W;
   constexpr int MR = (NV == 4 ? 6 : 8) < M ? (NV == 4 ? 6 : 8) : M;
   uint32_t* bp = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
@@ -648,6 +652,92 @@ inline void gemm_bf16_nt(const kf_bf16* __restrict__ A, const kf_bf16* __restric
   for (int p = 0; p + 1 < PANELS; ++p) panel(std::integral_constant<int, W>{}, p);
   panel(std::integral_constant<int, N - (PANELS - 1) * W>{}, PANELS - 1);
 }
+
+// bf16 x bf16 -> fp32 with B N-contiguous (B_CS == 1) but not a tile of its own: a region of a
+// larger matrix read in place (the layout pass's direct B on this path, passes/gemm_layout.py), whose
+// rows lie a power-of-two stride apart, or an N that is not whole 16-column vectors.  Many row
+// blocks reuse B, so it is packed once per call into the K2 x W panels of in-order (k, k+1) words
+// that gemm_bf16_nt reads, and the row blocks then run bf16_nt_block on them (A in place).  This
+// pack replaces the T.copy that filled a B tile: the same bytes move once, but interleaved into
+// VDPBF16PS's pair layout as they move, so no row block unpacks pairs again, and from the source
+// rows directly, so the copy's second pass over the tile is gone.  Measured on Zen 4 (one thread,
+// 256 x 128 x 256 tiles, benchmarks/bench_cpu_kernels.py): docs/backends/cpu.md.
+inline constexpr int kBf16PackRows = 16;  // more rows than a decode block: B is reused, pack it
+
+// Rows k and k+1 of 32 columns, interleaved into 32 words in column order by two VPERMT2Ws:
+// word n = (row k, column n) in the low half, (row k + 1, column n) in the high half.
+alignas(64) inline constexpr uint16_t kBf16PairIndex[32] = {
+    0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+
+// B (element (k, n) at B[k * B_RS + n]) as K2 x W panels of (k, k+1) words, panel p holding columns
+// [p W, p W + W); columns past N and the k past an odd K are zero.  Whole 32-column groups are
+// vector code (W is a multiple of 16, so each half lands inside one panel), the rest word by word.
+template <int N, int K, int W, int B_RS>
+inline void pack_bf16_nn(const kf_bf16* __restrict__ B, uint32_t* __restrict__ out) {
+  constexpr int K2 = (K + 1) / 2, NP = (N + W - 1) / W * W, N32 = N / 32 * 32;
+  const __m512i lo = _mm512_load_si512(kBf16PairIndex), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  auto at = [&](int kk, int n) { return out + size_t(n / W) * K2 * W + size_t(kk) * W + n % W; };
+  for (int kk = 0; kk < K2; ++kk) {
+    const kf_bf16* r0 = B + int64_t(2 * kk) * B_RS;
+    const kf_bf16* r1 = r0 + B_RS;
+    const bool pair = 2 * kk + 1 < K;  // else row k + 1 is past K: zero, never read
+#pragma GCC unroll 4
+    for (int n = 0; n < N32; n += 32) {
+      const __m512i x = _mm512_loadu_si512(r0 + n), y = pair ? _mm512_loadu_si512(r1 + n) : _mm512_setzero_si512();
+      _mm512_storeu_si512(at(kk, n), _mm512_permutex2var_epi16(x, lo, y));
+      _mm512_storeu_si512(at(kk, n + 16), _mm512_permutex2var_epi16(x, hi, y));
+    }
+    for (int n = N32; n < NP; ++n)
+      *at(kk, n) = n >= N ? 0u : pair ? bf16_bits(r0[n]) | (bf16_bits(r1[n]) << 16) : bf16_bits(r0[n]);
+  }
+}
+
+// Panels of 4 vectors (6 rows: 24 accumulators) when N fills them, as gemm_bf16_nt.  While the full
+// row blocks run, the K x N region below a B read in place (rows K..2K-1: the next step of the usual K loop, whose
+// copy-free GEMM reads it next) is prefetched, an even share of its lines per block: the pack then
+// finds it in cache instead of waiting on each row's lines from L3 or memory (rows a power-of-two
+// stride apart each sit in their own page, which the hardware prefetchers do not cross).  A
+// prefetch is only a hint: past the end of the matrix it reads nothing and cannot fault.
+template <int M, int N, int K, int A_RS, int A_CS, int B_RS, int C_RS, int C_CS, bool CLEAR, class CS>
+inline void gemm_bf16_nn(const kf_bf16* __restrict__ A, const kf_bf16* __restrict__ B, CS* __restrict__ C,
+                         char* scratch) {
+  constexpr int NV = N >= 64 ? 4 : (N + 15) / 16, W = NV * 16, K2 = (K + 1) / 2, PANELS = (N + W - 1) / W;
+  constexpr int MR = (NV == 4 ? 6 : 8) < M ? (NV == 4 ? 6 : 8) : M;
+  constexpr int ROW_LINES = (N * 2 + 63) / 64, BLOCKS = PANELS * (M / MR);
+  constexpr int PER_BLOCK = B_RS == N ? 0 : (K * ROW_LINES + BLOCKS - 1) / BLOCKS;  // none below a tile
+  uint32_t* bp = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
+  pack_bf16_nn<N, K, W, B_RS>(B, bp);
+  // an address, not a pointer into B: the region may lie past B's end
+  const uintptr_t next = reinterpret_cast<uintptr_t>(B) + uintptr_t(int64_t(K) * B_RS * 2);
+  int line = 0;  // of the next region's K * ROW_LINES, row by row
+  auto prefetch = [&] {
+    for (int i = 0; i < PER_BLOCK && line < K * ROW_LINES; ++i, ++line)
+      _mm_prefetch(reinterpret_cast<const char*>(next + uintptr_t(int64_t(line / ROW_LINES) * B_RS * 2 +
+                                                                  (line % ROW_LINES) * 64)),
+                   _MM_HINT_T0);
+  };
+  auto panel = [&](auto ncols, int p) {
+    constexpr int NC = decltype(ncols)::value;
+    const uint32_t* b = bp + size_t(p) * K2 * W;
+    CS* c = C + int64_t(p) * W * C_CS;
+    int i0 = 0;
+    for (; i0 + MR <= M; i0 += MR) {
+      prefetch();
+      bf16_nt_block<MR, NV, K, A_RS, A_CS, C_RS, C_CS, NC, CLEAR>(A + int64_t(i0) * A_RS, b, c + int64_t(i0) * C_RS);
+    }
+    if constexpr (M % MR != 0)
+      bf16_nt_block<M % MR, NV, K, A_RS, A_CS, C_RS, C_CS, NC, CLEAR>(A + int64_t(i0) * A_RS, b,
+                                                                     c + int64_t(i0) * C_RS);
+  };
+  for (int p = 0; p + 1 < PANELS; ++p) panel(std::integral_constant<int, W>{}, p);
+  panel(std::integral_constant<int, N - (PANELS - 1) * W>{}, PANELS - 1);
+}
+
+// Whether a bf16 x bf16 GEMM with B N-contiguous packs B (gemm_bf16_nn) rather than reading it in
+// place (gemm_bf16_direct): B is a region of a wider matrix (B_RS != N) that many rows reuse, or N
+// is not whole vectors (which gemm_bf16_direct needs).
+template <int M, int N, int B_RS>
+inline constexpr bool bf16_packs_b = N % 16 != 0 || (M > kBf16PackRows && B_RS != N);
 #endif
 
 #if KF_ISA >= KF_ISA_AMX
@@ -804,7 +894,11 @@ inline void gemm(const AS* __restrict__ A, const BS* __restrict__ B, CS* __restr
   constexpr bool a_bf16 = std::is_same_v<AS, kf_bf16> || std::is_same_v<AS, kf_fp8e4m3>;
   constexpr bool b_bf16 = std::is_same_v<BS, kf_bf16> || std::is_same_v<BS, kf_fp8e4m3>;
   if constexpr (std::is_same_v<AS, kf_bf16> && std::is_same_v<BS, kf_bf16> && std::is_same_v<T, float> &&
-                B_CS == 1 && N % 16 == 0) {
+                B_CS == 1 && bf16_packs_b<M, N, B_RS>) {
+    gemm_bf16_nn<M, N, K, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B, C, scratch);
+    return;
+  } else if constexpr (std::is_same_v<AS, kf_bf16> && std::is_same_v<BS, kf_bf16> && std::is_same_v<T, float> &&
+                       B_CS == 1) {
     gemm_bf16_direct<M, N, K, A_RS, A_CS, B_RS, C_RS, C_CS, CLEAR>(A, B, C);
     return;
   } else if constexpr (std::is_same_v<AS, kf_bf16> && std::is_same_v<BS, kf_bf16> && std::is_same_v<T, float> &&

@@ -11,7 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernforge
+from kernforge import backends
 from kernforge.kernels import moe_permute as K
+from kernforge.kernels.moe_permute.config import choose_expand
 from kernforge.kernels.check import run_spec
 from kernforge.kernels.moe_permute import problems, reference
 from kernforge.kernels.registry import get
@@ -136,3 +138,63 @@ def test_cuda_sm90a_builds_of_the_op_configurations():
         reports = list(pool.map(lambda pf: build_report(pf.ir, "sm_90a"), kernels))
     for pf, report in zip(kernels, reports):
         assert report["arch"] == "sm_90a" and report["spill_stores"] == 0, (pf.ir.name, report)
+
+
+def test_host_expand_streams_the_padding_and_fences_it():
+    """The host build of expand_to_fused zeroes padding with non-temporal runs (a whole 32-row
+    tile, or one row of a tile that also holds data), ends each block with the store fence,
+    and writes data rows with ordinary stores (they are read next, from cache)."""
+    kernel = K.expand_to_fused(**choose_expand("cpu", 2048, 6, "bfloat16"))
+    src = backends.get("cpu").source(kernel.ir)
+    assert src.count("kf::zero_stream(") == 2 and src.count("kf::stream_fence();") == 1
+    assert "(int64_t)65536)" in src                    # 32 rows x 2048 columns in one run
+    small = backends.get("cpu").source(K.expand_to_fused(hidden=64, num_topk=6).ir)
+    assert small.count("kf::zero_stream(") == 1        # a 128-byte row is too short to stream alone
+
+
+@pytest.mark.parametrize("backend", host_backends("interp", "cpu"))
+def test_expand_zeroes_only_padding_rows(backend):
+    """The zeroing blocks write exactly the rows with ``pos_to_expert < 0``: with no slot
+    mapped (every ``token_topk_to_pos`` -1) the rows of any expert, expert 0 included, keep
+    their poison, whether their 32-row tile is mixed, data throughout, or the partial last
+    one; the padding rows come out +0.0 bits."""
+    n, hidden = 32 * 5 + 7, 2048
+    p2e = torch.full((n,), -1, dtype=torch.int32)
+    p2e[3:5] = 0                    # tile 0: mixed, its largest id 0
+    p2e[32:64] = 7                  # tile 1: data throughout
+    p2e[64 + 31] = 0                # tile 2: one expert-0 row at its end
+    p2e[n - 2] = 3                  # the partial last tile
+    kernel = kernforge.compile(K.expand_to_fused, backend=backend, **choose_expand(backend, hidden, 2, "bfloat16"))
+    out = torch.full((n, hidden), -1, dtype=torch.int16)
+    one = torch.zeros(1, 1)
+    kernel(torch.randn(3, hidden).bfloat16(), one, torch.full((3, 2), -1, dtype=torch.int32), p2e,
+           out.view(torch.bfloat16), one)
+    data = p2e >= 0
+    assert (out[data] == -1).all(), "a data row was written by the zeroing blocks"
+    assert (out[~data] == 0).all()
+
+
+def test_host_streams_only_contiguous_positive_zero_runs():
+    """The renderer's streamed fill (what expand_to_fused's padding uses) takes a +0.0 run of a
+    row; a -0.0 fill (other bits), a strided column and a non-zero value stay ordinary loops,
+    and all four give the right bits."""
+    import kernforge.dsl as T
+
+    @T.prim_func
+    def fills(a: T.Tensor((4, 1024), "float32"), b: T.Tensor((4, 1024), "float32"),
+              c: T.Tensor((1024, 4), "float32"), d: T.Tensor((4, 1024), "float32")):
+        with T.Kernel(4, threads=32) as r:
+            for i in T.Parallel(1024):
+                a[r, i] = T.float32(0.0)
+            for i in T.Parallel(1024):
+                b[r, i] = T.float32(-0.0)
+            for i in T.Parallel(1024):
+                c[i, r] = T.float32(0.0)
+            for i in T.Parallel(1024):
+                d[r, i] = T.float32(1.0)
+
+    assert backends.get("cpu").source(fills.ir).count("kf::zero_stream(") == 1
+    a, b, c, d = (torch.full(s, float("nan")) for s in ((4, 1024), (4, 1024), (1024, 4), (4, 1024)))
+    kernforge.compile(fills, backend="cpu")(a, b, c, d)
+    assert (a.view(torch.int32) == 0).all() and (c.view(torch.int32) == 0).all() and (d == 1).all()
+    assert (b.view(torch.int32) == torch.tensor(-0.0).view(torch.int32)).all()

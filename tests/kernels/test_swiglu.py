@@ -136,13 +136,16 @@ def test_vectorisable_exp_is_within_two_ulps_of_float64(backend):
     float64 exp rounded to float32: at most 2 ulps (of the float32 result; subnormal results
     within 2 of the smallest subnormal), over random values from -110 to 90, the split's edge
     cases (exact integers, values with 12 or fewer significant bits, tiny magnitudes), the
-    overflow and underflow borders and the non-finite inputs."""
+    overflow and underflow borders, the split's own border (|x| = 128) and huge finite inputs
+    (past 2.3e38 the split's product overflows: those gave NaN) and the non-finite inputs."""
     g = torch.Generator().manual_seed(3)
     x = torch.cat([torch.rand(20000, generator=g) * 200 - 110, torch.randn(5000, generator=g) * 1e-3,
                    torch.arange(-104, 89).float(), torch.tensor([0.0, -0.0, 1e-30, -1e-38, 88.72, 88.73, -87.33,
                                                                  -103.2, -103.98, -150.0, -1e5, 1e5, 0.5, -0.5,
-                                                                 1.0 / 3, 44.361419555836, float("inf"),
-                                                                 float("-inf"), float("nan")])])
+                                                                 1.0 / 3, 44.361419555836, 127.99, -127.99, 128.0,
+                                                                 -128.0, 1e30, -1e30, 2.4e38, -2.4e38, 3.4e38,
+                                                                 -3.4e38, float("inf"), float("-inf"),
+                                                                 float("nan")])])
     out = torch.full_like(x, 7.0)
     _exp_kernel(backend)(x, out)
     want64 = x.double().exp()

@@ -431,3 +431,30 @@ def test_expand_without_tokens_still_zeroes_the_padding_rows():
     assert (p2e == -1).all() and t2p.shape == (0, K)
     out, sf = moe.expand_to_fused_with_sf((torch.randn(0, 256).bfloat16(), torch.ones(0, 2)), 128, t2p, p2e)
     assert out.shape == (128, 256) and (out == 0).all() and (sf == 0).all()
+
+
+@pytest.mark.parametrize("backend,t,experts,alignment", [("cpu", 64, 256, 128), ("cpu", 37, 16, 64),
+                                                          ("interp", 9, 32, 128)])
+@pytest.mark.parametrize("hidden", [2048, 2056, 40])
+def test_expand_writes_data_bits_and_all_zero_padding_into_a_poisoned_buffer(backend, t, experts, alignment,
+                                                                              hidden):
+    """V4's routing shape at T = 64 (E = 256, k = 6, alignment 128: 98% of the rows are padding,
+    zeroed on the host a 32-row tile per non-temporal run) and layouts whose data and padding
+    share tiles and whose rows end mid-tile.  The caller's buffer starts with every bit set
+    and one row in, so with hidden 2056 (4112-byte rows) no run starts 64-byte aligned: data
+    rows must hold the token's bits (a -0.0 stays -0.0), padding rows all-zero bits (+0.0),
+    and the rows before and after the N written ones keep their poison."""
+    g = torch.Generator().manual_seed(t + hidden)
+    idx = torch.stack([torch.randperm(experts, generator=g)[:6] for _ in range(t)])
+    idx[torch.rand(idx.shape, generator=g) < 0.1] = -1
+    p2e, p2t, _, t2p, *_ = moe.get_fused_mapping(idx, experts, 0, alignment, backend=backend)
+    n = p2e.numel()
+    x = torch.randn(t, hidden, generator=g).bfloat16()
+    x[:, ::7] = -0.0
+    buf = torch.full((n + 3, hidden), -1, dtype=torch.int16)
+    got = moe.expand_to_fused(x, t2p, p2e, out=buf.view(torch.bfloat16)[1:], backend=backend).view(torch.int16)
+    valid = p2e >= 0
+    assert (~valid).float().mean() > (0.9 if experts == 256 else 0.3)
+    assert torch.equal(got[valid], x.view(torch.int16)[p2t[valid].long()])
+    assert (got[~valid] == 0).all(), "padding rows must be +0.0 bits"
+    assert (buf[0] == -1).all() and (buf[n + 1:] == -1).all()

@@ -171,17 +171,29 @@ def _hidden_tile(hidden: int, block: int) -> int:
     return min(block, hidden)
 
 
+#: rows per zeroing block of :func:`expand_to_fused`: one non-temporal run and one fence for a
+#: whole tile of padding (64 KB of bf16 at hidden 1024, 448 KB at V4's 7168)
+ZERO_ROWS = 32
+
+
 @T.tunable(block=[256, 1024, 2048])
 def expand_to_fused(hidden: int, num_topk: int, dtype: str = "bfloat16", sf_cols: int = 0,
                     sf_dtype: str = "float32", sf_col_major: bool = False, block: int = 1024,
                     threads: int = 128):
     """``expanded_x[token_topk_to_pos[t, j]] = x[t]`` for every slot with a row, and zero
-    rows where ``pos_to_expert < 0`` (padding).  Blocks ``[0, N)`` zero row ``b`` if it is
-    padding; blocks ``[N, N + T)`` copy token ``b - N`` to each of its rows (read once,
-    written ``k`` times).  Rows are moved ``block`` columns at a time.  Zeroing first: on a
-    host, where the blocks run in order, the valid rows are written last and are still in
-    cache for the grouped GEMM or ``reduce_fused`` that reads them next (at T = 64, E = 256,
-    alignment 128 the padding is 87 MB, the valid rows 1.5 MB).
+    rows where ``pos_to_expert < 0`` (padding).  Blocks ``[0, ceil(N / R))`` zero the padding
+    rows of tile ``b`` (rows ``[b R, b R + R)``, ``R = ZERO_ROWS``); blocks after them copy
+    token ``t`` to each of its rows (read once, written ``k`` times), ``block`` columns at a
+    time.  Every row is written once: padding by the zeroing blocks, data by the copies.
+
+    The padding is most of the buffer (T = 64, E = 256, alignment 128: 87 MB of padding, 1.5
+    MB of data), so the zeroing is shaped for bandwidth: a tile that is padding throughout
+    (most are: segments are padding after their first rows) is one contiguous run, which the
+    host renderer writes with non-temporal stores (``kf::zero_stream``: no read for
+    ownership, no eviction of cached lines); a tile with data rows zeroes its padding rows one
+    by one.  Zeroing first: on a host, where the blocks run in order, the data rows are
+    written last and are still in cache for the grouped GEMM or ``reduce_fused`` that reads
+    them next.
 
     ``sf_cols > 0`` moves a scale-factor row ``x_sf [T, sf_cols]`` along with each data
     row (float32 scales, or int32 words of four packed UE8M0 exponents: the words are
@@ -190,7 +202,7 @@ def expand_to_fused(hidden: int, num_topk: int, dtype: str = "bfloat16", sf_cols
     ``[sf_cols, N]`` transpose with a row stride of its own, TMA-aligned by the op)."""
     if hidden <= 0 or num_topk <= 0:
         raise ValueError(f"expand_to_fused: hidden and num_topk must be positive, got {hidden}, {num_topk}")
-    K = num_topk
+    K, R = num_topk, ZERO_ROWS
     BH = _hidden_tile(hidden, block)
     nblk = T.ceildiv(hidden, BH)
     NT = T.symbolic("num_tokens")
@@ -201,6 +213,15 @@ def expand_to_fused(hidden: int, num_topk: int, dtype: str = "bfloat16", sf_cols
     ST, SN = (NT, N) if sf_cols else (T.symbolic("x_sf_rows"), T.symbolic("sf_rows"))
     sf_shape = (SC, SN) if sf_col_major else (SN, SC)
 
+    @T.macro
+    def zero_sf(expanded_sf, p):
+        if sf_cols > 0:
+            for s in T.Parallel(sf_cols):
+                if sf_col_major:
+                    expanded_sf[s, p] = 0
+                else:
+                    expanded_sf[p, s] = 0
+
     @T.prim_func
     def expand_to_fused_kernel(x: T.Tensor((NT, hidden), dtype),
                                x_sf: T.Tensor((ST, SC), sf_dtype),
@@ -208,20 +229,32 @@ def expand_to_fused(hidden: int, num_topk: int, dtype: str = "bfloat16", sf_cols
                                pos_to_expert: T.Tensor((N,), "int32"),
                                expanded_x: T.Tensor((N, hidden), dtype),
                                expanded_sf: T.StridedTensor(sf_shape, (SS, 1), sf_dtype)):
-        with T.Kernel(N + NT, threads=threads) as b:
+        with T.Kernel(T.ceildiv(N, R) + NT, threads=threads) as b:
             row = T.alloc_fragment((BH,), dtype)
-            if b < N:
-                if pos_to_expert[b] < 0:
-                    for i in T.Parallel(hidden):
-                        expanded_x[b, i] = T.cast(0, dtype)
+            if b < T.ceildiv(N, R):
+                # rows past N count as data (not zeroed), so a partial last tile goes row by row
+                pe = T.alloc_fragment((R,), "int32")
+                top = T.alloc_fragment((1,), "int32")
+                for r in T.Parallel(R):
+                    if b * R + r < N:
+                        pe[r] = pos_to_expert[b * R + r]
+                    else:
+                        pe[r] = 0
+                T.reduce_max(pe, top, dim=0)
+                if top[0] < 0:
+                    for r, i in T.Parallel(R, hidden):
+                        expanded_x[b * R + r, i] = T.cast(0, dtype)
                     if sf_cols > 0:
-                        for s in T.Parallel(sf_cols):
-                            if sf_col_major:
-                                expanded_sf[s, b] = 0
-                            else:
-                                expanded_sf[b, s] = 0
+                        for r in T.serial(R):
+                            zero_sf(expanded_sf, b * R + r)
+                else:
+                    for r in T.serial(R):
+                        if pe[r] < 0:
+                            for i in T.Parallel(hidden):
+                                expanded_x[b * R + r, i] = T.cast(0, dtype)
+                            zero_sf(expanded_sf, b * R + r)
             else:
-                t = b - N
+                t = b - T.ceildiv(N, R)
                 for j in T.serial(K):
                     if (token_topk_to_pos[t, j] >= 0) & (token_topk_to_pos[t, j] < N):
                         for c in T.serial(nblk):

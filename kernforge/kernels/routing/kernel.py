@@ -28,15 +28,14 @@ is ``O(E^2)``).  Each pass is two tile reductions: the keys as a ``E/W x W`` til
 * :func:`hash_gate`: V4's hash-routed layers: the experts are ``tid2eid[token_id]`` and the
   weights are those of ``kernforge.model.moe.Gate``.
 
-Scores use ``log1p`` written with Goldberg's trick (``log(u) * z / (u - 1)``), so the
-sqrt-softplus of very negative logits keeps its relative precision as torch's
-``softplus`` does.
+Scores are arithmetic only (no libm calls), so they vectorise on a host: see :func:`_scores`.
 """
 from __future__ import annotations
 
 import math
 
 import kernforge.dsl as T
+from kernforge.kernels import vexp
 
 SCORING_FUNCS = ("sigmoid", "sqrtsoftplus", "softmax")
 #: the multiplier of TileKernels' replica choice ``(ep_rank + token * 23333) mod count``
@@ -91,32 +90,82 @@ def _select(ck, lane, best, sel, n: int, picks: int):
             ck[c, w] = T.where(ck[c, w] == best[0], T.cast(-1, "int64"), ck[c, w])
 
 
-def _log1p(z):
-    """``log(1 + z)`` for ``z >= 0`` without losing small ``z`` (Goldberg): exact where ``1 + z == 1``."""
-    u = 1.0 + z
-    return T.where(u == 1.0, z, T.log(u) * (z / (u - 1.0)))
+#: ``log1p(z) = 2 atanh(s)``, ``s = z / (2 + z)``: the series' coefficients ``1 / (2n + 1)``.
+#: For ``0 <= z <= 1``, ``s <= 1/3``: eleven terms leave ``9**-11 / 23 < 2e-12`` relative.
+_ATANH_TERMS = tuple(1.0 / (2 * n + 1) for n in range(11))
+#: the bit pattern whose halved difference seeds ``1 / sqrt`` of a float64 within 3.5%
+_RSQRT_MAGIC = 0x5FE6EB50C7B537A9
+
+
+def _exp_arg(x):
+    """``x`` clamped to ``[-200, 200]``, where float32 ``exp`` is already 0 or ``inf``, for
+    :func:`~kernforge.kernels.vexp.exp_finite`: its split ``x * log2(e)`` would overflow (a
+    NaN for ``|x| > 2.3e38``, which finite logits reach; ``vexp.exp`` has the same limit)."""
+    return T.min(T.max(x, T.float32(-200.0)), T.float32(200.0))
+
+
+def _log1p_series(s):
+    """``log(1 + z) = 2 atanh(s)`` from ``s = z / (2 + z)`` (float64, ``0 <= z <= 1``): arithmetic
+    only, relative error ~1e-12 at every ``z`` (tiny ``z`` too: ``s ~ z / 2``, nothing cancels)."""
+    t = s * s
+    p = T.float64(_ATANH_TERMS[-1])
+    for c in reversed(_ATANH_TERMS[:-1]):
+        p = c + t * p
+    return 2.0 * s * p
+
+
+def _rsqrt_seed(y):
+    """``1 / sqrt(y)`` within 3.5% for a float64 ``y > 0``: the bit pattern's halved difference
+    from a magic constant (integer arithmetic)."""
+    return T.reinterpret("float64", T.cast(_RSQRT_MAGIC, "int64") - (T.reinterpret("int64", y) >> 1))
+
+
+@T.macro
+def _sqrt_softplus(lg, ex, scores, n: int):
+    """``scores[e] <- sqrt(softplus(lg[0, e]))``, softplus as ``max(x, 0) + log1p(exp(-|x|))``
+    (never overflows), the ``log1p`` and the ``sqrt`` in float64, so the only float32 error is
+    :func:`~kernforge.kernels.vexp.exp_finite`'s (~2 ulps of ``z``, below that after ``log1p`` and
+    ``sqrt``).  The ``sqrt`` is ``y * rsqrt(y)``, four Newton steps from :func:`_rsqrt_seed`
+    (3.5% -> 2e-3 -> 5e-6 -> 4e-11 -> 1e-16) taken of ``y`` clamped to ``[1e-300, 1e300]`` so no
+    step overflows: ``y = 0`` gives 0, ``+inf`` gives ``+inf``.  Each stage stores its result
+    (the DSL inlines expressions: one expression would repeat the series ``3**4`` times)."""
+    sd = T.alloc_fragment((1, n), "float64")
+    yd = T.alloc_fragment((1, n), "float64")
+    rd = T.alloc_fragment((1, n), "float64")
+    for i, e in T.Parallel(1, n):
+        ex[i, e] = vexp.exp_finite(_exp_arg(-T.abs(lg[i, e])))
+    for i, e in T.Parallel(1, n):
+        sd[i, e] = T.cast(ex[i, e], "float64") / (2.0 + T.cast(ex[i, e], "float64"))
+    for i, e in T.Parallel(1, n):
+        # max(x, 0) as (x + |x|) / 2, exact in float64: a float max feeding a float64 sum kept
+        # g++ from vectorising the loop
+        yd[i, e] = 0.5 * (T.cast(lg[i, e], "float64") + T.abs(T.cast(lg[i, e], "float64"))) + _log1p_series(sd[i, e])
+    for i, e in T.Parallel(1, n):
+        sd[i, e] = T.min(T.max(yd[i, e], T.float64(1e-300)), T.float64(1e300))
+        rd[i, e] = _rsqrt_seed(sd[i, e])
+        for _ in range(4):
+            rd[i, e] = rd[i, e] * (1.5 - 0.5 * sd[i, e] * rd[i, e] * rd[i, e])
+        scores[e] = T.cast(yd[i, e] * rd[i, e], "float32")
 
 
 @T.macro
 def _scores(logits, t, lg, ex, stat, scores, n: int, scoring: str):
     """``scores[:n]`` (shared) <- the scores of token ``t``'s logits; ``lg`` keeps the logits.
 
-    sqrt-softplus stores ``exp(-|x|)`` in ``ex`` first: written inline, the expression
-    repeats it four times, and a host compiler keeping ``errno`` calls ``expf`` four times."""
+    Arithmetic only, so the host loops vectorise (the C library's ``expf``, ``logf`` and
+    ``sqrtf`` are calls that keep a loop scalar: the gate spent about a third of routing +
+    permutation there at T = 4096): ``exp`` is :func:`kernforge.kernels.vexp.exp_finite` (~2 ulps),
+    sqrt-softplus is :func:`_sqrt_softplus`."""
     T.copy(logits[t, 0], lg)
     if scoring == "sigmoid":
         for i, e in T.Parallel(1, n):
-            scores[e] = 1.0 / (1.0 + T.exp(-lg[i, e]))
+            scores[e] = 1.0 / (1.0 + vexp.exp_finite(_exp_arg(-lg[i, e])))
     elif scoring == "sqrtsoftplus":
-        # softplus(x) = max(x, 0) + log1p(exp(-|x|)): never overflows
-        for i, e in T.Parallel(1, n):
-            ex[i, e] = T.exp(-T.abs(lg[i, e]))
-        for i, e in T.Parallel(1, n):
-            scores[e] = T.sqrt(T.max(lg[i, e], T.float32(0.0)) + _log1p(ex[i, e]))
+        _sqrt_softplus(lg, ex, scores, n)
     else:
         T.reduce_max(lg, stat, dim=1)
         for i, e in T.Parallel(1, n):
-            ex[i, e] = T.exp(lg[i, e] - stat[0])
+            ex[i, e] = vexp.exp_finite(_exp_arg(lg[i, e] - stat[0]))
         T.reduce_sum(ex, stat, dim=1)
         for i, e in T.Parallel(1, n):
             scores[e] = ex[i, e] / stat[0]

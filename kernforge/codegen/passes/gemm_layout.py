@@ -422,6 +422,8 @@ def gemm_operand_layout(kernel: ir.Kernel, widen=NARROW, direct: bool = False, d
     re-converting them in a per-call packing; such tiles are not read in place; ``packed_b``: dtypes
     whose N-major B (read by one GEMM) the target's micro-kernel packs itself, so that it is read in
     place however many rows use it (avx512bf16's bf16: ``kf::gemm_bf16_nn``)."""
+    if not any(isinstance(n, ir.Gemm) for n in ir.nodes(kernel.body)):
+        return kernel  # nothing to lay out; the in-place analysis walks the body twice (~10 ms on TopK)
     k_major_b, to_bf16, packed_b = frozenset(k_major_b), frozenset(to_bf16), frozenset(packed_b)
     if direct:
         in_place = tuple(x for x in NARROW if x not in widen and x not in to_bf16)

@@ -47,14 +47,21 @@ def key(*parts) -> str:
 
 
 def roots() -> tuple[str, ...]:
-    """The runtime's cache roots (``KERNFORGE_CACHE_DIR``), or none when they are misconfigured:
-    the code cache is an optimisation, so source generation goes on without it (building
-    reports the configuration error)."""
+    """The cache roots (``KERNFORGE_CACHE_DIR``): the default runtime's when it exists, else read
+    from the environment *without* creating it (kernel modules trace, so reach here, at import
+    time; a process that sets ``KERNFORGE_CACHE_DIR`` after its imports, as the pack builder's
+    and the tuner's workers do, must still get its runtime from that setting); none when
+    misconfigured: the code cache is an optimisation, so source generation goes on without it
+    (building reports the configuration error)."""
+    from . import runtime as _runtime
+    from .config import _cache_dirs
     from .errors import ConfigError
-    from .runtime import get_runtime
 
+    made = _runtime._default
+    if made is not None:
+        return made.config.cache_dirs
     try:
-        return get_runtime().config.cache_dirs
+        return _cache_dirs(os.environ)
     except ConfigError:
         return ()
 

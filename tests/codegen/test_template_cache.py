@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 
 import jinja2
 import pytest
@@ -265,3 +267,20 @@ def test_the_backends_render_the_same_source_from_the_cache(roots, monkeypatch):
     finally:
         for _, _, mod in targets:
             mod._environment.cache_clear()
+
+
+def test_tracing_at_import_does_not_fix_the_runtimes_cache_dir(tmp_path):
+    """Kernel modules trace (and read the code cache) when imported; that must not create the
+    default runtime, or a process that sets KERNFORGE_CACHE_DIR after its imports (the pack
+    builder's and the tuner's spawned workers) would build into the directory it inherited."""
+    first, later = tmp_path / "inherited", tmp_path / "chosen"
+    code = ("import os\n"
+            "import kernforge.kernels.topk.kernel\n"
+            "from kernforge.runtime import code_cache, get_runtime\n"
+            f"assert code_cache.roots() == ({str(first)!r},)\n"
+            f"os.environ['KERNFORGE_CACHE_DIR'] = {str(later)!r}\n"
+            f"assert get_runtime().config.cache_dirs == ({str(later)!r},), get_runtime().config.cache_dirs\n"
+            f"assert code_cache.roots() == ({str(later)!r},)\n")
+    env = dict(os.environ, KERNFORGE_CACHE_DIR=str(first))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -14,7 +14,7 @@ place; ``backend=`` picks the kernforge backend (default: by the tensors' device
   the default for packed int scales); FP4 ``b`` per 1x32 (``[N, ceil(K/32)]``).  Each may be
   float32 or UE8M0 packed four per int32 along K (DeepGEMM's SM100 form, byte ``j`` of word
   ``p`` = exponent of scale ``4p + j``), which is unpacked on the host into float32 powers of
-  two (exact) -- except on CUDA backends when both FP8 scales are packed: the kernel then
+  two (exact; byte ``e`` is ``2^(e - 127)`` and 255 is NaN, as the tensor cores read it) -- except on CUDA backends when both FP8 scales are packed: the kernel then
   takes them as they are (``fp8_gemm(sf_format="ue8m0")``, byte ``e`` read as ``2^(e - 127)``,
   255 as NaN, as DeepGEMM's tensor cores read it), which on sm_100a runs block-scaled
   ``tcgen05.mma`` with the factors in tensor memory.  ``sfa`` in DeepGEMM's required layout

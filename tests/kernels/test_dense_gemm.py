@@ -162,6 +162,21 @@ def test_ue8m0_helpers():
     assert torch.equal(G.unpack_ue8m0_from_int(packed, 7), sf)
     with pytest.raises(ValueError, match="powers of two"):
         G.pack_ue8m0_to_int(sf * 1.5)
+    for bad in (0.0, float("inf"), 2.0 ** -127):  # no UE8M0 code means these (0 is 2^-127 to the hardware)
+        with pytest.raises(ValueError, match="powers of two"):
+            G.pack_ue8m0_to_int(torch.tensor([1.0, bad]))
+
+
+def test_ue8m0_codes_unpack_as_the_tensor_cores_read_them():
+    """Every byte e is 2^(e - 127) -- 0 included, a float32 subnormal -- and 255 is NaN, the reading
+    of the CUDA kernels' UE8M0 path (block-scaled tcgen05.mma, `fp8_gemm(sf_format="ue8m0")`), so host
+    and CUDA backends agree on every code."""
+    codes = torch.arange(256, dtype=torch.int64)
+    packed = (codes[0::4] | codes[1::4] << 8 | codes[2::4] << 16 | codes[3::4] << 24)
+    packed = torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
+    got = G.unpack_ue8m0_from_int(packed, 256).double()
+    want = torch.exp2(codes[:255].double() - 127)
+    assert torch.equal(got[:255], want) and torch.isnan(got[255])
     t = G.get_mn_major_tma_aligned_tensor(torch.randn(3, 5, 2))
     assert t.shape == (3, 5, 2) and t.stride() == (16, 1, 8)
 

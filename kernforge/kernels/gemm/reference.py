@@ -125,17 +125,23 @@ def pack_ue8m0_to_int(sf: torch.Tensor) -> torch.Tensor:
     the exponent byte of scale ``4p + j`` (DeepGEMM's SM100 form).  Rejects other values,
     where DeepGEMM's device-side cast would assert."""
     bits = sf.float().contiguous().view(torch.int32)
-    if (bits & 0x807FFFFF).any():
-        raise ValueError("UE8M0 packing needs positive powers of two (quantize with use_ue8m0=True)")
+    exps = (bits >> 23) & 0xFF
+    if (bits & 0x807FFFFF).any() or (exps == 0).any() or (exps == 255).any():
+        raise ValueError("UE8M0 packing needs positive normal powers of two, 2^-126..2^127 "
+                         "(quantize with use_ue8m0=True)")
     k = sf.shape[-1]
-    exps = torch.nn.functional.pad((bits >> 23) & 0xFF, (0, (-k) % 4), value=127)
+    exps = torch.nn.functional.pad(exps, (0, (-k) % 4), value=127)
     exps = exps.unflatten(-1, (-1, 4))
     word = exps[..., 0] | (exps[..., 1] << 8) | (exps[..., 2] << 16) | (exps[..., 3] << 24)
     return word.to(torch.int32).contiguous()
 
 
 def unpack_ue8m0_from_int(packed: torch.Tensor, k: int) -> torch.Tensor:
-    """Inverse of :func:`pack_ue8m0_to_int`: float32 ``[..., k]`` powers of two (exact)."""
+    """Inverse of :func:`pack_ue8m0_to_int`: float32 ``[..., k]`` powers of two (exact), each byte
+    ``e`` read as the tensor cores read UE8M0 -- ``2^(e - 127)``, so 0 is ``2^-127`` (a float32
+    subnormal, not 0.0) and 255 is NaN (not +inf) -- so that host backends and the CUDA kernels
+    (``fp8_gemm(sf_format="ue8m0")``, block-scaled ``tcgen05.mma``) give one result."""
     words = packed.to(torch.int64) & 0xFFFFFFFF
     exps = torch.stack([(words >> (8 * j)) & 0xFF for j in range(4)], dim=-1).flatten(-2)[..., :k]
-    return (exps.to(torch.int32) << 23).view(torch.float32).contiguous()
+    bits = torch.where(exps == 0, 0x00400000, torch.where(exps == 255, 0x7FC00000, exps << 23))
+    return bits.to(torch.int32).view(torch.float32).contiguous()

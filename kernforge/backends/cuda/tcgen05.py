@@ -357,13 +357,7 @@ def render_gemm(R, g: ir.Gemm) -> None:
     R.close()
     R.close()
     R.close()
-    R.emit("kf::tcgen05_commit(kf_mma_bar);")
-    R.close()
-    # every thread waits: the MMAs are done reading this iteration's shared tiles (their ring
-    # stage may be refilled) and, for a read-back, done writing TMEM
-    R.emit("kf::mbarrier_wait_parity(kf_mma_bar, kf_mma_phase);")
-    R.emit("kf_mma_phase ^= 1u;")
-    R.emit("kf::tcgen05_fence_after();")
+    _commit_and_wait(R)
     if live is None:
         _render_read_back(R, g, "=" if g.clear_accum else "+=")
     else:
@@ -419,11 +413,7 @@ def _render_block_scaled(R, g: ir.Gemm, bs: BlockScaled) -> None:
     R.close()
     R.close()
     R.close()
-    R.emit("kf::tcgen05_commit(kf_mma_bar);")
-    R.close()
-    R.emit("kf::mbarrier_wait_parity(kf_mma_bar, kf_mma_phase);")
-    R.emit("kf_mma_phase ^= 1u;")
-    R.emit("kf::tcgen05_fence_after();")
+    _commit_and_wait(R)
     R.emit(f"{live} = 1;")
 
 
@@ -463,3 +453,14 @@ def _render_read_back(R, g: ir.Gemm, op: str, target: Optional[ir.Buffer] = None
     R.close()
     R.close()
     R.close()
+
+
+def _commit_and_wait(R) -> None:
+    """Close the elected thread's issue block with a commit to ``kf_mma_bar``; then every thread
+    waits: the MMAs are done reading this iteration's shared tiles (their ring stage may be
+    refilled) and, for a read-back, done writing TMEM."""
+    R.emit("kf::tcgen05_commit(kf_mma_bar);")
+    R.close()
+    R.emit("kf::mbarrier_wait_parity(kf_mma_bar, kf_mma_phase);")
+    R.emit("kf_mma_phase ^= 1u;")
+    R.emit("kf::tcgen05_fence_after();")

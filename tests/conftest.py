@@ -16,10 +16,34 @@ settings.load_profile("kernforge")
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache_dir(tmp_path_factory):
-    """All tests share one throwaway JIT cache, never the user's."""
+    """All tests share one throwaway JIT cache, never the user's.
+
+    Under pytest-xdist every worker of the run uses the same one (in the run's base temp
+    directory, the parent of the workers' own): a kernel that tests on two workers need is
+    compiled once, not once per worker.  The cache is built for that (per-key ``flock`` build
+    locks, atomic publishes; tests/runtime/test_concurrency.py); tests that count compiles or
+    misses use private roots of their own."""
     if "KERNFORGE_CACHE_DIR" not in os.environ or os.environ.get("CI"):
-        os.environ["KERNFORGE_CACHE_DIR"] = str(tmp_path_factory.mktemp("kf_cache"))
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            shared = tmp_path_factory.getbasetemp().parent / "kf_cache"
+            shared.mkdir(exist_ok=True)
+        else:
+            shared = tmp_path_factory.mktemp("kf_cache")
+        os.environ["KERNFORGE_CACHE_DIR"] = str(shared)
     yield
+
+
+def pytest_collection_modifyitems(items):
+    """Modules holding a ``slow`` test run first, each module's tests still together and in
+    order (so a module-scoped fixture is set up once per worker, as before).
+
+    pytest-xdist hands out tests in collection order; with the long tests early, the last
+    ones to be handed out are short and both workers finish together, instead of one worker
+    spending the end of the run alone on a minute-long test collected last (tests/tilelang,
+    tests/tune).  Every worker computes the same order, which xdist requires."""
+    slow = {item.module.__name__ for item in items
+            if item.get_closest_marker("slow") is not None and getattr(item, "module", None) is not None}
+    items.sort(key=lambda item: getattr(item, "module", None) is None or item.module.__name__ not in slow)
 
 
 HOST_BACKENDS = ("interp", "cpu", "cuda-emu")

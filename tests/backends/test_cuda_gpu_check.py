@@ -89,6 +89,7 @@ def test_grouped_gemms_are_set_against_the_measured_peak(gpu_check):
     assert "no fp8 peak measured" in gpu_check.peak_table(no_fp8)
 
 
+@pytest.mark.slow
 def test_engine_decode_check_runs_the_engine_against_the_reference(gpu_check):
     """The GPU run's engine row, on the CPU engine: verified, timed on both sides."""
     row = gpu_check.engine_decode_check(device="cpu", backend="cpu", prompt=20, decode=2, repeat=2)

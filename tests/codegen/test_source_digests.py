@@ -7,12 +7,15 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import source_digests  # noqa: E402
 
 
+@pytest.mark.slow
 def test_generated_sources_match_the_recorded_digests():
     want = json.loads(source_digests.DIGESTS.read_text())
     got = {key: source_digests.digest(text) for key, text in source_digests.sources()}

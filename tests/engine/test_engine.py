@@ -319,6 +319,7 @@ def test_routing_settings_the_kernel_does_not_compute_are_refused():
             Engine(model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["interp", "cuda-emu"])
 def test_micro_config_on_the_oracle_and_the_emulator(backend):
     """Issue item 4: the engine on `interp` and `cuda-emu`.  tiny() is the micro config: four

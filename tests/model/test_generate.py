@@ -66,6 +66,7 @@ def test_greedy_decode_checks_its_budget():
         greedy_decode(model, [0] * 1000, 30, 1)
 
 
+@pytest.mark.slow
 def test_cli_generate_subcommand(capsys, _one_torch_thread):
     parser = argparse.ArgumentParser(prog="kernforge")
     register(parser.add_subparsers())

@@ -277,6 +277,8 @@ HEAVY = {
     ("gemm/example_gemm.py", "cuda-emu"),            # 1024^3, fixed in main()
     ("quickstart.py", "cuda-emu"),                   # 1024^3, fixed at module level
     ("gemm_splitk/example_tilelang_gemm_splitk.py", "cuda-emu"),  # 1024^3; the atomicadd variant runs
+    # ~55 s of emulation at main's 1024^3: test_splitk_atomic_add_on_cuda_emu runs its kernel smaller
+    ("gemm_splitk/example_tilelang_gemm_splitk_vectorize_atomicadd.py", "cuda-emu"),
     ("online_softmax/online_softmax.py", "cuda-emu"),  # 8192 x 8192, fixed at module level
     ("deepseek_mla/example_mla_decode.py", "cuda-emu"),  # ~50 s of emulation; the paged MLA decode runs
 }
@@ -309,6 +311,32 @@ def test_hadamard_in_a_partial_warp(name, backend):
             pytest.skip(host_backend_skip_reason(name))
     backend.setenv("KERNFORGE_TILELANG_BACKEND", name)
     _script("hadamard_transform/example_hadamard.py", "--batch", "3", "--dim", "64")()
+
+
+@pytest.mark.slow
+def test_splitk_atomic_add_on_cuda_emu(backend):
+    """gemm_splitk/example_tilelang_gemm_splitk_vectorize_atomicadd.py on cuda-emu: its ``matmul``
+    with ``main``'s tiles (128 x 128 x 32, 128 threads), ``split_k=4`` and ``main``'s check, at
+    256 x 256 x 256 instead of ``main``'s fixed 1024^3 (HEAVY).  Four K-slices of two
+    ``block_K`` steps each add their 128 x 128 fragments into the same C tile with the vectorized
+    ``T.atomic_add``, on a 2 x 2 grid of output tiles: a lost or overwriting update, a wrong slice
+    offset or a wrong tile origin fails the check, as at the full size."""
+    from tests.conftest import host_backend_skip_reason
+
+    if host_backend_skip_reason("cuda-emu"):
+        pytest.skip(host_backend_skip_reason("cuda-emu"))
+    backend.setenv("KERNFORGE_TILELANG_BACKEND", "cuda-emu")
+    path = str(HERE / "gemm_splitk/example_tilelang_gemm_splitk_vectorize_atomicadd.py")
+    with script_scope(path):
+        import torch
+
+        g = runpy.run_path(path, run_name="kernforge_vendored")
+        torch.random.manual_seed(42)
+        a = torch.randn(256, 256).cuda().half()
+        b = torch.randn(256, 256).cuda().half()
+        c = torch.zeros(256, 256).cuda().float()
+        g["matmul"](a, b, c, 128, 128, 32, 4)
+        torch.testing.assert_close(c, (a @ b).to(c.dtype), rtol=1e-2, atol=1e-2)
 
 
 @pytest.fixture

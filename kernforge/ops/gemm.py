@@ -17,7 +17,8 @@ place; ``backend=`` picks the kernforge backend (default: by the tensors' device
   two (exact; byte ``e`` is ``2^(e - 127)`` and 255 is NaN, as the tensor cores read it) -- except on CUDA backends when both FP8 scales are packed: the kernel then
   takes them as they are (``fp8_gemm(sf_format="ue8m0")``, byte ``e`` read as ``2^(e - 127)``,
   255 as NaN, as DeepGEMM's tensor cores read it), which on sm_100a runs block-scaled
-  ``tcgen05.mma`` with the factors in tensor memory.  ``sfa`` in DeepGEMM's required layout
+  ``tcgen05.mma`` with the factors in tensor memory (on 128-row tiles whatever M or ``c``: the
+  only block-scaled MMA shape).  ``sfa`` in DeepGEMM's required layout
   (MN-major: ``stride(-2) == 1``, ``stride(-1) >= M``, e.g. TMA-aligned ``align(M, 4)``) goes to
   the kernel without a copy;
   any other layout is converted per call, as DeepGEMM does.  ``sfb`` is made contiguous.
@@ -29,6 +30,9 @@ place; ``backend=`` picks the kernforge backend (default: by the tensors' device
   accumulates in place, otherwise ``d`` is copied from ``c`` first (DeepGEMM's rule).  Both
   dtypes work with every recipe (a superset of DeepGEMM's per-kernel restrictions).
 * ``m == 0`` or ``n == 0``: no-op; ``k == 0``: ``d = c`` or 0.  FP4 ``a`` is not supported.
+* ``arch`` (kernforge's, keyword-only, CUDA backends only): the CUDA arch to build for; default the
+  GPU's on ``cuda`` and the emulator's sm_90a on ``cuda-emu`` (``arch="sm_100a"`` emulates B200's
+  block-scaled path).  See :func:`target_arch`.
 
 ``bf16_gemm_{nt,nn,tn,tt}`` (DeepGEMM's names) take plain bf16 ``a``, ``b`` (no scales) and
 ``fp32_gemm_*`` float32 ones (the float32 model's linears; DeepGEMM has none): same majors,
@@ -61,7 +65,7 @@ FP4 = torch.int8
 
 def fp8_fp4_gemm_nt(a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tensor] = None, recipe=None,
                     recipe_a=None, recipe_b=None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False, *,
-                    backend: Optional[str] = None) -> None:
+                    backend: Optional[str] = None, arch: Optional[str] = None) -> None:
     """``d = [c +] a @ b^T`` for ``a = (data [M, K], sfa)``, ``b = (data [N, K], sfb)``."""
     (a_data, sfa), (b_data, sfb) = pair("a", a), pair("b", b)
     check_flags(compiled_dims, disable_ue8m0_cast)
@@ -87,8 +91,8 @@ def fp8_fp4_gemm_nt(a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tenso
     gran_a, (gran_n, gran_k) = resolve_recipe(recipe, recipe_a, recipe_b, fp4, sfb)
     backend = backends.for_tensor(a_data, backend)
     # DeepGEMM's SM100 form straight to the kernel: no host unpacking, block-scaled MMAs on sm_100a
-    packed = not fp4 and backends.lang(backend) == "cuda" and all(
-        isinstance(sf, torch.Tensor) and sf.dtype == torch.int32 for sf in (sfa, sfb))
+    packed = not fp4 and keep_packed(backend, sfa, sfb)
+    target_arch(backend, arch, resolve=False)  # a bad arch fails here, with the other checks
     sfa = scales("sfa", sfa, (m, -(-k // 128)), keep_packed=packed)
     sfb = scales("sfb", sfb, (-(-n // gran_n), -(-k // gran_k)), keep_packed=packed).contiguous()
     sfa = mn_major(sfa)
@@ -110,35 +114,36 @@ def fp8_fp4_gemm_nt(a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tenso
     if packed:
         variant["sf_format"] = "ue8m0"
     if fp4:
-        kernel = _kernel(kernels.fp8_fp4_gemm, backend, **config.choose(backend, n, k, m, **variant))
+        kernel = _kernel(kernels.fp8_fp4_gemm, backend, **built_for(arch), **config.choose(backend, n, k, m, **variant))
     else:
         variant.update(a_major=a_major, b_major=b_major, gran_n=gran_n)
-        kernel = _kernel(kernels.fp8_gemm, backend, **config.choose(backend, n, k, m, **variant))
+        kernel = _kernel(kernels.fp8_gemm, backend, **built_for(arch),
+                         **config.choose(backend, n, k, m, arch=target_arch(backend, arch, packed), **variant))
     kernel(a_data if a_major == "k" else a_data.t(), sfa, b_data if b_major == "k" else b_data.t(), sfb, d)
 
 
 def fp8_fp4_gemm_nn(a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tensor] = None, recipe=None,
                     recipe_a=None, recipe_b=None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False, *,
-                    backend: Optional[str] = None) -> None:
+                    backend: Optional[str] = None, arch: Optional[str] = None) -> None:
     """``b = (data [K, N], sfb)`` given transposed (scales too): ``nt`` on ``b``'s transpose."""
     fp8_fp4_gemm_nt(a, _transposed("b", b), d, c, recipe, recipe_a, recipe_b, compiled_dims,
-                    disable_ue8m0_cast, backend=backend)
+                    disable_ue8m0_cast, backend=backend, arch=arch)
 
 
 def fp8_fp4_gemm_tn(a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tensor] = None, recipe=None,
                     recipe_a=None, recipe_b=None, compiled_dims: str = "mn", disable_ue8m0_cast: bool = False, *,
-                    backend: Optional[str] = None) -> None:
+                    backend: Optional[str] = None, arch: Optional[str] = None) -> None:
     """``a = (data [K, M], sfa [ceil(K/128), M])`` and ``b = (data [K, N], sfb)`` transposed."""
     fp8_fp4_gemm_nt(_transposed("a", a), _transposed("b", b), d, c, recipe, recipe_a, recipe_b, compiled_dims,
-                    disable_ue8m0_cast, backend=backend)
+                    disable_ue8m0_cast, backend=backend, arch=arch)
 
 
 def fp8_fp4_gemm_tt(a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tensor] = None, recipe=None,
                     recipe_a=None, recipe_b=None, compiled_dims: str = "mn", disable_ue8m0_cast: bool = False, *,
-                    backend: Optional[str] = None) -> None:
+                    backend: Optional[str] = None, arch: Optional[str] = None) -> None:
     """``a = (data [K, M], sfa [ceil(K/128), M])`` transposed, ``b`` as in ``nt``."""
     fp8_fp4_gemm_nt(_transposed("a", a), b, d, c, recipe, recipe_a, recipe_b, compiled_dims,
-                    disable_ue8m0_cast, backend=backend)
+                    disable_ue8m0_cast, backend=backend, arch=arch)
 
 
 fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt = fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt
@@ -385,6 +390,43 @@ def scales(name: str, sf, shape: tuple, keep_packed: bool = False) -> torch.Tens
     return sf if keep_packed else unpack_ue8m0_from_int(sf, shape[-1])
 
 
+def keep_packed(backend: str, sfa, sfb) -> bool:
+    """Whether packed UE8M0 scales go to the kernel as they are (``sf_format="ue8m0"``): both
+    int32, on a backend that generates CUDA.  There the kernel reads DeepGEMM's words itself (sm_100a
+    in the tensor cores, other archs in its promotion), so nothing is unpacked on the host; host
+    backends take the float32 powers of two (their kernels promote in float32 anyway)."""
+    return backends.lang(backend) == "cuda" and all(
+        isinstance(sf, torch.Tensor) and sf.dtype == torch.int32 for sf in (sfa, sfb))
+
+
+def target_arch(backend: str, arch, resolve: bool = True) -> Optional[str]:
+    """The CUDA arch an op's kernel is built for on ``backend``, which the FP8 choosers key on
+    (``kernels.gemm.config.block_scaled``: only sm_100a folds UE8M0 scales into tensor-core
+    MMAs, and those need 128-row tiles).  ``arch`` if given -- checked here, before anything runs: a
+    known CUDA arch, on a backend that generates CUDA -- else the launch target's (the GPU's on
+    ``cuda``, the emulator's default sm_90a on ``cuda-emu``); None on other backends, or when not
+    ``resolve`` (the caller's configuration does not depend on it: the GPU is not asked)."""
+    if arch is None and not resolve:
+        return None
+    if arch is not None and not isinstance(arch, str):
+        raise TypeError(f"arch must be a CUDA arch name such as 'sm_100a', got {type(arch).__name__}")
+    if backends.lang(backend) != "cuda":
+        if arch is not None:
+            raise ValueError(f"arch={arch!r}: backend {backend!r} does not generate CUDA (arch is for CUDA backends)")
+        return None
+    from kernforge.backends.cuda.renderer import ARCHS, DEFAULT_ARCH
+
+    if arch is not None and arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    return arch or backends.get(backend).target(launch=True).arch or DEFAULT_ARCH
+
+
+def built_for(arch: Optional[str]) -> dict:
+    """The ops' ``_kernel`` keyword for ``arch`` where the call named one (else the backend's
+    default target, and the call's compile cache entry stays the one it had without ``arch``)."""
+    return {} if arch is None else {"arch": arch}
+
+
 def mn_major(sf: torch.Tensor) -> torch.Tensor:
     """``sf [..., MN, k]`` in the layout the kernels read, DeepGEMM's required one
     (``stride(-2) == 1``; the other strides are bound at launch, so a TMA-aligned
@@ -394,9 +436,11 @@ def mn_major(sf: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(factory, backend: str, params: tuple):
-    return kernforge.compile(factory, backend=backend, **dict(params))
+def _compiled(factory, backend: str, arch: Optional[str], params: tuple):
+    return kernforge.compile(factory, backend=backend, arch=arch, **dict(params))
 
 
-def _kernel(factory, backend: str, **params):
-    return _compiled(factory, backend, tuple(sorted(params.items())))
+def _kernel(factory, backend: str, arch: Optional[str] = None, **params):
+    """``factory`` compiled for ``backend`` (and ``arch``, where the call named one) with ``params``,
+    once per process."""
+    return _compiled(factory, backend, arch, tuple(sorted(params.items())))

@@ -13,9 +13,11 @@ aligned block) is checked on the host before anything runs.
 Behaviour on padding is defined rather than left to the caller: ``d`` rows whose
 index is ``-1`` (and PSUM gap rows) are written as zeros, whatever ``a`` holds there;
 NaN elsewhere propagates to the ``d`` elements it reaches, as torch's matmul (docs/ops.md).
-FP8 contiguous takes DeepGEMM's SM90 default recipe only: float32 scales, 1x128 per token for
-``a`` and 128x128 per block for ``b`` (UE8M0-rounded scales are ordinary float32
-powers of two, so they work too).
+FP8 contiguous takes 1x128 per-token ``a`` scales and ``b`` scales per 128x128 block (DeepGEMM's
+SM90 recipe, the default for float32) or per row (``(1, 1, 128)``, its SM100 1D1D recipe, the
+default for packed scales), float32 or UE8M0 packed four per int32 along K, as the dense ops
+(:mod:`kernforge.ops.gemm`): on CUDA backends packed scales go to the kernel as they are (sm_100a
+applies them in block-scaled ``tcgen05.mma``), host backends unpack them into float32.
 
 ``m_grouped_fp8_fp4_gemm_nt_contiguous`` (the same op; DeepGEMM's HEAD name) also takes an
 FP4 ``b`` (int8, two e2m1 codes per byte, low nibble first, one scale per 1x32), and
@@ -24,6 +26,8 @@ FP4 ``b`` (int8, two e2m1 codes per byte, low nibble first, one scale per 1x32),
 layout with an FP8 or FP4 ``b``.  These FP4/masked paths share the dense ops' scale handling
 (:mod:`kernforge.ops.gemm`): float32 or packed-UE8M0 int32 scales, ``sfa`` in DeepGEMM's
 MN-major TMA-aligned layout passed to the kernel without a copy (other layouts converted).
+``arch`` (keyword-only, CUDA backends): the arch to build for, as the dense ops'
+(:func:`kernforge.ops.gemm.target_arch`).
 """
 from __future__ import annotations
 
@@ -39,7 +43,8 @@ from kernforge import backends
 from kernforge.kernels import grouped_gemm as kernels
 from kernforge.kernels.grouped_gemm import config
 from kernforge.kernels.grouped_gemm import kernel as kernel_defs
-from kernforge.ops.gemm import check_flags, mn_major, pair, resolve_recipe, scales
+from kernforge.ops.gemm import (built_for, check_flags, keep_packed, mn_major, pair, resolve_recipe, scales,
+                                target_arch)
 
 _alignment = 128
 
@@ -86,31 +91,39 @@ def m_grouped_fp8_gemm_nt_contiguous(a: tuple, b: tuple, d: torch.Tensor,
                                      disable_ue8m0_cast: bool = False, use_psum_layout: bool = False,
                                      ensure_zero_padding: bool = True,
                                      expected_m_for_psum_layout: Optional[int] = None, *,
-                                     backend: Optional[str] = None) -> None:
-    """FP8 e4m3 ``a = (data [M, K], sfa float32 [M, ceil(K/128)])``,
-    ``b = (data [G, N, K], sfb float32 [G, ceil(N/128), ceil(K/128)])``; bf16 ``d``.
+                                     backend: Optional[str] = None, arch: Optional[str] = None) -> None:
+    """FP8 e4m3 ``a = (data [M, K], sfa [M, ceil(K/128)])``, ``b = (data [G, N, K], sfb)`` with
+    ``sfb [G, ceil(N/128), ceil(K/128)]`` (per 128x128 block) or ``[G, N, ceil(K/128)]`` (per
+    row, recipe ``(1, 1, 128)``); bf16 ``d``.  Scales float32 or packed UE8M0 (``[..., ceil(K/512)]``
+    int32, the default recipe then per row), see the module's docstring.
     An int8 ``b`` is FP4 (``m_grouped_fp8_fp4_gemm_nt_contiguous``, this op's DeepGEMM name):
     ``b = (codes [G, N, K/2], sfb [G, N, ceil(K/32)])``, see :func:`_fp8_fp4_contiguous`."""
     _check_psum_hint(use_psum_layout, expected_m_for_psum_layout)
     if _is_fp4(b):
         _fp8_fp4_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
-                            disable_ue8m0_cast, use_psum_layout, backend)
+                            disable_ue8m0_cast, use_psum_layout, backend, arch)
         return
-    _check_recipe(recipe, recipe_a, recipe_b)
-    (a_data, sfa), (b_data, sfb) = _pair("a", a), _pair("b", b)
+    (a_data, sfa), (b_data, sfb) = pair("a", a), pair("b", b)
+    check_flags(compiled_dims, disable_ue8m0_cast)
     for name, t in (("a", a_data), ("b", b_data)):
         _check_tensor(name, t, torch.float8_e4m3fn)
     m, n, k, groups = _check_shapes(a_data, b_data, d)
-    kb, nb = -(-k // 128), -(-n // 128)
+    _, (gran_n, gran_k) = resolve_recipe(recipe, recipe_a, recipe_b, False, sfb)
+    backend = backends.for_tensor(a_data, backend)
+    packed = keep_packed(backend, sfa, sfb)
+    target_arch(backend, arch, resolve=False)  # a bad arch fails here, with the other checks
     # DeepGEMM wants MN-major, TMA-aligned scales and converts other layouts per call;
     # the kernel reads row-major scales, so any layout is made contiguous here
-    sfa, sfb = _scales("sfa", sfa, (m, kb)), _scales("sfb", sfb, (groups, nb, kb))
+    sfa = scales("sfa", sfa, (m, -(-k // 128)), keep_packed=packed).contiguous()
+    sfb = scales("sfb", sfb, (groups, -(-n // gran_n), -(-k // gran_k)), keep_packed=packed).contiguous()
+    if len({t.device for t in (a_data, sfa, b_data, sfb, d)}) != 1:
+        raise ValueError("a, b, their scales and d must be on one device")
     if m == 0:
         return
     m_indices = _row_experts(grouped_layout, m, groups, use_psum_layout)
-    backend = backends.for_tensor(a_data, backend)
-    kernel = _kernel(kernels.m_grouped_fp8_gemm_nt_contiguous, backend,
-                     **config.choose_fp8(backend, groups, n, k, alignment=_alignment))
+    variant = _fp8_variant(packed, gran_n)
+    kernel = _kernel(kernels.m_grouped_fp8_gemm_nt_contiguous, backend, **built_for(arch),
+                     **config.choose_fp8(backend, groups, n, k, alignment=_alignment, **variant))
     kernel(a_data, sfa, b_data, sfb, m_indices, d)
 
 
@@ -151,14 +164,14 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
 def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple, b: tuple, d: torch.Tensor, masked_m: torch.Tensor,
                                      expected_m: int, recipe=None, recipe_a=None, recipe_b=None,
                                      compiled_dims: str = "nk", disable_ue8m0_cast: bool = False, *,
-                                     backend: Optional[str] = None) -> None:
+                                     backend: Optional[str] = None, arch: Optional[str] = None) -> None:
     """Masked layout, FP8 ``a = (data [G, M_max, K], sfa [G, M_max, ceil(K/128)])`` and FP8
-    ``b = (data [G, N, K], sfb [G, ceil(N/128), ceil(K/128)])`` or FP4
-    ``b = (int8 codes [G, N, K/2], sfb [G, N, ceil(K/32)])``; bf16 ``d [G, M_max, N]``.
-    Rows at or past ``masked_m[g]`` are left untouched.  Scales: float32 or packed UE8M0
-    (as :mod:`kernforge.ops.gemm`); ``sfa`` in DeepGEMM's per-group MN-major layout goes in
-    without a copy.  Packed scales for an FP8 ``b`` (DeepGEMM's per-row 1D1D recipe) are
-    not supported here."""
+    ``b = (data [G, N, K], sfb [G, ceil(N/128), ceil(K/128)])`` (or per row ``[G, N, ...]``,
+    recipe ``(1, 1, 128)``) or FP4 ``b = (int8 codes [G, N, K/2], sfb [G, N, ceil(K/32)])``;
+    bf16 ``d [G, M_max, N]``.  Rows at or past ``masked_m[g]`` are left untouched.  Scales:
+    float32 or packed UE8M0 (as :mod:`kernforge.ops.gemm`: an FP8 ``b``'s packed scales go to the
+    kernel as they are on CUDA backends, sm_100a on 128-row tiles whatever ``expected_m``);
+    ``sfa`` in DeepGEMM's per-group MN-major layout goes in without a copy."""
     (a_data, sfa), (b_data, sfb) = pair("a", a), pair("b", b)
     check_flags(compiled_dims, disable_ue8m0_cast)
     fp4 = _is_fp4(b)
@@ -175,19 +188,22 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple, b: tuple, d: torch.Tensor, masked
     _check_tensor("d", d, torch.bfloat16, (groups, max_m, n))
     _check_masked_m(masked_m, groups, max_m, expected_m)
     _, (gran_n, gran_k) = resolve_recipe(recipe, recipe_a, recipe_b, fp4, sfb)
-    if not fp4 and gran_n != 128:
-        raise NotImplementedError(f"recipe b=({gran_n}, {gran_k}): the masked FP8 kernel takes 128x128 "
-                                  "b scales only")
-    sfa = mn_major(scales("sfa", sfa, (groups, max_m, -(-k // 128))))
-    sfb = scales("sfb", sfb, (groups, -(-n // gran_n), -(-k // gran_k))).contiguous()
+    backend = backends.for_tensor(a_data, backend)
+    packed = not fp4 and keep_packed(backend, sfa, sfb)
+    target_arch(backend, arch, resolve=False)  # a bad arch fails here, with the other checks
+    sfa = mn_major(scales("sfa", sfa, (groups, max_m, -(-k // 128)), keep_packed=packed))
+    sfb = scales("sfb", sfb, (groups, -(-n // gran_n), -(-k // gran_k)), keep_packed=packed).contiguous()
     if len({t.device for t in (a_data, sfa, b_data, sfb, d, masked_m)}) != 1:
         raise ValueError("a, b, their scales, d and masked_m must be on one device")
     if groups == 0 or max_m == 0:
         return
-    backend = backends.for_tensor(a_data, backend)
-    factory = kernel_defs.m_grouped_fp8_fp4_gemm_nt_masked if fp4 else kernel_defs.m_grouped_fp8_gemm_nt_masked
-    cfg = (config.choose_fp8_fp4_masked if fp4 else config.choose_fp8_masked)(backend, groups, n, k, expected_m)
-    _kernel(factory, backend, **cfg)(a_data, sfa, b_data, sfb, masked_m, d)
+    if fp4:
+        factory, cfg = kernel_defs.m_grouped_fp8_fp4_gemm_nt_masked, config.choose_fp8_fp4_masked(
+            backend, groups, n, k, expected_m)
+    else:
+        factory, cfg = kernel_defs.m_grouped_fp8_gemm_nt_masked, config.choose_fp8_masked(
+            backend, groups, n, k, expected_m, arch=target_arch(backend, arch, packed), **_fp8_variant(packed, gran_n))
+    _kernel(factory, backend, **built_for(arch), **cfg)(a_data, sfa, b_data, sfb, masked_m, d)
 
 
 m_grouped_gemm_fp8_fp8_bf16_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous  # legacy v1 name
@@ -205,8 +221,8 @@ def choose_config(backend: str, groups: int, n: int, k: int, fp8: bool = False) 
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(factory, backend: str, params: tuple):
-    return kernforge.compile(factory, backend=backend, **dict(params))
+def _compiled(factory, backend: str, arch: Optional[str], params: tuple):
+    return kernforge.compile(factory, backend=backend, arch=arch, **dict(params))
 
 
 def _first_share(work: torch.Tensor, threads: int) -> float:
@@ -225,8 +241,14 @@ def _workers(backend: str) -> int:
     return backends.get(backend).workers() or 1
 
 
-def _kernel(factory, backend: str, **params):
-    return _compiled(factory, backend, tuple(sorted(params.items())))
+def _kernel(factory, backend: str, arch: Optional[str] = None, **params):
+    return _compiled(factory, backend, arch, tuple(sorted(params.items())))
+
+
+def _fp8_variant(packed: bool, gran_n: int) -> dict:
+    """The FP8 x FP8 kernels' scale parameters where they differ from the defaults (float32, 128x128
+    B blocks): packed UE8M0 words (``sf_format``), per-row B scales (``gran_n``)."""
+    return {**({"sf_format": "ue8m0"} if packed else {}), **({"gran_n": gran_n} if gran_n != 128 else {})}
 
 
 def _check_psum_hint(use_psum_layout: bool, expected_m) -> None:
@@ -251,7 +273,7 @@ def _check_masked_m(masked_m, groups: int, max_m: int, expected_m) -> None:
 
 
 def _fp8_fp4_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
-                        disable_ue8m0_cast, use_psum_layout, backend) -> None:
+                        disable_ue8m0_cast, use_psum_layout, backend, arch) -> None:
     """FP8 ``a = (data [M, K], sfa [M, ceil(K/128)])`` x FP4 ``b = (int8 codes [G, N, K/2],
     sfb [G, N, ceil(K/32)])``, bf16 ``d``; scales float32 or packed UE8M0, ``sfa`` MN-major
     without a copy (as :mod:`kernforge.ops.gemm`)."""
@@ -270,6 +292,8 @@ def _fp8_fp4_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, com
         raise ValueError(f"n, k and the group count must be positive, got n={n}, k={k}, G={groups}")
     _check_tensor("d", d, torch.bfloat16, (m, n))
     resolve_recipe(recipe, recipe_a, recipe_b, True, sfb)
+    backend = backends.for_tensor(a_data, backend)
+    target_arch(backend, arch, resolve=False)
     sfa = mn_major(scales("sfa", sfa, (m, -(-k // 128))))
     sfb = scales("sfb", sfb, (groups, n, -(-k // kernel_defs.FP4_GRAN_K))).contiguous()
     if len({t.device for t in (a_data, sfa, b_data, sfb, d)}) != 1:
@@ -277,27 +301,10 @@ def _fp8_fp4_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, com
     if m == 0:
         return
     m_indices = _row_experts(grouped_layout, m, groups, use_psum_layout)
-    backend = backends.for_tensor(a_data, backend)
     # the fp8 kernel's tiles: the FP4 kernel's K steps are fixed at 128, A's scale width
-    kernel = _kernel(kernel_defs.m_grouped_fp8_fp4_gemm_nt_contiguous, backend,
+    kernel = _kernel(kernel_defs.m_grouped_fp8_fp4_gemm_nt_contiguous, backend, **built_for(arch),
                      **config.choose_fp8_fp4(backend, groups, n, k, alignment=_alignment))
     kernel(a_data, sfa, b_data, sfb, m_indices, d)
-
-
-def _check_recipe(recipe, recipe_a, recipe_b) -> None:
-    if recipe is not None and (recipe_a is not None or recipe_b is not None):
-        raise ValueError("give recipe or recipe_a/recipe_b, not both")
-    if recipe is not None and tuple(recipe) != (1, 128, 128):
-        raise NotImplementedError(f"recipe {tuple(recipe)}: only (1, 128, 128) is supported")
-    given = (tuple(recipe_a or ()), tuple(recipe_b or ()))
-    if (recipe_a, recipe_b) != (None, None) and given != ((1, 128), (128, 128)):
-        raise NotImplementedError("only recipe_a=(1, 128), recipe_b=(128, 128) is supported")
-
-
-def _pair(name: str, x):
-    if not isinstance(x, (tuple, list)) or len(x) != 2:
-        raise TypeError(f"{name} must be a (data, scale_factor) pair for FP8")
-    return x
 
 
 def _check_tensor(name: str, t, dtype, shape=None) -> None:
@@ -309,14 +316,6 @@ def _check_tensor(name: str, t, dtype, shape=None) -> None:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (K-major)")
-
-
-def _scales(name: str, sf, shape: tuple) -> torch.Tensor:
-    if not isinstance(sf, torch.Tensor) or sf.dtype != torch.float32:
-        raise TypeError(f"{name} must be a float32 tensor, got {getattr(sf, 'dtype', type(sf).__name__)}")
-    if tuple(sf.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(sf.shape)}")
-    return sf.contiguous()
 
 
 def _check_shapes(a, b, d) -> tuple[int, int, int, int]:

@@ -99,13 +99,20 @@ def test_cluster_gemm_sass_has_multicast_tma_and_cluster_barriers(tmp_path, arch
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("name,cluster_syncs,multicast", [("bf16_gemm_nt", 4, "UTMALDG.2D.MULTICAST"),
-                                                          ("m_grouped_gemm_nt_contiguous", 2, "UTMALDG.2D.MULTICAST"),
-                                                          ("m_grouped_gemm_nt_masked", 2, "UTMALDG.3D.MULTICAST")])
+@pytest.mark.parametrize("name,cluster_syncs,multicast", [
+    ("bf16_gemm_nt", 2, "UTMALDG.2D.MULTICAST"),  # persistent: set-up and teardown
+    ("m_grouped_gemm_nt_contiguous", 2, "UTMALDG.2D.MULTICAST"),
+    ("m_grouped_gemm_nt_masked", 2, "UTMALDG.3D.MULTICAST"),
+    ("fp8_gemm_nt", 2, "UTMALDG.2D.MULTICAST"),
+    ("m_grouped_fp8_gemm_nt_contiguous", 2, "UTMALDG.2D.MULTICAST"),
+    ("m_grouped_fp8_gemm_nt_masked", 2, "UTMALDG.3D.MULTICAST"),
+])
 def test_library_gemm_sass_has_multicast_tma_and_cluster_barriers(name, cluster_syncs, multicast):
-    """The dense bf16 GEMM and the persistent grouped contiguous and masked (3-D A) bf16 GEMMs at
-    their bench configurations (whose configs ask for ``cluster=2``), generated for sm_90a: one multicast A
-    slice and one own B tile per fill, the cluster barriers (the dense ring's entry and exit in
+    """The dense bf16 GEMM, the persistent grouped contiguous and masked (3-D A) bf16 GEMMs and their
+    FP8 counterparts (QGMMA, the promotion ring releasing to both CTAs; the dense GEMMs persistent) at
+    their bench configurations (whose configs ask for ``cluster=2``; the dense ones with ``multicast="b"``,
+    clusters of adjacent M blocks), generated for sm_90a: one multicast slice (A's, the dense GEMMs' B) and
+    one own load of the other operand per fill, the cluster barriers (the dense ring's entry and exit in
     both roles; the persistent kernel's set-up and teardown), the release to both CTAs' empty
     barriers, and no spills or serialized wgmma."""
     from kernforge.kernels.registry import all_specs

@@ -90,3 +90,82 @@ def test_ue8m0_fp8_gemm_builds_block_scaled_mmas_without_a_promotion_loop():
     assert len(scaled) == bases.count("UTCQMMA") == 128 // 32, (len(scaled), bases.count("UTCQMMA"))
     assert bases.count("UTCCP") == 2  # A's 128 rows, B's 128 columns
     assert not {"FFMA", "FMUL", "LDTM", "HMMA"} & set(bases), sorted(set(bases))
+
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_two_cta_pair_mma_kernels_assemble_to_2cta_sass(tmp_path):
+    """The 2-CTA kernels of tests/emu/test_tcgen05_pair.py for sm_100a (one build): the plain pair
+    GEMM (bf16, M = 256 over the pair, N = 256; its e4m3 form; its form committing without
+    multicast) and the TMA-ring pair GEMM.  Their MMAs, TMEM allocation and commits are the 2-CTA
+    forms (``UTCHMMA.2CTA`` / ``UTCQMMA.2CTA``, ``UTCATOMSWS.2CTA``, ``UTCBAR.2CTA.MULTICAST`` or
+    ``UTCBAR.2CTA``), no cta_group::1 form is left, the ring loads by TMA and releases to its peer
+    with a remote arrive, and none spills."""
+    import subprocess
+
+    from kernforge.backends.cuda.renderer import INCLUDE_DIR
+    from tests.emu.test_tcgen05_pair import PAIR_RING, SOURCE, _idesc, ring_kernel_source
+
+    src = tmp_path / "pair.cu"
+    entries = {"pair": (2, 256, 0), "pair_e4m3": (1, 128, 0), "pair_no_multicast": (2, 64, 3)}
+    src.write_text(SOURCE + PAIR_RING + ring_kernel_source("ring", 0) + "\n" + "".join(
+        f'extern "C" __global__ void __cluster_dims__(2, 1, 1) {name}(const unsigned char* A, const unsigned char* B, '
+        f'float* D, int K) {{ pair_run<{es}, {n}, {_idesc(es, n):#x}u, {plant}>(A, B, D, K); }}\n'
+        for name, (es, n, plant) in entries.items()))
+    cubin = tmp_path / "pair.cubin"
+    build = subprocess.run(["nvcc", "-arch=sm_100a", "-cubin", "-std=c++17", "-Xptxas", "-v", "-I", str(INCLUDE_DIR),
+                            "-o", str(cubin), str(src)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    assert build.stderr.count("0 bytes spill stores, 0 bytes spill loads") == 4, build.stderr
+    try:
+        sass = cuda_backend.disassemble(str(cubin))
+    except Exception as e:  # noqa: BLE001 - cuobjdump missing: the build check above still ran
+        pytest.skip(f"cuobjdump unavailable: {e}")
+    kernels = {k.name: [i.opcode for i in k.instrs] for k in sass_report.parse(sass)}
+    assert set(kernels) == {"pair", "pair_e4m3", "pair_no_multicast", "ring"}, set(kernels)
+    for name, ops in kernels.items():
+        mma = [op for op in ops if op.split(".")[0] in sass_report.UTC_MMA]
+        want = "UTCQMMA.2CTA" if name == "pair_e4m3" else "UTCHMMA.2CTA"
+        assert mma and all(op == want for op in mma), (name, mma)
+        commit = "UTCBAR.2CTA" if name == "pair_no_multicast" else "UTCBAR.2CTA.MULTICAST"
+        assert commit in ops, (name, sorted(set(ops)))
+        assert any(op.startswith("UTCATOMSWS.2CTA") for op in ops), (name, sorted(set(ops)))
+        assert not any(op.split(".")[0] == "UTCBAR" and ".2CTA" not in op for op in ops), name
+    assert any(op.startswith("UTMALDG") for op in kernels["ring"])
+    assert any(op.startswith("SYNCS.ARRIVE.TRANS64.RED") for op in kernels["ring"])  # the peer's remote arrive
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("factory, params, mma, resident", [
+    ("dense_gemm", dict(block_N=256, block_K=64), "UTCHMMA.2CTA", True),
+    ("fp8_gemm", dict(block_N=128), "UTCQMMA.2CTA", False),
+])
+def test_generated_pair_gemm_builds_2cta_sass(factory, params, mma, resident):
+    """The generated 2-CTA GEMMs (``cta_pair=True``, the bench shape's N and K, 128 rows per CTA,
+    256 over the pair): ``bf16_gemm_nt`` at 128 x 256 per CTA and the scaled FP8 GEMM
+    (``kind::f8f6f4``, read back every 128-K block).  No spills; every tensor-core MMA, the commit
+    and the TMEM allocation are 2-CTA forms (``UTCHMMA.2CTA`` / ``UTCQMMA.2CTA``,
+    ``UTCBAR.2CTA.MULTICAST``, ``UTCATOMSWS.2CTA``), no cta_group::1 commit is left; the main loop
+    holds the peer's remote arrive, and ``LDTM`` only where the sum is not TMEM-resident."""
+    from kernforge.kernels import gemm
+
+    kernel = getattr(gemm, factory)(N=7168, K=2048, block_M=128, num_stages=3, threads=256, cta_pair=True,
+                                    **params).ir
+    report = cuda_backend.build_report(kernel, "sm_100a")
+    assert not (report["spill_stores"] or report["spill_loads"] or report["local_bytes"]), report
+    try:
+        sass = cuda_backend.disassemble(report["path"])
+    except Exception as e:  # noqa: BLE001 - cuobjdump missing: the build check above still ran
+        pytest.skip(f"cuobjdump unavailable: {e}")
+    (k,) = sass_report.parse(sass)
+    ops = [i.opcode for i in k.instrs]
+    mmas = [op for op in ops if op.split(".")[0] in sass_report.UTC_MMA]
+    assert mmas and all(op == mma for op in mmas), mmas
+    assert "UTCBAR.2CTA.MULTICAST" in ops and any(op.startswith("UTCATOMSWS.2CTA") for op in ops)
+    assert not any(op.split(".")[0] == "UTCBAR" and ".2CTA" not in op for op in ops)
+    lo, hi = sass_report.main_loop(k.instrs)
+    loop = [i.opcode for i in k.instrs if lo <= i.address <= hi]
+    assert "SYNCS.ARRIVE.TRANS64.RED.A1T0" in loop, loop
+    assert any(op.startswith("LDTM") for op in loop) != resident, loop

@@ -81,3 +81,26 @@ def test_mla_decode_output_leaves_by_tma_store_with_fast_reciprocals():
     # warp's 64 x 32 block = 2 stmatrix.x4; a row's two T.rcp (sum, sink) per RowLayout register
     assert (c["tma_store"], c["stsm"], c["calls"]) == (2, 2, 0), c
     assert 2 <= rcp <= 8 and c["stg"] <= 2, (rcp, c)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_sm100a_persistent_grouped_gemm_stores_by_tma():
+    """sm_100a (tcgen05, M = 128 row order, persistent with the deferred store wait): the 128 x 128
+    bf16 tile leaves as 16 STSM per thread and 4 UTMASTG boxes (2 row blocks x 2 swizzled slabs),
+    no STG; no spills, shared memory within sm_100a's 232448-byte limit."""
+    from kernforge.kernels.registry import all_specs
+
+    params = dict(group_rows=[128, 0, 256], alignment=128, num_groups=3, N=256, K=128, block_M=128, block_N=128,
+                  block_K=64, num_stages=3, persistent=2)
+    kernel = all_specs()["m_grouped_gemm_nt_contiguous"].factory(**params).ir
+    try:
+        report = cuda_backend.build_report(kernel, "sm_100a", report=True)
+    except Exception as e:  # noqa: BLE001 - cuobjdump missing
+        if "cuobjdump" not in str(e):
+            raise
+        pytest.skip(f"cuobjdump unavailable: {e}")
+    assert report["spill_stores"] == 0 and report["local_bytes"] == 0, report
+    assert report["shared_bytes"] <= 232448, report
+    c = report["sass"]
+    assert (c["stsm"], c["tma_store"], c["stg"]) == (16, 4, 0) and c["mma_utc"] > 0, c

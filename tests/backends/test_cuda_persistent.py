@@ -1,5 +1,5 @@
 """The persistent tile loop (``kernforge/backends/cuda/persistent.py``) builds for sm_90a
-(warp-specialized wgmma) and sm_100a (tcgen05) with nvcc and no GPU, at the grouped GEMMs'
+(warp-specialized wgmma) and sm_100a (tcgen05) with nvcc and no GPU, at the grouped and dense GEMMs'
 production configuration (``config.L2_GROUP``), with no spills and no serialized wgmma, and
 the SASS shows its shape: the block index is read only along x (the tile coordinates come from
 the scheduler, not ``blockIdx.y/z``), and a backward branch encloses the K loop (the loop over
@@ -63,7 +63,8 @@ def tile_loop_encloses_k_loop(sass: str) -> bool:
 @nvcc
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name, arch", [("m_grouped_gemm_nt_masked", "sm_90a"),
-                                        ("m_grouped_fp8_gemm_nt_contiguous", "sm_100a")])
+                                        ("m_grouped_fp8_gemm_nt_contiguous", "sm_100a"),
+                                        ("bf16_gemm_nt", "sm_90a"), ("fp8_gemm_nt", "sm_100a")])
 def test_builds_and_sass_has_the_tile_loop(name, arch):
     kernel = _bench_kernel(name)
     report = cuda_backend.build_report(kernel, arch, report=True)
@@ -71,7 +72,7 @@ def test_builds_and_sass_has_the_tile_loop(name, arch):
     sass = cuda_backend.disassemble(report["path"])
     assert "SR_CTAID.X" in sass and "SR_CTAID.Y" not in sass and "SR_CTAID.Z" not in sass
     assert tile_loop_encloses_k_loop(sass)
-    mma = "mma_hgmma" if name == "m_grouped_gemm_nt_masked" else "mma_utc"
+    mma = "mma_utc" if arch == "sm_100a" else "mma_hgmma"
     assert report["sass"][mma] > 0
 
 

@@ -30,8 +30,10 @@ def test_sm_90a_and_sm_100a_pipelines_load_through_tma():
     assert "kf::tma_load_2d(" in src and "kf::mbarrier_wait_parity(" in src and "cp_async_cg_16" not in src
     assert f"{TENSOR_MAP_CTYPE} kf_tmap_A_0" in src
     # sm_100a: the same copy engine, the same whole-tile boxes (its tcgen05.mma reads the same layouts)
+    # and the same TMA-store epilogue
     blackwell = render_cuda(kernel, "sm_100a")
-    assert [(t.buffer, t.box, t.swizzle) for t in blackwell.tensor_maps] == [("A", (8, 8), 0), ("B", (32, 64), 128)]
+    assert [(t.buffer, t.box, t.swizzle) for t in blackwell.tensor_maps] == [("A", (8, 8), 0), ("B", (32, 64), 128),
+                                                                             ("C", (64, 64), 128)]
     assert "kf::tma_load_2d(" in blackwell.source and "cp_async_cg_16" not in blackwell.source
     for program in (render_cuda(kernel, "sm_80"), render_cuda(kernel, "sm_90a", tma=False),
                     render_cuda(kernel, "sm_100a", tma=False)):

@@ -42,11 +42,23 @@ def test_narrow_blocks_stage_unswizzled():
     assert "kf::epilogue_stsm_bf16<32, 0>(" in program.source
 
 
-@pytest.mark.parametrize("arch, tma", [("sm_80", True), ("sm_100a", True), ("sm_90a", False)])
+@pytest.mark.parametrize("arch, tma", [("sm_80", True), ("sm_90a", False), ("sm_100a", False)])
 def test_other_targets_and_the_cp_async_variant_keep_the_plain_epilogue(arch, tma):
     program = render_cuda(gemm().ir, arch, tma=tma)
     assert not _stores(program) and "epilogue_" not in program.source and "kf/tma_store.cuh" not in program.source
     assert "kf::store_pair" in program.source
+
+
+def test_sm_100a_stages_tcgen05_fragments_in_both_row_orders():
+    """sm_100a reads the tcgen05 accumulator from TMEM into the same fragment and takes the same
+    epilogue: 64-row tiles in the wgmma order (the helper's own slice), 128-row tiles in the M = 128
+    order, where warp w's 16-row slice of block L lands in 64-row block 2 (L >> 1) + (w % 4) / 2."""
+    small = render_cuda(gemm().ir, "sm_100a")
+    assert _stores(small) == [("C", (64, 64), 128, 2)] and "kf::tcgen05_mma_f16(" in small.source
+    assert "kf::epilogue_stsm_bf16<64, 128>(" in small.source and "const int kf_q = " not in small.source
+    big = render_cuda(gemm(M=256, N=128, K=128, bm=128, bn=64).ir, "sm_100a").source
+    assert "const int kf_q = (kf_tid >> 5) & 3;" in big
+    assert "+ ((2 * ((0 + kf_wg) >> 1) + (kf_q >> 1)) * 1 + kf_wc) * 8192, 2 * (kf_q & 1) + ((0 + kf_wg) & 1));" in big
 
 
 def test_small_tiles_on_mma_sync_keep_the_plain_epilogue():

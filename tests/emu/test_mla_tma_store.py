@@ -7,8 +7,8 @@ On sm_90a a block's ``block_H x dim_v`` output tile leaves through shared memory
 overhangs ``heads`` (TMA must clip at the heads dimension: the next token's heads follow in
 memory), per-token tiles of MTP rows, the sparse kernel, the balanced schedule (whole requests
 by TMA, cut ones as float32 partials) and the 5-D float32 partials of uniform split-KV.  sm_100a
-(no wgmma: the plain epilogue) runs the same cases.  Outputs start poisoned (NaN), so a row or
-column the epilogue misses shows."""
+(tcgen05 accumulators read back from TMEM into the same fragment) takes the same epilogue and
+runs the same cases.  Outputs start poisoned (NaN), so a row or column the epilogue misses shows."""
 import numpy as np
 import pytest
 import torch
@@ -60,11 +60,9 @@ def test_mla_output_tile_matches_reference_and_interp(case, arch):
     spec = SPECS[name]
     source = render_cuda(_split_kernel(name, params).ir, arch)
     stores = [m for m in source.tensor_maps if m.name.startswith("kf_tmap_store")]
-    if arch == "sm_90a":  # the planner must take the TMA path (a silent fallback fails here)
-        assert [m.box for m in stores] == boxes, stores
-        assert "kf::epilogue_tma_store<" in source.source
-    else:
-        assert not stores
+    # the planner must take the TMA path on both arches (a silent fallback fails here)
+    assert [m.box for m in stores] == boxes, stores
+    assert "kf::epilogue_tma_store<" in source.source
     assert "kf_rcp_approx(" in source.source and " / l[" not in source.source
     inputs = spec.make_inputs(params, 3, "cpu")
     ref_inputs = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
@@ -77,8 +75,7 @@ def test_mla_output_tile_matches_reference_and_interp(case, arch):
     emu = spec.compile("cuda-emu", arch=arch, **params)
     emu(*inputs)
     assert torch.isnan(guarded[out.shape[0]:]).all(), "the epilogue wrote past the output"
-    if arch == "sm_90a":  # the split kernel's launch (split + combine runnables hold both)
-        assert getattr(emu, "split", emu).launcher.last_variant == "tma"
+    assert getattr(emu, "split", emu).launcher.last_variant == "tma"  # the split kernel's (split + combine hold both)
     spec.compile("interp", **params)(*ref_inputs)
     outputs = [inputs[i] for i in spec.outputs]
     spec.check(outputs, spec.reference(inputs, params), inputs, params)  # float64 reference, poison-free

@@ -364,12 +364,18 @@ def _accumulate_first_tile_only(src):
 
 
 GEMM_BUGS = {
-    # a scale byte staged one byte over: the MMA's SF id 0 reads a neighbour's byte
-    "staged_byte": lambda s: s.replace("((kf_s >> 5) & 3) * 4] =", "((kf_s >> 5) & 3) * 4 + 1] =", 1),
-    # SFA id 1 in the instruction descriptor
+    # a packed scale word staged one byte over: each SF id reads its neighbour K block's byte
+    "staged_byte": lambda s: s.replace("((kf_s >> 5) & 3) * 4) =", "((kf_s >> 5) & 3) * 4 + 1) =", 1),
+    # SFA id 1 in the instruction descriptor's constant part
     "sfa_id": lambda s: re.sub(r"0x0890([0-9a-f]{4})u", r"0x2890\1u", s),
     # every K tile overwrites the sum instead of accumulating
     "no_accumulate": _accumulate_first_tile_only,
+    # one copy per four K steps, but the SF ids never step: K steps 1-3 of a word reuse byte 0
+    "sf_id_frozen": lambda s: re.sub(r" \| \((kf_sf_id\d+) << 4\) \| \(\1 << 29\)", "", s),
+    # the SFB id steps by two: K steps 1, 2, 3 of a word read B's bytes 2, 0, 2
+    "sfb_id_step": lambda s: re.sub(r"\((kf_sf_id\d+) << 4\)", r"(((\1 * 2) & 3) << 4)", s),
+    # the word copied on SF id 1 instead of 0: the fifth K step still reads the first word
+    "word_copied_late": lambda s: re.sub(r"(kf_sf_id\d+) == 0u", r"\1 == 1u", s),
 }
 
 
@@ -510,3 +516,28 @@ def test_ue8m0_grouped_masked_gemm_on_sm100a_matches_float64():
     want, bound = _gemm_reference(a[0, :100], b[0], ea[0, :100], eb[0], 128)
     _assert_within(d[0, :100], want, bound)
     assert torch.isnan(d[0, 100:]).all() and torch.isnan(d[1]).all()
+
+
+def test_packed_words_are_recognised_only_as_byte_k_mod_4_of_word_k_div_4():
+    """``tcgen05._packed_word`` (one copy per four K steps) takes ``(W[.., k // 4] >> (k % 4) * 8) & 255``
+    and nothing else: a word read at ``k`` itself, or a byte index other than ``k % 4``, would make
+    the four steps sharing a copy need different words, so those keep one byte staged per step."""
+    from dataclasses import replace
+
+    from kernforge.backends.cuda.renderer import CudaRenderer
+    from kernforge.codegen import ir
+    from kernforge.codegen.renderer import Target
+
+    plan = CudaRenderer().lower(fp8_gemm(**GEMM).ir, Target("cuda-emu", "sm_100a"))[1]["layouts"]
+    (bs,) = plan.block_scaled.values()
+    k = bs.loop.var
+    assert bs.words is not None and bs.words[2].op == ir.Op.MOD and bs.words[2].a is k
+    for byte in (bs.sfa, bs.sfb):
+        word, sf_id = tcgen05._packed_word(byte, k)
+        assert word is byte.a.a and sf_id is byte.a.b.a
+        load = word
+        at_k = replace(load, indices=tuple(k if isinstance(x, ir.Binary) and x.a is k else x for x in load.indices))
+        assert tcgen05._packed_word(replace(byte, a=replace(byte.a, a=at_k)), k) is None  # W[.., k]
+        mod2 = replace(byte.a.b, a=replace(byte.a.b.a, b=ir.Const(2, byte.a.b.a.b.dtype)))
+        assert tcgen05._packed_word(replace(byte, a=replace(byte.a, b=mod2)), k) is None  # byte k % 2
+        assert tcgen05._packed_word(byte, ir.Var("other")) is None  # another loop's variable

@@ -69,9 +69,9 @@ CASES = {"bf16_n128_sw128": (128, 128, 2), "bf16_n32_sw0": (32, 0, 2), "f32_n64_
 BUGS = {
     "lane_mapping": (lambda s: s.replace("d[i] = acc", "d[i ^ 2] = acc"), None),  # rows g and g+8 swapped
     "no_fence": (lambda s: s.replace("kf::fence_proxy_async();  // FENCE", ""), "no fence.proxy.async"),
-    "no_wait": (lambda s: s.replace("kf::bulk_wait_group_read<0>();  // WAIT", ""), "overwritten before"),
+    "no_wait": (lambda s: s.replace("kf::bulk_wait_group_read<0>();  // WAIT", ""), "still reading it"),
     "wait_one_behind": (lambda s: s.replace("bulk_wait_group_read<0>();  // WAIT", "bulk_wait_group_read<1>();"),
-                        "overwritten before"),  # round 2 restages while round 1's store is in flight
+                        "still reading it"),  # round 2 restages while round 1's store is in flight
     "exit_before_wait": (lambda s: s.replace("kf::bulk_wait_group_read<0>();  // WAIT", "").replace(
         "round < 2", "round < 1"), "not waited for"),  # one tile, never restaged: the CTA exits too early
     "box_coordinate": (lambda s: s.replace("col0 + round * N, row0", "col0 + round * N, row0 + 8"), None),

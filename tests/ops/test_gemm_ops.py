@@ -337,7 +337,8 @@ def test_masked_op_takes_per_group_tma_aligned_scales_as_is(monkeypatch):
     (lambda x: x.update(d=x["d"][:, :, :8].contiguous()), ValueError, "d must have shape"),
     (lambda x: x.update(a=(x["a"][0], x["a"][1][:, :, :1])), ValueError, "sfa must have shape"),
     (lambda x: x.update(b=(x["b"][0], x["b"][1][:, :, :1])), ValueError, "sfb must have shape"),
-    (lambda x: x.update(recipe=(1, 1, 128)), NotImplementedError, "128x128 b scales only"),
+    (lambda x: x.update(recipe=(1, 1, 128)), ValueError, r"sfb must have shape \(3, 96, 2\)"),  # per-row b scales
+    (lambda x: x.update(recipe=(1, 64, 128)), NotImplementedError, "recipe"),
     (lambda x: x.update(a=(x["a"][0].bfloat16(), x["a"][1])), TypeError, "a must be torch.float8_e4m3fn"),
 ])
 def test_masked_bad_arguments(mutate, error, match):

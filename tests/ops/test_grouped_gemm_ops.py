@@ -124,7 +124,10 @@ def test_fp8_argument_checks():
     with pytest.raises(ValueError, match="sfa must have shape"):
         ops.m_grouped_fp8_gemm_nt_contiguous((a8[0], a8[1][:, :0]), b8, d, m_indices, backend="interp")
     with pytest.raises(NotImplementedError, match="recipe"):
+        ops.m_grouped_fp8_gemm_nt_contiguous(a8, b8, d, m_indices, recipe=(1, 64, 128), backend="interp")
+    with pytest.raises(ValueError, match=r"sfb must have shape \(2, 48, 1\)"):  # per-row b scales: one per row
         ops.m_grouped_fp8_gemm_nt_contiguous(a8, b8, d, m_indices, recipe=(1, 1, 128), backend="interp")
+    assert torch.isnan(d.float()).all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -204,3 +207,30 @@ def test_cpu_team_splits_the_n_tiles_only_for_a_skewed_layout(backend, monkeypat
             assert seen[-1]["n_splits"] == split, masked
     finally:
         threads.set_num_threads(before)
+
+
+@pytest.mark.parametrize("form", ["float32", "packed"])
+def test_fp8_per_row_b_scales_on_a_host(form):
+    """DeepGEMM's SM100 1D1D recipe (``b`` scaled per row): as float32 with ``recipe=(1, 1, 128)``, or
+    packed UE8M0 (int32, four K blocks a word, the default recipe then), which a host unpacks.  Each
+    K block of each row has its own power of two, so a scale read from the wrong row, K block or byte
+    is off by a factor of 2 or more."""
+    from kernforge.kernels.gemm import pack_ue8m0_to_int
+
+    g = torch.Generator().manual_seed(11)
+    m_indices = G.contiguous_layout([3, 50], 32)
+    n, k = 40, 600  # five K blocks: two packed words, the second partly padding
+    a = (torch.randn(m_indices.numel(), k, generator=g) * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(2, n, k, generator=g) * 4).to(torch.float8_e4m3fn)
+    sa = torch.pow(2.0, torch.randint(-9, 10, (a.shape[0], 5), generator=g).float())
+    sb = torch.pow(2.0, torch.randint(-9, 10, (2, n, 5), generator=g).float())
+    d = torch.full((a.shape[0], n), float("nan"), dtype=torch.bfloat16)
+    if form == "packed":
+        ops.m_grouped_fp8_gemm_nt_contiguous((a, pack_ue8m0_to_int(sa)), (b, pack_ue8m0_to_int(sb)), d, m_indices,
+                                             backend="interp")
+    else:
+        ops.m_grouped_fp8_gemm_nt_contiguous((a, sa), (b, sb), d, m_indices, recipe=(1, 1, 128), backend="interp")
+    a64 = a.double() * sa.double().repeat_interleave(128, -1)[:, :k]
+    b64 = b.double() * sb.double().repeat_interleave(128, -1)[..., :k]
+    expected = G.reference(a64, b64, m_indices)
+    G.assert_close(d, expected, G.error_bound(a64, b64, m_indices, expected, rounding_steps=3))

@@ -213,8 +213,9 @@ class CudaLauncher(TensorMapLaunch):
 
     def _launch(self, values: list, args: Sequence, dims: Sequence[int], grid: Sequence[int]) -> None:
         grid, block = tuple(int(g) for g in grid), (self.program.threads,)
-        launch = (persistent.launch_grid(grid, self.sm_count, self.program.cluster) if self.program.persistent
-                  else cluster.launch_grid(grid, self.program.cluster))
+        axis = self.program.cluster_axis
+        launch = (persistent.launch_grid(grid, self.sm_count, self.program.cluster, axis) if self.program.persistent
+                  else cluster.launch_grid(grid, self.program.cluster, axis))
         if not self.program.tensor_maps:
             self.function.launch(values, grid=launch, block=block, smem_bytes=self.program.dynamic_smem)
             self.last_variant = "cp.async"

@@ -82,17 +82,17 @@ def plan_persistent(kernel: ir.Kernel, tma_loops: dict, release: set, warp_spec)
     return plan
 
 
-def launch_grid(grid: Sequence[int], sm_count: int, cluster: int = 1) -> tuple[int, ...]:
+def launch_grid(grid: Sequence[int], sm_count: int, cluster: int = 1, axis: int = 0) -> tuple[int, ...]:
     """The 1-D launch of a persistent kernel whose logical grid is ``grid``: one CTA per SM, or
     one per block when there are fewer blocks (an upper bound on the tiles: the live walk may
-    hand out fewer).  With clusters of ``cluster`` CTAs (``cuda.cluster``) a cluster walks pairs
-    of x blocks (``ceil(nx / cluster)`` per row), so the launch is whole clusters, at most one CTA
-    per SM."""
+    hand out fewer).  With clusters of ``cluster`` CTAs (``cuda.cluster``) a cluster walks units
+    of ``cluster`` adjacent blocks along ``axis`` (x, or y for B multicast: ``ceil(n / cluster)``
+    units along it), so the launch is whole clusters, at most one CTA per SM."""
     if sm_count < cluster or sm_count < 1:
         raise ValueError(f"sm_count must be a positive number of SMs (at least the cluster's {cluster}), "
                          f"got {sm_count}")
     if cluster > 1:
-        units = -(-int(grid[0]) // cluster) * prod(int(g) for g in grid[1:])
+        units = prod(-(-int(g) // cluster) if i == axis else int(g) for i, g in enumerate(grid))
         return (cluster * max(1, min(units, int(sm_count) // cluster)),)
     return (max(1, min(prod(int(g) for g in grid), int(sm_count))),)
 
@@ -105,7 +105,8 @@ def _leader(R) -> int:
 
 
 def _cluster(R) -> int:
-    """CTAs per cluster (``cuda.cluster``): a cluster's CTAs walk the same tiles at adjacent x blocks."""
+    """CTAs per cluster (``cuda.cluster``): a cluster's CTAs walk the same tiles at adjacent blocks
+    along the cluster's axis (x: they share A; y: they share B)."""
     return R.cluster.plan.size if R.cluster is not None else 1
 
 
@@ -143,16 +144,20 @@ def render_tiles(R, body: Callable[[], None], consumers: bool) -> None:
     live = f"(const int32_t*){R.buffer_name(plan.live)}" if plan.live is not None else "nullptr"
     R.emit("int32_t kf_walk_z = 0, kf_walk_base = 0;")
     c = _cluster(R)
-    if c > 1:  # the cluster walks units of c adjacent x blocks; CTA r takes block c * unit + r
+    paired = "kf_tby" if c > 1 and R.cluster.plan.axis == 1 else "kf_tbx"
+    if c > 1:  # the cluster walks units of c adjacent blocks along its axis; CTA r takes block c * unit + r
         R.open(f"for (int32_t kf_tile = (int32_t)blockIdx.x / {c}; ; kf_tile += (int32_t)gridDim.x / {c})")
-        nx = f"(({nx}) + {c - 1}) / {c}"
+        if paired == "kf_tby":
+            ny = f"(({ny}) + {c - 1}) / {c}"
+        else:
+            nx = f"(({nx}) + {c - 1}) / {c}"
     else:
         R.open("for (int32_t kf_tile = (int32_t)blockIdx.x; ; kf_tile += (int32_t)gridDim.x)")
     R.emit("int32_t kf_tbx, kf_tby, kf_tbz;")
     R.emit(f"if (!kf::next_tile(kf_tile, {nx}, {ny}, {nz}, {plan.l2_group}, {live}, {plan.block_rows}, "
            "kf_walk_z, kf_walk_base, kf_tbx, kf_tby, kf_tbz)) break;")
     if c > 1:
-        R.emit(f"kf_tbx = kf_tbx * {c} + (int32_t)kf_cta_rank;")
+        R.emit(f"{paired} = {paired} * {c} + (int32_t)kf_cta_rank;")
     for v, t in zip(R.k.block_vars, ("kf_tbx", "kf_tby", "kf_tbz")):
         R.emit(f"const {R.ctype(v.dtype)} {R.cname(v)} = ({R.ctype(v.dtype)}){t};")
     R.open("")

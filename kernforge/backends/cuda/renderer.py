@@ -54,7 +54,7 @@ from kernforge.backends.cuda.layout_plan import SWIZZLE_ALIGN, LayoutPlan, plan_
 from kernforge.backends.cuda.pipeline_plan import (PipelinePlan, plan_pipelines, plan_promotion_rings,
                                                    plan_release_rings, plan_warp_specialization)
 from kernforge.backends.cuda import persistent as cuda_persistent, warp_specialize
-from kernforge.backends.cuda import cluster as cuda_cluster
+from kernforge.backends.cuda import cluster as cuda_cluster, tcgen05_pair as cuda_tcgen05_pair
 from kernforge.backends.cuda import smem_layouts
 from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tcgen05 as cuda_tcgen05, tma as cuda_tma
 from kernforge.backends.cuda import tma_store as cuda_tma_store
@@ -135,6 +135,7 @@ class CudaProgram(Program):
     # launchers round the grid's x extent up to whole clusters
     cluster: int = 1
     cluster_reason: str = ""  # why a kernel that asked for a cluster (attrs["cluster"]) has none
+    cluster_axis: int = 0  # the grid axis the cluster spans and the launchers round: 0 (x, A shared), 1 (y, B)
 
     @property
     def variant(self) -> str:
@@ -156,7 +157,7 @@ class CudaRenderer(CRenderer, Renderer):
     fragments live in registers, in which layout; which gemm instruction), the ``pipelines``
     (ring copies of each ``T.Pipelined`` loop) and ``tma`` (which of those rings load by
     TMA on sm_90a, and the tensor maps they need; none for the ``cp.async`` variant), then
-    ``tma_store`` (which accumulator epilogues go out by STSM + TMA stores on sm_90a:
+    ``tma_store`` (which accumulator epilogues go out by STSM + TMA stores on sm_90a and sm_100a:
     :mod:`kernforge.backends.cuda.tma_store`) and the ring / warp-specialization plans."""
 
     name = "cuda"
@@ -178,16 +179,15 @@ class CudaRenderer(CRenderer, Renderer):
             Analysis("pipelines", lambda k, facts: plan_pipelines(k, facts["layouts"].staged)),
             Analysis("tma", lambda k, facts: cuda_tma.plan_tma(k, facts["layouts"], facts["pipelines"])
                      if tma else ({}, [])),
-            Analysis("tma_store", lambda k, facts: cuda_tma_store.plan_tma_stores(k, facts["layouts"],
-                                                                                  tma and arch.wgmma)),
+            Analysis("tma_store", lambda k, facts: cuda_tma_store.plan_tma_stores(k, facts["layouts"], tma)),
             Analysis("release", lambda k, facts: plan_release_rings(facts["tma"][0], facts["layouts"])),
             Analysis("promotion", lambda k, facts: plan_promotion_rings(facts["tma"][0], facts["layouts"])),
             Analysis("warpspec", lambda k, facts: plan_warp_specialization(k, facts["pipelines"], facts["release"],
                                                                            facts["promotion"])),
             Analysis("persistent", lambda k, facts: cuda_persistent.plan_persistent(
                 k, facts["tma"][0], facts["release"], facts["warpspec"])),
-            Analysis("cluster", lambda k, facts: cuda_cluster.plan_kernel(
-                k, arch.name, facts["tma"][0], facts["warpspec"], facts["persistent"])),
+            # TMA multicast (cuda.cluster), or a kernel's 2-CTA tcgen05 MMA pair (cuda.tcgen05_pair)
+            Analysis("cluster", lambda k, facts: cuda_tcgen05_pair.plan_cluster(k, arch.name, facts)),
         )
 
     def native(self, kernel: ir.Kernel, target: Target) -> tuple[type, ...]:
@@ -433,6 +433,7 @@ class CudaRenderer(CRenderer, Renderer):
         else:
             self.stmt(self.k.body)
         if self.persistent is not None:
+            cuda_tma_store.render_drain(self)  # the last tile's deferred TMA-store wait
             cuda_persistent.render_teardown(self)
         if self.tmem_slot_offset >= 0:
             cuda_tcgen05.render_teardown(self)
@@ -458,7 +459,8 @@ class CudaRenderer(CRenderer, Renderer):
             params=", ".join(f"{t} {n}" for n, t in params), body=self.lines)
         return CudaProgram(source, entry, params, threads, self.smem_bytes, self.arch.name,
                            tuple(self.tensor_maps), self.k.threads, self.persistent is not None,
-                           1 if self.cluster is None else self.cluster.plan.size, self.cluster_reason)
+                           1 if self.cluster is None else self.cluster.plan.size, self.cluster_reason,
+                           0 if self.cluster is None else self.cluster.plan.axis)
 
     # -- statements -----------------------------------------------------------------
     def stmt(self, s: ir.Stmt) -> None:

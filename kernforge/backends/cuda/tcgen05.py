@@ -34,9 +34,13 @@ with C's sum resident in TMEM across the loop: each iteration stages the tile's 
 shared memory (row r of a 128-row block at byte ``(r % 32) * 16 + (r / 32) * 4``), one thread
 copies them into TMEM (``tcgen05.cp .32x128b.warpx4``: every lane quarter gets the 32 rows) and
 issues the MMAs, which apply ``2^(e - 127)`` per row of A and column of B on the tensor cores;
-the promotion loop on the CUDA cores disappears, and C is read back once after the loop.
+the promotion loop on the CUDA cores disappears, and C is read back once after the loop.  Scales
+packed four K steps to an int32 word (DeepGEMM's) are staged and copied a whole word at a time,
+once per four K steps, each step's MMAs selecting their byte with the descriptor's SF ids.
 
-Not done here: 2-CTA MMA (fp8 gemms other than K-major e4m3 keep their bf16 shadow tiles);
+2-CTA MMA (``cta_group::2``, a kernel's ``cta_pair``): planned by :mod:`.tcgen05_pair`, rendered
+here by :func:`_render_pair` and the ``_cg2`` setup/teardown (:func:`pair`).  Not done:
+block-scaled pairs (and fp8 gemms other than K-major e4m3 keep their bf16 shadow tiles);
 docs/backends/cuda.md says what each needs.
 """
 from __future__ import annotations
@@ -56,14 +60,22 @@ LD_ATOMS = 8  # 8-column atoms per tcgen05.ld (.x8: 32 registers)
 KINDS = {dtypes.float16: ("f16", 0, 16), dtypes.bfloat16: ("f16", 1, 16), dtypes.float8_e4m3: ("f8f6f4", 0, 32)}
 
 
-def instr_desc(m: int, n: int, dtype, mn_major_a: bool, mn_major_b: bool) -> int:
+def instr_desc(m: int, n: int, dtype, mn_major_a: bool, mn_major_b: bool, cta_group: int = 1) -> int:
     """The 32-bit ``kind::f16`` / ``kind::f8f6f4`` instruction descriptor (PTX "Instruction
     descriptor"): D f32 (bits 4-5 = 1), A/B type in bits 7-9 / 10-12 (kind::f16: f16 0, bf16 1;
     kind::f8f6f4: e4m3 0), MN-major (transpose) A bit 15 and B bit 16, N >> 3 in bits 17-22,
-    M >> 4 in bits 24-28."""
+    M >> 4 in bits 24-28.  ``cta_group=2`` (a CTA pair, ``kf::tcgen05_mma_*_cg2``): M and N are
+    the pair's whole shape, here M = 256 (128 rows per CTA) and N a multiple of 16 in 32..256
+    (each CTA holds N / 2 rows of B^T)."""
     if dtype not in KINDS:
         raise ValueError(f"instr_desc: tcgen05 takes bf16, fp16 or e4m3 operands here, not {dtype}")
-    if m not in (64, 128) or n % (8 if m == 64 else 16) or not 8 <= n <= 256:
+    if cta_group == 2:
+        if m != 256 or n % 16 or not 32 <= n <= 256:
+            raise ValueError(f"instr_desc: M = {m}, N = {n} is not a cta_group::2 shape kernforge issues "
+                             "(M = 256, N = 32..256 in steps of 16)")
+    elif cta_group != 1:
+        raise ValueError(f"instr_desc: cta_group must be 1 or 2, got {cta_group}")
+    elif m not in (64, 128) or n % (8 if m == 64 else 16) or not 8 <= n <= 256:
         raise ValueError(f"instr_desc: M = {m}, N = {n} is not a cta_group::1 tcgen05.mma shape")
     ab = KINDS[dtype][1]
     return (1 << 4) | (ab << 7) | (ab << 10) | (int(mn_major_a) << 15) | (int(mn_major_b) << 16) | \
@@ -97,6 +109,10 @@ class BlockScaled:
     j: ir.Var
     sfa: ir.Expr
     sfb: ir.Expr
+    #: ``(sfa word, sfb word, SF id)`` where both bytes are byte ``k % 4`` of a word indexed by
+    #: ``k // 4`` (DeepGEMM's packing, :func:`_packed_word`): the words are copied once per four K
+    #: steps and each step's MMAs pick their byte by the SF id; None: one byte copied per step
+    words: Optional[tuple] = None
 
 
 def _same(x, y) -> bool:
@@ -167,6 +183,35 @@ def _promotion(p: ir.Parallel, c: ir.Buffer):
     return st.buffer, i, j, sfa, sfb
 
 
+def _quarters_only(e, v: ir.Var) -> bool:
+    """Whether expression ``e`` reads ``v`` only as ``v // 4``: one value for four consecutive
+    ``v >= 0`` (a loop's K steps 4p .. 4p + 3)."""
+    if isinstance(e, ir.Binary) and e.op == ir.Op.FLOORDIV and e.a is v and _const(e.b, 4):
+        return True
+    if e is v:
+        return False
+    if isinstance(e, tuple):
+        return all(_quarters_only(x, v) for x in e)
+    if isinstance(e, (ir.Var, ir.Buffer)) or not isinstance(e, ir.Expr):
+        return True
+    return all(_quarters_only(getattr(e, f), v) for f in e.__dataclass_fields__)
+
+
+def _packed_word(byte: ir.Expr, v: ir.Var) -> Optional[tuple]:
+    """``(word, v % 4)`` if the UE8M0 byte is ``(word >> ((v % 4) * 8)) & 255`` with ``word`` reading
+    the K loop's ``v`` only as ``v // 4`` (``kernels.gemm.ue8m0_value(SF[.., k // 4], k % 4)``):
+    four consecutive K steps read the four bytes of one word; None otherwise."""
+    if not (isinstance(byte, ir.Binary) and byte.op == ir.Op.AND and isinstance(byte.a, ir.Binary)
+            and byte.a.op == ir.Op.SHR):
+        return None
+    word, shift = byte.a.a, byte.a.b
+    if not (isinstance(shift, ir.Binary) and shift.op == ir.Op.MUL and _const(shift.b, 8)
+            and isinstance(shift.a, ir.Binary) and shift.a.op == ir.Op.MOD and shift.a.a is v
+            and _const(shift.a.b, 4)):
+        return None
+    return (word, shift.a) if _quarters_only(word, v) else None
+
+
 def _references(root, b: ir.Buffer) -> set:
     """The ids of the loads, stores and regions of buffer ``b`` under ``root``."""
     return {id(n) for n in ir.nodes(root) if isinstance(n, (ir.Load, ir.Store, ir.Region)) and n.buffer is b}
@@ -203,7 +248,9 @@ def plan_block_scaled(kernel: ir.Kernel, plan) -> dict:
         if _references(kernel.body, g.c.buffer) != _references(g, g.c.buffer) | _references(rest[0], g.c.buffer) \
                 or plan.registers.get(acc) != lay or any(x is not rest[0] and _touches(x, acc) for x in body):
             continue
-        out[g] = BlockScaled(rest[0], loop, acc, i, j, sfa, sfb)
+        wa, wb = _packed_word(sfa, loop.var), _packed_word(sfb, loop.var)
+        words = (wa[0], wb[0], wa[1]) if wa and wb else None
+        out[g] = BlockScaled(rest[0], loop, acc, i, j, sfa, sfb, words)
     return out
 
 
@@ -226,20 +273,27 @@ def folded(R, p: ir.Parallel) -> bool:
 
 def render_setup(R, slot_offset: int) -> None:
     """Kernel entry: warp 0 allocates the TMEM columns and publishes their address through shared
-    memory; thread 0 initialises the MMA-completion mbarrier."""
+    memory; thread 0 initialises the MMA-completion mbarrier.  A 2-CTA pair (:func:`pair`): warp
+    0 of both CTAs allocates together (``_cg2``), thread 0 also initialises the ``ready`` barrier
+    the odd CTA arrives on, and a cluster barrier publishes both before any peer touches them."""
     cols = R.plan.tmem_columns()
+    cg = "_cg2" if pair(R) else ""
     R.emit(f"uint32_t* const kf_tmem_slot = reinterpret_cast<uint32_t*>(kf_smem + {slot_offset});")
     R.emit(f"uint64_t* const kf_mma_bar = reinterpret_cast<uint64_t*>(kf_smem + {slot_offset + 8});")
+    if pair(R):  # the even CTA's: the odd CTA's half of the stage landed
+        R.emit(f"uint64_t* const kf_pair_ready = reinterpret_cast<uint64_t*>(kf_smem + {slot_offset + 16});")
     R.open(f"if ({R.tid} < 32)")
-    R.emit(f"kf::tmem_alloc(kf_tmem_slot, {cols});")
-    R.emit("kf::tmem_relinquish_alloc_permit();")
+    R.emit(f"kf::tmem_alloc{cg}(kf_tmem_slot, {cols});")
+    R.emit(f"kf::tmem_relinquish_alloc_permit{cg}();")
     R.close()
     R.open(f"if ({R.tid} == 0)")
     R.emit("kf::mbarrier_init(kf_mma_bar, 1);")
+    if pair(R):
+        R.emit("kf::mbarrier_init(kf_pair_ready, 1);")
     R.emit("kf::mbarrier_init_fence();")
     R.close()
     R.emit("kf::tcgen05_fence_before();")
-    R.emit("__syncthreads();")
+    R.emit("kf::cluster_sync();" if pair(R) else "__syncthreads();")
     R.emit("kf::tcgen05_fence_after();")
     R.emit("const uint32_t kf_tmem = *kf_tmem_slot;")
     R.emit("uint32_t kf_mma_phase = 0;")
@@ -249,12 +303,13 @@ def render_setup(R, slot_offset: int) -> None:
 
 
 def render_teardown(R) -> None:
-    """Kernel exit: once every warp is past its last ``tcgen05.ld``, warp 0 frees the columns."""
+    """Kernel exit: once every warp is past its last ``tcgen05.ld``, warp 0 frees the columns (a
+    pair: once every warp of both CTAs is, warp 0 of each, together)."""
     R.emit("kf::tcgen05_fence_before();")
-    R.emit("__syncthreads();")
+    R.emit("kf::cluster_sync();" if pair(R) else "__syncthreads();")
     R.open(f"if ({R.tid} < 32)")
     R.emit("kf::tcgen05_fence_after();")
-    R.emit(f"kf::tmem_dealloc(kf_tmem, {R.plan.tmem_columns()});")
+    R.emit(f"kf::tmem_dealloc{'_cg2' if pair(R) else ''}(kf_tmem, {R.plan.tmem_columns()});")
     R.close()
 
 
@@ -326,6 +381,9 @@ def render_gemm(R, g: ir.Gemm) -> None:
     if g in R.plan.block_scaled:
         _render_block_scaled(R, g, R.plan.block_scaled[g])
         return
+    if pair(R):
+        _render_pair(R, g)
+        return
     lay: AccumLayout = R.plan.registers[g.c.buffer]
     a, b = g.a.buffer, g.b.buffer
     K = a.static_shape()[0] if g.trans_a else a.static_shape()[1]
@@ -364,12 +422,66 @@ def render_gemm(R, g: ir.Gemm) -> None:
         R.emit(f"{live} = 1;")
 
 
+def pair(R) -> bool:
+    """Whether the kernel runs its tcgen05 gemm as a 2-CTA pair (``cuda.tcgen05_pair``)."""
+    return R.cluster is not None and R.cluster.plan.pair
+
+
+def _render_pair(R, g: ir.Gemm) -> None:
+    """One K step of a pair's TMEM-resident gemm (``cuda.tcgen05_pair``): the odd CTA's thread 0
+    tells the even one that its half of the stage landed (remote arrive on ``kf_pair_ready``); the
+    even CTA's thread 0 waits for that, issues one ``M = 256, N = BN`` MMA per K step over both
+    CTAs' tiles (the same offsets in each) into both TMEMs, and commits with multicast 0b11, so
+    every thread of each CTA waits on its own ``kf_mma_bar``, then (a gemm not TMEM-resident)
+    reads its rows back.  The ``ready`` arrival also orders the odd CTA's earlier ``tcgen05.ld``
+    (the previous iteration's, or a persistent kernel's previous tile's: fence, block barrier,
+    arrive) before the MMAs that overwrite its TMEM, so the loop needs no cluster barrier."""
+    from kernforge.backends.cuda.gemm import smem_desc
+
+    lay: AccumLayout = R.plan.registers[g.c.buffer]
+    a, b = g.a.buffer, g.b.buffer
+    kind, _, kstep = KINDS[a.dtype]
+    idesc = instr_desc(256, lay.n, a.dtype, False, False, cta_group=2)
+    live = R.tmem_live.get(g)
+    if live is None:  # this CTA's previous tcgen05.ld are done before the ready arrival (and its MMAs)
+        R.emit("kf::tcgen05_fence_before();")
+        R.emit("__syncthreads();")
+    R.open(f"if ({R.tid} == 0 && (kf_cta_rank & 1u))")
+    R.emit("kf::mbarrier_arrive_cluster(kf_pair_ready, kf_cta_rank & ~1u);")
+    R.close()
+    R.open(f"else if ({R.tid} == 0)")
+    R.emit("kf::mbarrier_wait_parity(kf_pair_ready, kf_mma_phase);  // one arrival per K step, as the commits")
+    R.emit("kf::tcgen05_fence_after();")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_kk = 0; kf_kk < {a.static_shape()[1] // kstep}; ++kf_kk)")
+    R.emit(f"const uint64_t kf_da = {smem_desc(R, a, '0', f'kf_kk * {kstep}', True, umma=True)};")
+    R.emit(f"const uint64_t kf_db = {smem_desc(R, b, '0', f'kf_kk * {kstep}', True, umma=True)};")
+    accumulate = "kf_kk > 0" if live is None else f"{live} | (kf_kk > 0)"
+    R.emit(f"kf::tcgen05_mma_{kind}_cg2(kf_tmem, kf_da, kf_db, {idesc:#010x}u, {accumulate});")
+    R.close()
+    R.emit("kf::tcgen05_commit_cg2_multicast(kf_mma_bar, 0x3);")
+    R.close()
+    R.emit("kf::mbarrier_wait_parity(kf_mma_bar, kf_mma_phase);")
+    R.emit("kf_mma_phase ^= 1u;")
+    R.emit("kf::tcgen05_fence_after();")
+    if live is None:
+        _render_read_back(R, g, "=" if g.clear_accum else "+=")
+    else:
+        R.emit(f"{live} = 1;")
+
+
 def _render_block_scaled(R, g: ir.Gemm, bs: BlockScaled) -> None:
     """One K step of a block-scaled gemm (:func:`plan_block_scaled`; TMEM-resident, so inside
     :func:`render_resident_loop`): every thread stages scale bytes of the tile's rows and columns
     (``i``/``j`` bound to a strided index) in the ``tcgen05.cp`` source layout, then thread 0 copies
     them into the columns after the accumulator's and issues the MMAs, each with its block's
-    factors; commit, and every thread waits (the ring stage and the staging bytes are free)."""
+    factors; commit, and every thread waits (the ring stage and the staging bytes are free).
+
+    With packed words (``bs.words``, DeepGEMM's four K blocks per int32) the whole word is staged
+    and copied only on a step whose SF id ``k % 4`` is 0 (or the loop's first step), as DeepGEMM
+    does: the cell then holds the four K steps' bytes and each step's MMAs select theirs with the
+    descriptor's SFA/SFB ids -- one copy, and one staging barrier, per four K steps.  The copies'
+    source is free again when a step's wait returns (the commit tracks them with the MMAs)."""
     from kernforge.backends.cuda.gemm import smem_desc
     from kernforge.backends.cuda.layout_plan import tcgen05_columns
 
@@ -382,21 +494,39 @@ def _render_block_scaled(R, g: ir.Gemm, bs: BlockScaled) -> None:
     sfb_col = sfa_col + 4 * blocks
     idesc = instr_desc_block_scaled(128, n)
     live = R.tmem_live[g]
-    # row r of a 128-row piece: lane r % 32, column r / 32 (byte 0: the descriptor's SF ids are 0)
-    for var, expr, extent, base in ((bs.i, bs.sfa, lay.m, 0), (bs.j, bs.sfb, lay.n, 512 * blocks)):
+    fresh = None
+    if bs.words is not None:
+        sf_id, fresh = R.fresh("sf_id"), R.fresh("sf_new")
+        R.emit(f"const uint32_t {sf_id} = {R.expr(bs.words[2])};  // this K step's byte of the packed words")
+        R.emit(f"const bool {fresh} = {sf_id} == 0u || !{live};  // a new word: stage and copy it")
+        idesc_expr = f"{idesc:#010x}u | ({sf_id} << 4) | ({sf_id} << 29)"
+        staged = ((bs.i, bs.words[0], lay.m, 0), (bs.j, bs.words[1], lay.n, 512 * blocks))
+        R.open(f"if ({fresh})")
+    else:
+        idesc_expr = f"{idesc:#010x}u"  # SF ids 0: each step stages its own byte
+        staged = ((bs.i, bs.sfa, lay.m, 0), (bs.j, bs.sfb, lay.n, 512 * blocks))
+    # row r of a 128-row piece: lane r % 32, column r / 32, the 4-byte cell (byte 0 alone, or the word)
+    for var, expr, extent, base in staged:
         R.open(f"for (int kf_s = {R.tid}; kf_s < {extent}; kf_s += {R.k.threads})")
         R.var_override[var] = "kf_s"
-        R.emit(f"kf_sf_stage[{base} + (kf_s >> 7) * 512 + (kf_s & 31) * 16 + ((kf_s >> 5) & 3) * 4] = "
-               f"static_cast<uint8_t>({R.expr(expr)});")
+        cell = f"{base} + (kf_s >> 7) * 512 + (kf_s & 31) * 16 + ((kf_s >> 5) & 3) * 4"
+        if fresh is None:
+            R.emit(f"kf_sf_stage[{cell}] = static_cast<uint8_t>({R.expr(expr)});")
+        else:
+            R.emit(f"*reinterpret_cast<uint32_t*>(kf_sf_stage + {cell}) = static_cast<uint32_t>({R.expr(expr)});")
         del R.var_override[var]
         R.close()
     R.barrier()  # with tcgen05 it fences the staged bytes for tcgen05.cp (async proxy) first
+    if fresh is not None:
+        R.close()
     R.open(f"if ({R.tid} == 0)")
     R.emit("kf::tcgen05_fence_after();")
+    R.open(f"if ({fresh})" if fresh is not None else "")
     for piece, col in [(p, sfa_col + 4 * p) for p in range(blocks)] + \
             [(blocks + p, sfb_col + 4 * p) for p in range(pieces)]:
         R.emit(f"kf::tcgen05_cp_32x128b_warpx4(kf_tmem + {col}, "
                f"kf::make_umma_desc(kf_sf_stage + {512 * piece}, 0, 128));")
+    R.close()
     R.emit("#pragma unroll")
     R.open(f"for (int kf_kk = 0; kf_kk < {K // 32}; ++kf_kk)")
     R.emit("#pragma unroll")
@@ -408,7 +538,7 @@ def _render_block_scaled(R, g: ir.Gemm, bs: BlockScaled) -> None:
     R.emit(f"const uint64_t kf_da = {smem_desc(R, a, 'kf_row0', 'kf_kk * 32', True, umma=True)};")
     R.emit(f"const uint64_t kf_db = {smem_desc(R, b, 'kf_col0', 'kf_kk * 32', True, umma=True)};")
     R.emit(f"kf::tcgen05_mma_mxf8f6f4_block_scale(kf_tmem + (kf_b * {lay.wn} + kf_wc) * {n}, kf_da, kf_db, "
-           f"{idesc:#010x}u, kf_tmem + {sfa_col} + 4 * kf_b, kf_tmem + {sfb_col} + kf_col0 / 32, "
+           f"{idesc_expr}, kf_tmem + {sfa_col} + 4 * kf_b, kf_tmem + {sfb_col} + kf_col0 / 32, "
            f"{live} | (kf_kk > 0));")
     R.close()
     R.close()

@@ -260,7 +260,8 @@ def _issue_boxes(R, t: TmaTile, stage_expr: str, bar: str, policy, q: str, step,
                  multicast=None) -> None:
     """``multicast`` (a ``cluster.ClusterPlan``): this CTA loads only its slice of each box (rows
     ``kf_cta_rank * slice_rows``.. of a one-row-box tile) and multicasts it to the same place in
-    every CTA of the cluster."""
+    every CTA of the cluster; for a 2-CTA MMA pair (``plan.pair``) into the start of its own
+    stage alone, where the pair's MMA reads each CTA's half."""
     c = t.copy
     src = c.src.buffer
     ct = R.ctype(src.dtype)
@@ -271,7 +272,7 @@ def _issue_boxes(R, t: TmaTile, stage_expr: str, bar: str, policy, q: str, step,
     R.open(f"for (int {q} = {start}; {q} < {t.boxes}; {q} += {step})")
     R.emit(f"const int kf_rb = {q} / {per_row}, kf_cb = {q} % {per_row};")
     piece = ""
-    if multicast is not None:  # the slice's first row, in elements of the stage
+    if multicast is not None and not multicast.pair:  # the slice's first row, in elements of the stage
         piece = f" + kf_cta_rank * {multicast.slice_rows * t.box_cols}u"
     R.emit(f"{ct}* kf_dst = {base} + {t.box_offset('kf_rb', 'kf_cb')}{piece};")
     coords = []
@@ -285,7 +286,7 @@ def _issue_boxes(R, t: TmaTile, stage_expr: str, bar: str, policy, q: str, step,
             if multicast is not None:
                 start_ += f" + (int32_t)kf_cta_rank * {multicast.slice_rows}"
         coords.append(start_)
-    if multicast is not None:
+    if multicast is not None and not multicast.pair:
         R.emit(f"kf::tma_load_{len(coords)}d_multicast(kf_dst, &{t.spec.name}, {', '.join(coords)}, {bar}, "
                f"(uint16_t){multicast.cta_mask}u);")
         R.close()

@@ -1,5 +1,5 @@
-"""STSM + TMA-store epilogues on sm_90a: a whole accumulator tile -> global copy goes through
-shared memory and the copy engine instead of 4-byte stores from every thread.
+"""STSM + TMA-store epilogues on sm_90a and sm_100a: a whole accumulator tile -> global copy goes
+through shared memory and the copy engine instead of 4-byte stores from every thread.
 
 Why: the plain epilogue (``cuda_ops.try_pair_store``) issues one ``STG`` per accumulator pair per
 thread (a 128 x 128 bf16 tile: 64 stores per thread, 4 bytes each).  Here every warp writes its
@@ -10,9 +10,12 @@ meet at a barrier, and one thread stores each 64-row block with a few TMA boxes
 
 Which copies (decided here, for the whole kernel, from the layout plan; :func:`plan_tma_stores`):
 
-* the TMA variant on an arch with wgmma (sm_90a); not ``T.copy(..., disable_tma=True)``;
+* the TMA variant on sm_90a or sm_100a (both have ``stmatrix`` and bulk tensor stores; sm_100a's
+  tcgen05 gemms read their accumulator back from TMEM into the same fragment); not
+  ``T.copy(..., disable_tma=True)``;
 * source: a whole fp32 accumulator fragment (``AccumLayout``) whose row warps form warpgroups
-  (``wm % 4 == 0``, so each 64-row block is one warpgroup's wgmma fragment);
+  (``wm % 4 == 0``, so each 64-row block is one warpgroup's wgmma fragment; in tcgen05's M = 128
+  row order a warp's 16-row slices belong to other 64-row blocks: :func:`_staging_block`);
 * destination: a global kernel parameter of bf16 or fp32 with 2 to 5 dimensions, the region a
   whole ``m x n`` tile in its last two (``D[row0, col0]``, or ``Out[b, s, h0, 0]``: MLA decode's
   rows of one token; the outer extents 1) with the constant innermost stride 1; the tensor map
@@ -35,7 +38,8 @@ columns (MLA decode's 64 x 512 float32 partials) is staged one warp column per r
 swizzle spreads a stmatrix's eight 16-byte rows over all banks) when the block width is a
 multiple of 128 bytes, else as one unswizzled slab.  The issuing thread waits
 (``cp.async.bulk.wait_group.read 0``) and a second barrier follows, so the staging tile may be
-written again (a persistent kernel's next tile) and the CTA may exit.
+written again and the CTA may exit; in a persistent tile loop that wait is deferred to right
+before the staging tile's next write, so the store overlaps the next tile (:func:`lazy`).
 """
 from __future__ import annotations
 
@@ -86,7 +90,7 @@ class TmaStore:
 def _qualifies(c: ir.Copy, lay, params: list) -> Optional[int]:
     """The output element size when ``c`` can be a TMA-store epilogue."""
     src, dst = c.src.buffer, c.dst.buffer
-    if c.disable_tma or not isinstance(lay, AccumLayout) or lay.m128 or lay.wm % 4 or src.dtype != dtypes.float32:
+    if c.disable_tma or not isinstance(lay, AccumLayout) or lay.wm % 4 or src.dtype != dtypes.float32:
         return None
     if dst.scope != ir.Scope.GLOBAL or not any(dst is p for p in params) or not 2 <= len(dst.shape) <= 5 \
             or dst.dtype not in (dtypes.bfloat16, dtypes.float32):
@@ -104,7 +108,7 @@ def _qualifies(c: ir.Copy, lay, params: list) -> Optional[int]:
 
 def plan_tma_stores(kernel: ir.Kernel, layouts, enabled: bool) -> tuple[dict, list[TensorMapSpec]]:
     """The TMA-store epilogues of ``kernel`` (copy -> :class:`TmaStore`) and their tensor maps;
-    ``enabled``: the TMA variant on a wgmma arch."""
+    ``enabled``: the TMA variant on an arch with the copy engine and ``stmatrix`` (sm_90a, sm_100a)."""
     if not enabled:
         return {}, []
     params = list(kernel.params)
@@ -133,9 +137,24 @@ def staging_bytes(stores: dict) -> int:
     return max((s.bytes for s in stores.values()), default=0)
 
 
+def _staging_block(lay: AccumLayout, mi: int) -> tuple[str, str]:
+    """The 64-row staging block (rows ``64 * block ..``, as C) that this warp's ``mi``-th 16 rows
+    belong to, and the helper's slice argument (``""``: the warp's index in its warpgroup).
+    wgmma / mma.sync order (``layouts._row``): block ``mi * wm / 4 + kf_wg``, slice ``w % 4``.
+    tcgen05's M = 128 order: with ``L = mi * wm / 4 + kf_wg``, the rows are
+    ``128 (L >> 1) + 32 q + 16 (L & 1) + 0..15`` (``q`` = ``kf_q``, the warp's lane quarter), so
+    block ``2 (L >> 1) + q / 2``, slice ``2 (q & 1) + (L & 1)``."""
+    L = f"{mi * (lay.wm // 4)} + kf_wg"
+    if not lay.m128:
+        return L, ""
+    return f"2 * (({L}) >> 1) + (kf_q >> 1)", f", 2 * (kf_q & 1) + (({L}) & 1)"
+
+
 def render(R, s: TmaStore, stage_offset: int) -> None:
     """Per round (:attr:`TmaStore.rounds`): stage the fragment (every thread of the round's warp
-    columns), barrier, store + wait (thread 0), barrier."""
+    columns), barrier, store + wait (thread 0), barrier.  Lazy (:func:`lazy`): thread 0 first waits
+    for the staging tile's previous stores to have been read, a barrier, then stage, barrier and
+    store without a wait (:func:`render_drain` waits for the last one)."""
     lay, c = s.layout, s.copy
     wgs = lay.wm // 4  # warpgroups along the rows
     block = 64 * s.block_cols * s.elem  # bytes of one 64-row block
@@ -146,10 +165,15 @@ def render(R, s: TmaStore, stage_offset: int) -> None:
     row0, col0 = (R.expr(e) for e in c.dst.starts[-2:])
     outer = [R.expr(e) for e in reversed(c.dst.starts[:-2])]  # the map's coordinates 2.., innermost first
     coords = "".join(f", kf_o{i}" for i in range(len(outer)))
-    whole = s.rounds == 1
+    whole, deferred = s.rounds == 1, lazy(R, s)
     for r in range(s.rounds):
         # the warp columns of this round, and how many of them share the staging tile
         columns, per_stage = (range(lay.wn), lay.wn) if whole else ([r], 1)
+        if deferred:  # the previous tile's boxes are read out of the staging tile before it is rewritten
+            R.open(f"if ({R.tid} == 0)")
+            R.emit("kf::bulk_wait_group_read<0>();")
+            R.close()
+            R.barrier()
         R.emit("{")  # the staging writes, in their own scope
         R.depth += 1
         if not whole:  # warps past the accumulator's have a column index >= wn: never this round's
@@ -160,10 +184,13 @@ def render(R, s: TmaStore, stage_offset: int) -> None:
             R.emit(f"const int kf_wg = (({R.tid} >> 5) % {lay.wm}) / 4, kf_wc = ({R.tid} >> 5) / {lay.wm};")
         else:
             R.emit(f"const int kf_wg = (({R.tid} >> 5) % {lay.wm}) / 4;")
+        if lay.m128:
+            R.emit(f"const int kf_q = ({R.tid} >> 5) & 3;  // the warp's TMEM lane quarter")
         for mi in range(lay.mt):
-            at = f"(({mi * wgs} + kf_wg) * {lay.wn} + kf_wc) * {block}" if whole else f"({mi * wgs} + kf_wg) * {block}"
+            blk, slice_ = _staging_block(lay, mi)
+            at = f"(({blk}) * {lay.wn} + kf_wc) * {block}" if whole else f"({blk}) * {block}"
             R.emit(f"kf::{helper}<{s.block_cols}, {s.swizzle}>(*reinterpret_cast<const float(*)[{s.block_cols // 2}]>"
-                   f"({frag} + {mi * lay.nt * 4}), {stage} + {at});")
+                   f"({frag} + {mi * lay.nt * 4}), {stage} + {at}{slice_});")
         if not whole or lay.used_warps != lay.warps:
             R.close()
         R.close()
@@ -181,6 +208,28 @@ def render(R, s: TmaStore, stage_offset: int) -> None:
                     R.emit(f"kf::epilogue_tma_store<{s.block_cols}, {s.swizzle}, {s.elem}>(&{s.spec.name}, "
                            f"{stage} + {off}, kf_c0 + {wc * s.block_cols}, "
                            f"kf_r0 + {mi * 16 * lay.wm + 64 * wg}{coords});")
+        if deferred:
+            R.close()
+            continue
         R.emit("kf::bulk_wait_group_read<0>();")
         R.close()
         R.barrier()
+
+
+def lazy(R, s: TmaStore) -> bool:
+    """Whether ``s`` waits for its stores lazily: in a persistent tile loop (``cuda.persistent``)
+    a whole-tile store's read of the staging tile overlaps the CTA's next tile (its main loop),
+    and is waited for only right before the staging tile's next write, as DeepGEMM does; the
+    tile loop's own barrier (``persistent.render_tiles``) does not order the staging tile, the
+    barrier after that wait does.  Elsewhere (one tile per CTA, or a tile staged in rounds) the
+    issuing thread waits at once."""
+    return R.persistent is not None and s.rounds == 1
+
+
+def render_drain(R) -> None:
+    """After a persistent tile loop: thread 0 waits for its last tile's lazy stores (:func:`lazy`)
+    to have read shared memory, before the CTA may exit."""
+    if any(lazy(R, s) for s in R.tma_stores.values()):
+        R.open(f"if ({R.tid} == 0)")
+        R.emit("kf::bulk_wait_group_read<0>();  // the last tile's TMA stores (their reads of the staging tile)")
+        R.close()

@@ -106,15 +106,15 @@ def call_args(params: Sequence[HostParam]) -> str:
 
 
 def emu_source(kernel_source: str, *, name: str, entry: str, params: Sequence[HostParam], threads: int,
-               grid_rank: int, cluster: int = 1) -> str:
+               grid_rank: int, cluster: int = 1, cluster_axis: int = 0) -> str:
     """The kernel's CUDA source followed by its generated host entry (``cluster``: CTAs per
-    cluster along x, run together; the build must then size the arena for the whole cluster,
-    :func:`cluster_smem_bytes`)."""
+    cluster along launch axis ``cluster_axis``, 0 x or 1 y, run together; the build must then size
+    the arena for the whole cluster, :func:`cluster_smem_bytes`)."""
     from_args = [p for p in params if p.kind != "symbol"]  # in args[] order
     maps = [i for i, p in enumerate(from_args) if p.kind == "tensormap"]
     wrapper = _ENV.get_template("emu_launch.cpp.j2").render(
         name=name, entry=entry, threads=threads, grid_rank=grid_rank, call_args=call_args(params), tmap_args=maps,
-        cluster=int(cluster))
+        cluster=int(cluster), cluster_axis=int(cluster_axis))
     return kernel_source.rstrip() + "\n\n" + wrapper
 
 
@@ -249,9 +249,9 @@ class EmuLauncher(TensorMapLaunch):
             return
         record = [] if self.program.checks is None else [np.zeros(checks.RECORD_LEN, dtype=np.int64)]
         if self.program.persistent:
-            grid = persistent.launch_grid(grid, self.sm_count, self.program.cluster)
-        else:
-            grid = cluster.launch_grid(grid, self.program.cluster)  # whole clusters (cuda.cluster)
+            grid = persistent.launch_grid(grid, self.sm_count, self.program.cluster, self.program.cluster_axis)
+        else:  # whole clusters (cuda.cluster)
+            grid = cluster.launch_grid(grid, self.program.cluster, self.program.cluster_axis)
         self.last_grid = tuple(grid)
         self.emulated(packed + record + [m.packed() for m in maps], dims, grid)
         self.last_variant = "tma" if maps else "cp.async"
@@ -268,7 +268,9 @@ class EmuRenderer(CudaRenderer):
         program = super().emit_program(kernel, facts, target)
         source = emu_source(program.source, name=kernel.name, entry=program.entry,
                             params=host_params(kernel, program), threads=program.threads,
-                            grid_rank=1 if program.persistent else len(kernel.grid), cluster=program.cluster)
+                            grid_rank=1 if program.persistent else len(kernel.grid), cluster=program.cluster,
+                            # a persistent launch is 1-D: its clusters span x whichever blocks they pair
+                            cluster_axis=0 if program.persistent else program.cluster_axis)
         return dataclasses.replace(program, source=source)
 
 

@@ -70,24 +70,55 @@ def _tile_origin(major: str, mn0, k0):
     return (mn0, k0) if major == "k" else (k0, mn0)
 
 
+def _check_multicast(multicast: str) -> None:
+    if multicast not in ("a", "b"):
+        raise ValueError(f"multicast must be 'a' or 'b' (the operand a cluster shares), got {multicast!r}")
+
+
+def sf_block(bx, block_N: int, gran: int, N: int, cluster: int):
+    """The ``gran``-wide B scale block of N tile ``bx``.  Clamped where a cluster along N (A
+    multicast) has an N tile count that is not a multiple of its size: the launch (or persistent
+    walk) then pads the N tiles to whole clusters, and the padded CTA runs a tile past the end
+    whose result is never stored (``kernforge.backends.cuda.cluster``), so its scale read must stay
+    in bounds; a real tile's block always is, so elsewhere the index is as before."""
+    block = (bx * block_N) // gran
+    return T.min(block, -(-N // gran) - 1) if cluster > 1 and -(-N // block_N) % cluster else block
+
+
+def _persistent(l2_group: int) -> None:
+    """``persistent = G > 0`` (a GPU configuration's choice): ``T.persistent`` with L2 groups of
+    ``G`` row tiles per N tile, so CUDA launches one CTA per SM (or per tile, when fewer), each
+    looping over the output tiles, and the CTAs running together share B tiles and ``G`` A row
+    tiles in L2 (``kernforge.backends.cuda.persistent``).  A scheduling request that changes no
+    result: the interpreter and host backends run every tile as before."""
+    if l2_group:
+        T.persistent(l2_group)
+
+
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], num_stages=[1, 2, 3])
 def fp8_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", gran_n: int = 128,
              accumulate: bool = False, block_M: int = 64, block_N: int = 128, num_stages: int = 2,
-             out_dtype: str = "bfloat16", threads: int = 128, sf_format: str = "float32"):
+             out_dtype: str = "bfloat16", threads: int = 128, sf_format: str = "float32", persistent: int = 0,
+             cluster: int = 0, multicast: str = "a", cta_pair: bool = False):
     """FP8 x FP8.  Kernel parameters: ``A`` e4m3 (``[M, K]`` or ``[K, M]``),
     ``SFA float32 [M, ceil(K/128)]`` (MN-major, leading dimension ``sfa_ld``), ``B`` e4m3
     (``[N, K]`` or ``[K, N]``), ``SFB float32 [ceil(N/gran_n), ceil(K/128)]``, ``D [M, N]``.
-    With ``gran_n == 128``, ``block_N`` divides 128 so a tile sees one SFB row.
+    With ``gran_n == 128``, ``block_N`` divides 128 so a tile sees one SFB row; ``persistent``:
+    :func:`_persistent`.
     ``sf_format="ue8m0"``: both scales are DeepGEMM's SM100 form instead, UE8M0 packed four per
     int32 along K (``SFA int32 [M, ceil(K/512)]`` MN-major, ``SFB int32 [ceil(N/gran_n),
     ceil(K/512)]``), decoded by :func:`ue8m0_value`.  The product is the same; on sm_100a with
     K-major operands and 128-row tiles the backend then folds the promotion into the tensor
     cores (``tcgen05.mma ... kind::mxf8f6f4.block_scale``, the scales copied into tensor
-    memory), keeping the sum in tensor memory across the K loop."""
+    memory), keeping the sum in tensor memory across the K loop.  ``cluster``, ``multicast``: as
+    :func:`dense_gemm`'s (adjacent N blocks share each A tile, or with ``"b"`` adjacent M blocks
+    each B tile, by TMA multicast on sm_90a); ``cta_pair``: as :func:`dense_gemm`'s (sm_100a, K-major
+    operands, float32 scales: each 128-K block's partial product is one 2-CTA MMA per 32 K)."""
     if gran_n not in (1, GRAN_K):
         raise ValueError(f"gran_n must be 1 or {GRAN_K}, got {gran_n}")
     if sf_format not in ("float32", "ue8m0"):
         raise ValueError(f"sf_format must be 'float32' or 'ue8m0', got {sf_format!r}")
+    _check_multicast(multicast)
     ue8m0 = sf_format == "ue8m0"
     if gran_n == GRAN_K and GRAN_K % block_N:
         raise ValueError(f"block_N ({block_N}) must divide the 128-wide B scale block")
@@ -97,7 +128,9 @@ def fp8_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", gran_n: int
     sfa_ld = T.symbolic("sfa_ld")
     sf_cols, sf_dtype = (-(-k_blocks // 4), "int32") if ue8m0 else (k_blocks, accum)
     name = (f"fp8_gemm_{a_major}{b_major}_n{N}_k{K}_g{gran_n}{'_acc' if accumulate else ''}"
-            f"_M{block_M}_N{block_N}_s{num_stages}_{out_dtype}_t{threads}{'_ue8m0' if ue8m0 else ''}")
+            f"_M{block_M}_N{block_N}_s{num_stages}_{out_dtype}_t{threads}{'_ue8m0' if ue8m0 else ''}"
+            f"{f'_p{persistent}' if persistent else ''}{f'_c{cluster}' if cluster > 1 else ''}"
+            f"{'b' if cluster > 1 and multicast == 'b' else ''}{'_pair' if cta_pair else ''}")
     a_tile = (block_M, GRAN_K) if a_major == "k" else (GRAN_K, block_M)
     b_tile = (block_N, GRAN_K) if b_major == "k" else (GRAN_K, block_N)
 
@@ -108,6 +141,7 @@ def fp8_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", gran_n: int
              SFB: T.Tensor((-(-N // gran_n), sf_cols), sf_dtype),
              D: T.Tensor((M, N), out_dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            _persistent(persistent)
             A_shared = T.alloc_shared(a_tile, FP8)
             B_shared = T.alloc_shared(b_tile, FP8)
             partial = T.alloc_fragment((block_M, block_N), accum)
@@ -122,7 +156,8 @@ def fp8_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", gran_n: int
                     row = T.min(by * block_M + i, M - 1)
                     # 128-wide B scale blocks: block_N divides 128, so one scale serves the whole tile
                     # (a loop-invariant load; per column, the CPU's vectorised loop gathered it)
-                    col = (bx * block_N) // gran_n if gran_n == GRAN_K else T.min(bx * block_N + j, N - 1)
+                    col = (sf_block(bx, block_N, gran_n, N, cluster if multicast == "a" else 0) if gran_n == GRAN_K
+                           else T.min(bx * block_N + j, N - 1))
                     if ue8m0:
                         sa, sb = ue8m0_value(SFA[row, k // 4], k % 4), ue8m0_value(SFB[col, k // 4], k % 4)
                     else:
@@ -140,12 +175,13 @@ def fp8_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", gran_n: int
 
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], num_stages=[1, 2, 3])
 def fp8_fp4_gemm(N: int, K: int, accumulate: bool = False, block_M: int = 64, block_N: int = 128,
-                 num_stages: int = 2, out_dtype: str = "bfloat16", threads: int = 128):
+                 num_stages: int = 2, out_dtype: str = "bfloat16", threads: int = 128, persistent: int = 0):
     """FP8 A x FP4 B (both K-major).  Kernel parameters: ``A [M, K]`` e4m3,
     ``SFA float32 [M, ceil(K/128)]`` (MN-major, as :func:`fp8_gemm`), ``B int8 [N, K/2]``
     (two e2m1 codes per byte), ``SFB float32 [N, ceil(K/32)]``, ``D [M, N]``.  The K loop
     steps by 32 (the FP4 scale's width); each step decodes B's codes to e4m3 in shared
-    memory, multiplies, and promotes with ``sfa[row, k/128] * sfb[col, k/32]``."""
+    memory, multiplies, and promotes with ``sfa[row, k/128] * sfb[col, k/32]``.  ``persistent``:
+    :func:`_persistent`."""
     if K % 2:
         raise ValueError(f"K ({K}) must be even: FP4 packs two codes per byte")
     accum = "float32"
@@ -153,13 +189,14 @@ def fp8_fp4_gemm(N: int, K: int, accumulate: bool = False, block_M: int = 64, bl
     M = T.symbolic("M")
     sfa_ld = T.symbolic("sfa_ld")
     name = (f"fp8_fp4_gemm_n{N}_k{K}{'_acc' if accumulate else ''}_M{block_M}_N{block_N}"
-            f"_s{num_stages}_{out_dtype}_t{threads}")
+            f"_s{num_stages}_{out_dtype}_t{threads}{f'_p{persistent}' if persistent else ''}")
 
     @T.prim_func(name=name)
     def main(A: T.Tensor((M, K), FP8), SFA: T.StridedTensor((M, -(-K // GRAN_K)), (1, sfa_ld), accum),
              B: T.Tensor((N, K // 2), "int8"), SFB: T.Tensor((N, -(-K // step)), accum),
              D: T.Tensor((M, N), out_dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            _persistent(persistent)
             A_shared = T.alloc_shared((block_M, step), FP8)
             B_packed = T.alloc_shared((block_N, step // 2), "int8")
             B_shared = T.alloc_shared((block_N, step), FP8)
@@ -188,22 +225,31 @@ def fp8_fp4_gemm(N: int, K: int, accumulate: bool = False, block_M: int = 64, bl
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64, 128, 256], num_stages=[1, 2, 3])
 def dense_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", accumulate: bool = False,
                dtype: str = "bfloat16", out_dtype: str = "bfloat16", block_M: int = 64, block_N: int = 64,
-               block_K: int = 64, num_stages: int = 2, threads: int = 128, cluster: int = 0):
+               block_K: int = 64, num_stages: int = 2, threads: int = 128, persistent: int = 0,
+               cluster: int = 0, multicast: str = "a", cta_pair: bool = False):
     """Unscaled ``D = [D +] A @ B^T`` (DeepGEMM's ``bf16_gemm_*``; ``dtype="float32"`` for
     float32 operands, which DeepGEMM lacks and the float32 reference model needs).  Kernel
     parameters: ``A`` (``[M, K]`` or ``[K, M]``), ``B`` (``[N, K]`` or ``[K, N]``), ``D [M, N]``.
     The float32 accumulator sums the K tiles in order; with ``accumulate`` the old ``D`` is
     added after the whole product, so ``d = c + a @ b^T`` rounds as ``(a @ b^T) + c``.
+    ``persistent``: :func:`_persistent`.
     ``cluster`` (> 1): a scheduling request that changes no result -- on sm_90a the CTAs of adjacent
     N blocks form clusters of that size and share each A tile by TMA multicast
     (``kernforge.backends.cuda.cluster`` reads the factory's ``attrs["cluster"]``; other targets
-    ignore it)."""
+    ignore it); ``multicast="b"``: adjacent M blocks instead, sharing each B tile (DeepGEMM picks
+    one of A/B multicast per shape: ``config.choose_dense``).
+    ``cta_pair``: another scheduling request -- on sm_100a the CTAs of adjacent M blocks run one
+    2-CTA ``tcgen05.mma.cta_group::2`` (``M = 256`` over the pair, each CTA loading half of the B
+    tile; ``kernforge.backends.cuda.tcgen05_pair`` says where it applies); other targets ignore it."""
     if dtype not in ("bfloat16", "float32"):
         raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
+    _check_multicast(multicast)
     accum = "float32"
     M = T.symbolic("M")
     name = (f"dense_gemm_{a_major}{b_major}_n{N}_k{K}{'_acc' if accumulate else ''}_M{block_M}_N{block_N}"
-            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}{f'_c{cluster}' if cluster > 1 else ''}")
+            f"_K{block_K}_s{num_stages}_{dtype}_{out_dtype}_t{threads}"
+            f"{f'_p{persistent}' if persistent else ''}{f'_c{cluster}' if cluster > 1 else ''}"
+            f"{'b' if cluster > 1 and multicast == 'b' else ''}{'_pair' if cta_pair else ''}")
     a_tile = (block_M, block_K) if a_major == "k" else (block_K, block_M)
     b_tile = (block_N, block_K) if b_major == "k" else (block_K, block_N)
 
@@ -212,6 +258,7 @@ def dense_gemm(N: int, K: int, a_major: str = "k", b_major: str = "k", accumulat
              B: T.Tensor(_operand_shape(b_major, N, K), dtype),
              D: T.Tensor((M, N), out_dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            _persistent(persistent)
             A_shared = T.alloc_shared(a_tile, dtype)
             B_shared = T.alloc_shared(b_tile, dtype)
             C = T.alloc_fragment((block_M, block_N), accum)

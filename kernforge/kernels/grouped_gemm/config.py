@@ -8,7 +8,10 @@ The choosers return keyword parameters of one kernel factory and are used by bot
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from kernforge import backends
+from kernforge.kernels.gemm.config import block_scaled
 from kernforge.tune.consult import tuned
 
 
@@ -87,11 +90,10 @@ def _heuristic(backend: str, num_groups: int, N: int, K: int, alignment: int, th
     return dict(num_groups=num_groups, N=N, K=K, block_M=rows, block_N=128, num_stages=1, block_K=256)
 
 
-@tuned("m_grouped_fp8_gemm_nt_contiguous", keys=("alignment",), valid=_within_expert)
-def choose_fp8(backend: str, num_groups: int, N: int, K: int, alignment: int = 128) -> dict:
-    """:func:`~kernforge.kernels.grouped_gemm.m_grouped_fp8_gemm_nt_contiguous` parameters:
-    as :func:`choose`, but tiles are 128 deep (one scale block) by construction, and GPUs
-    run 256 threads (two 128x128 float32 fragments: 128 threads spill, ptxas: 2.7 KB)."""
+def _fp8_tiles(backend: str, num_groups: int, N: int, K: int, alignment: int = 128) -> dict:
+    """The FP8 grouped GEMMs' tiles (FP8 x FP8 and FP8 x FP4): as :func:`choose`'s, but 128 deep
+    (one scale block) by construction, and GPUs run 256 threads (two 128x128 float32 fragments:
+    128 threads spill, ptxas: 2.7 KB)."""
     gpu = _gpu(backend)
     cfg = dict(num_groups=num_groups, N=N, K=K, block_M=block_m(alignment), block_N=128,
                num_stages=3 if gpu else 1)
@@ -100,9 +102,30 @@ def choose_fp8(backend: str, num_groups: int, N: int, K: int, alignment: int = 1
     return cfg
 
 
+def _fp8_cluster(backend: str, cfg: dict) -> dict:
+    """``cfg`` with ``cluster=2`` where, as in :func:`choose`, 2 adjacent N tiles can share each
+    e4m3 A tile (128 one-byte columns a row) by TMA multicast.  FP8 x FP8 only: the FP8 x FP4
+    kernels widen A to bf16 in shared memory, so no TMA ring holds it."""
+    if not _gpu(backend):
+        return cfg
+    from kernforge.backends.cuda.cluster import config_request  # as choose's clusters
+
+    return dict(cfg, **config_request(-(-cfg["N"] // cfg["block_N"]), cfg["block_M"], 128))
+
+
+@tuned("m_grouped_fp8_gemm_nt_contiguous", keys=("alignment",), valid=_within_expert)
+def choose_fp8(backend: str, num_groups: int, N: int, K: int, alignment: int = 128, **variant) -> dict:
+    """:func:`~kernforge.kernels.grouped_gemm.m_grouped_fp8_gemm_nt_contiguous` parameters:
+    :func:`_fp8_tiles`, clustered on GPUs where the shape allows (:func:`_fp8_cluster`).  The row
+    tile is the alignment's (a tile never spans two experts), so sm_100a's block-scaled MMAs
+    (``M = 128``) take DeepGEMM's default 128 whatever the arch.  ``variant`` (``sf_format``,
+    ``gran_n``): passed through."""
+    return dict(_fp8_cluster(backend, _fp8_tiles(backend, num_groups, N, K, alignment)), **variant)
+
+
 #: :func:`~kernforge.kernels.grouped_gemm.kernel.m_grouped_fp8_fp4_gemm_nt_contiguous`: the fp8 tiles
 choose_fp8_fp4 = tuned("m_grouped_fp8_fp4_gemm_nt_contiguous", keys=("alignment",),
-                       valid=_within_expert)(choose_fp8.heuristic)
+                       valid=_within_expert)(_fp8_tiles)
 
 
 @tuned("m_grouped_gemm_nt_masked")
@@ -135,14 +158,26 @@ def choose_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int
     return dict(_heuristic(backend, num_groups, N, K, 128), block_M=rows)
 
 
-@tuned("m_grouped_fp8_gemm_nt_masked")
-def choose_fp8_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int) -> dict:
-    """:func:`~kernforge.kernels.grouped_gemm.kernel.m_grouped_fp8_gemm_nt_masked` and
-    ``m_grouped_fp8_fp4_gemm_nt_masked`` parameters: :func:`choose_fp8`'s tiles with the row
+def _fp8_masked_tiles(backend: str, num_groups: int, N: int, K: int, expected_m: int) -> dict:
+    """The FP8 masked GEMMs' tiles (FP8 x FP8 and FP8 x FP4): :func:`_fp8_tiles` with the row
     tile sized by ``expected_m``, as :func:`choose_masked`."""
-    return dict(choose_fp8.heuristic(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 128)
+    return dict(_fp8_tiles(backend, num_groups, N, K, 128), block_M=64 if expected_m <= 64 else 128)
+
+
+@tuned("m_grouped_fp8_gemm_nt_masked")
+def choose_fp8_masked(backend: str, num_groups: int, N: int, K: int, expected_m: int, arch: Optional[str] = None,
+                      **variant) -> dict:
+    """:func:`~kernforge.kernels.grouped_gemm.kernel.m_grouped_fp8_gemm_nt_masked` parameters:
+    :func:`_fp8_masked_tiles`, clustered on GPUs where the shape allows (:func:`_fp8_cluster`);
+    128-row tiles whatever ``expected_m`` where ``arch`` folds the UE8M0 scales of ``variant``
+    into block-scaled MMAs, which are ``M = 128`` only (``kernels.gemm.config.block_scaled``).
+    ``variant`` (``sf_format``, ``gran_n``): passed through."""
+    cfg = _fp8_masked_tiles(backend, num_groups, N, K, expected_m)
+    if _gpu(backend) and block_scaled(arch, variant):
+        cfg["block_M"] = 128
+    return dict(_fp8_cluster(backend, cfg), **variant)
 
 
 #: :func:`~kernforge.kernels.grouped_gemm.kernel.m_grouped_fp8_fp4_gemm_nt_masked`: the fp8 tiles
-choose_fp8_fp4_masked = tuned("m_grouped_fp8_fp4_gemm_nt_masked")(choose_fp8_masked.heuristic)
+choose_fp8_fp4_masked = tuned("m_grouped_fp8_fp4_gemm_nt_masked")(_fp8_masked_tiles)
 

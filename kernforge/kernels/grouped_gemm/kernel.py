@@ -32,7 +32,7 @@ recipe's; any other float32 scale is rounded once to bf16 (relative error <= 2^-
 # no `from __future__ import annotations`: T.Tensor annotations must see the factory's
 # parameters as values when the prim_func is traced
 import kernforge.dsl as T
-from kernforge.kernels.gemm.kernel import FP4_GRAN_K, FP8, GRAN_K, fp4_value, ue8m0_value
+from kernforge.kernels.gemm.kernel import FP4_GRAN_K, FP8, GRAN_K, fp4_value, sf_block, ue8m0_value
 
 
 @T.tunable(block_M=[32, 64, 128], block_N=[32, 64, 128], block_K=[32, 64, 128, 256],
@@ -205,15 +205,19 @@ def _check_row_step(row_step: int, block_M: int) -> None:
 def m_grouped_fp8_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: int = 64,
                                      block_N: int = 128, num_stages: int = 2,
                                      out_dtype: str = "bfloat16", threads: int = 128, persistent: int = 0,
-                                     sf_format: str = "float32"):
+                                     sf_format: str = "float32", cluster: int = 0, gran_n: int = 128):
     """fp8 e4m3 grouped GEMM with 1x128 (A) / 128x128 (B) float32 block scales.
     Kernel parameters: ``A [M, K]`` e4m3, ``SFA [M, ceil(K/128)]``, ``B [num_groups, N, K]``
     e4m3, ``SFB [num_groups, ceil(N/128), ceil(K/128)]``, ``m_indices int32 [M]``,
     output ``D [M, N]``.  ``block_N`` divides 128, so a tile sees one SFB row; ``persistent``:
     :func:`_persistent`.  ``sf_format="ue8m0"``: the scales are UE8M0 packed four per int32
     along K instead (``SFA int32 [M, ceil(K/512)]``, ``SFB int32 [G, ceil(N/128), ceil(K/512)]``),
-    which sm_100a applies on the tensor cores (as ``gemm.fp8_gemm``'s)."""
-    if 128 % block_N:
+    which sm_100a applies on the tensor cores (as ``gemm.fp8_gemm``'s).  ``cluster``: as
+    :func:`m_grouped_gemm_nt_contiguous`'s (adjacent N tiles share each A tile by TMA multicast).
+    ``gran_n=1``: per-row B scales (``SFB [G, N, ...]``, DeepGEMM's SM100 1D1D recipe ``(1, 1, 128)``)."""
+    if gran_n not in (1, 128):
+        raise ValueError(f"gran_n must be 1 or 128, got {gran_n}")
+    if gran_n == 128 and 128 % block_N:
         raise ValueError(f"block_N ({block_N}) must divide the 128-wide B scale block")
     if sf_format not in ("float32", "ue8m0"):
         raise ValueError(f"sf_format must be 'float32' or 'ue8m0', got {sf_format!r}")
@@ -221,12 +225,12 @@ def m_grouped_fp8_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: i
     accum = "float32"
     gran = 128
     k_blocks = -(-K // gran)
-    n_blocks = -(-N // gran)
+    n_blocks = -(-N // gran_n)
     sf_cols, sf_dtype = (-(-k_blocks // 4), "int32") if ue8m0 else (k_blocks, accum)
     M = T.symbolic("M")
     name = (f"m_grouped_fp8_gemm_nt_contiguous_g{num_groups}_n{N}_k{K}_M{block_M}_N{block_N}"
             f"_s{num_stages}_{out_dtype}_t{threads}{f'_p{persistent}' if persistent else ''}"
-            f"{'_ue8m0' if ue8m0 else ''}")
+            f"{'_ue8m0' if ue8m0 else ''}{f'_c{cluster}' if cluster > 1 else ''}{'_g1' if gran_n == 1 else ''}")
 
     @T.prim_func(name=name)
     def main(A: T.Tensor((M, K), "float8_e4m3"), SFA: T.Tensor((M, sf_cols), sf_dtype),
@@ -240,6 +244,7 @@ def m_grouped_fp8_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: i
             partial = T.alloc_fragment((block_M, block_N), accum)
             C = T.alloc_fragment((block_M, block_N), accum)
             expert = m_indices[by * block_M]
+            sb_block = sf_block(bx, block_N, gran, N, cluster)
             T.clear(C)
             if expert >= 0:
                 for k in T.Pipelined(k_blocks, num_stages=num_stages):
@@ -248,11 +253,12 @@ def m_grouped_fp8_gemm_nt_contiguous(num_groups: int, N: int, K: int, block_M: i
                     T.gemm(A_shared, B_shared, partial, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(block_M, block_N):
                         row = T.min(by * block_M + i, M - 1)
+                        col = sb_block if gran_n == 128 else T.min(bx * block_N + j, N - 1)
                         if ue8m0:
                             sa = ue8m0_value(SFA[row, k // 4], k % 4)
-                            sb = ue8m0_value(SFB[expert, (bx * block_N) // gran, k // 4], k % 4)
+                            sb = ue8m0_value(SFB[expert, col, k // 4], k % 4)
                         else:
-                            sa, sb = SFA[row, k], SFB[expert, (bx * block_N) // gran, k]
+                            sa, sb = SFA[row, k], SFB[expert, col, k]
                         C[i, j] = C[i, j] + partial[i, j] * sa * sb
             for i, j in T.Parallel(block_M, block_N):
                 row = T.min(by * block_M + i, M - 1)
@@ -326,7 +332,7 @@ def m_grouped_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int = 64,
 def m_grouped_fp8_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int = 64,
                                  block_N: int = 128, num_stages: int = 2,
                                  out_dtype: str = "bfloat16", threads: int = 128, persistent: int = 0,
-                                 sf_format: str = "float32"):
+                                 sf_format: str = "float32", cluster: int = 0, gran_n: int = 128):
     """fp8 e4m3 masked layout with 1x128 (A) / 128x128 (B) float32 scales:
     ``D[g, r] = (A[g, r] * sfa) @ (B[g] * sfb)^T`` for ``r < masked_m[g]``.  Kernel
     parameters: ``A [G, max_m, K]`` e4m3, ``SFA float32 [G, max_m, ceil(K/128)]`` in
@@ -336,8 +342,11 @@ def m_grouped_fp8_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int =
     ``persistent``: :func:`_persistent` (the walk skips each group's rows past ``masked_m``).
     ``sf_format="ue8m0"``: UE8M0 scales packed four per int32 along K (``SFA int32 [G, max_m,
     ceil(K/512)]``, same strides; ``SFB int32 [G, ceil(N/128), ceil(K/512)]``), which sm_100a
-    applies on the tensor cores (as ``gemm.fp8_gemm``'s)."""
-    if 128 % block_N:
+    applies on the tensor cores (as ``gemm.fp8_gemm``'s).  ``cluster``, ``gran_n``: as the contiguous
+    kernel's."""
+    if gran_n not in (1, 128):
+        raise ValueError(f"gran_n must be 1 or 128, got {gran_n}")
+    if gran_n == 128 and 128 % block_N:
         raise ValueError(f"block_N ({block_N}) must divide the 128-wide B scale block")
     if sf_format not in ("float32", "ue8m0"):
         raise ValueError(f"sf_format must be 'float32' or 'ue8m0', got {sf_format!r}")
@@ -350,13 +359,13 @@ def m_grouped_fp8_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int =
     sfa_group, sfa_ld = T.symbolic("sfa_group"), T.symbolic("sfa_ld")
     name = (f"m_grouped_fp8_gemm_nt_masked_g{num_groups}_n{N}_k{K}_M{block_M}_N{block_N}"
             f"_s{num_stages}_{out_dtype}_t{threads}{f'_p{persistent}' if persistent else ''}"
-            f"{'_ue8m0' if ue8m0 else ''}")
+            f"{'_ue8m0' if ue8m0 else ''}{f'_c{cluster}' if cluster > 1 else ''}{'_g1' if gran_n == 1 else ''}")
 
     @T.prim_func(name=name)
     def main(A: T.Tensor((num_groups, max_m, K), FP8),
              SFA: T.StridedTensor((num_groups, max_m, sf_cols), (sfa_group, 1, sfa_ld), sf_dtype),
              B: T.Tensor((num_groups, N, K), FP8),
-             SFB: T.Tensor((num_groups, -(-N // gran), sf_cols), sf_dtype),
+             SFB: T.Tensor((num_groups, -(-N // gran_n), sf_cols), sf_dtype),
              masked_m: T.Tensor((num_groups,), "int32"),
              D: T.Tensor((num_groups, max_m, N), out_dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(max_m, block_M), num_groups,
@@ -367,6 +376,7 @@ def m_grouped_fp8_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int =
             partial = T.alloc_fragment((block_M, block_N), accum)
             C = T.alloc_fragment((block_M, block_N), accum)
             rows = masked_m[bz]
+            sb_block = sf_block(bx, block_N, gran, N, cluster)
             if by * block_M < rows:
                 T.clear(C)
                 for k in T.Pipelined(k_blocks, num_stages=num_stages):
@@ -375,11 +385,12 @@ def m_grouped_fp8_gemm_nt_masked(num_groups: int, N: int, K: int, block_M: int =
                     T.gemm(A_shared, B_shared, partial, transpose_B=True, clear_accum=True)
                     for i, j in T.Parallel(block_M, block_N):
                         row = T.min(by * block_M + i, max_m - 1)
+                        col = sb_block if gran_n == 128 else T.min(bx * block_N + j, N - 1)
                         if ue8m0:
                             sa = ue8m0_value(SFA[bz, row, k // 4], k % 4)
-                            sb = ue8m0_value(SFB[bz, (bx * block_N) // gran, k // 4], k % 4)
+                            sb = ue8m0_value(SFB[bz, col, k // 4], k % 4)
                         else:
-                            sa, sb = SFA[bz, row, k], SFB[bz, (bx * block_N) // gran, k]
+                            sa, sb = SFA[bz, row, k], SFB[bz, col, k]
                         C[i, j] = C[i, j] + partial[i, j] * sa * sb
                 for i, j in T.Parallel(block_M, block_N):
                     if (by * block_M + i < rows) & (bx * block_N + j < N):

@@ -254,7 +254,7 @@ SPEC_FP4 = register(KernelSpec(
                                        N=160, K=256, block_M=32, block_N=64)),
         "demo": Problem("demo", dict(group_rows=[200, 77, 0, 310], alignment=128, num_groups=4,
                                      N=256, K=384, block_M=64, block_N=64)),
-        "bench": Problem("bench", dict(group_rows=[8192] * 4, alignment=128, **config.choose_fp8.heuristic(
+        "bench": Problem("bench", dict(group_rows=[8192] * 4, alignment=128, **config.choose_fp8_fp4.heuristic(
             "cuda", num_groups=4, N=4096, K=2048, alignment=128))),
     },
     make_inputs=make_inputs_fp4,
@@ -334,7 +334,7 @@ SPEC_FP4_MASKED = register(KernelSpec(
                                        K=256, block_M=32, block_N=64)),
         "demo": Problem("demo", dict(masked_rows=[20, 0, 64, 7, 33, 50], max_m=64, num_groups=6,
                                      N=512, K=512, block_M=64, block_N=128)),
-        "bench": Problem("bench", dict(masked_rows=[192] * 32, max_m=256, **config.choose_fp8_masked.heuristic(
+        "bench": Problem("bench", dict(masked_rows=[192] * 32, max_m=256, **config.choose_fp8_fp4_masked.heuristic(
             "cuda", num_groups=32, N=4096, K=2048, expected_m=192))),
     },
     make_inputs=lambda params, seed, device="cpu": make_inputs_fp8_masked(params, seed, device, fp4=True),

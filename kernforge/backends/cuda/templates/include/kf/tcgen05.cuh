@@ -34,6 +34,24 @@
 //   the thread's later tcgen05.mma: 128 rows' scale factors, 4 bytes (K blocks) each.
 // tcgen05_commit(bar): `tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64`: the
 //   barrier gets one arrival when every tcgen05.mma this thread issued before it has completed.
+// CTA pairs (.cta_group::2, the *_cg2 forms; a cluster of 2 along x, the pair of CTA r is r ^ 1,
+//   "even" is the CTA whose rank has bit 0 clear).  PTX: every tcgen05 instruction of a kernel
+//   names the same .cta_group, so a kernel uses either these or the forms above (ld, wait and
+//   the fences have no .cta_group).
+// tmem_alloc_cg2 / tmem_dealloc_cg2 / tmem_relinquish_alloc_permit_cg2: one warp of *each* CTA of
+//   the pair, collectively (each blocks until the peer's warp comes); the same columns are
+//   allocated in both CTAs' TMEM and the address written to each CTA's slot.
+// tcgen05_mma_f16_cg2 / tcgen05_mma_f8f6f4_cg2(d, desc_a, desc_b, idesc, p): one thread of the pair
+//   (kernforge: the even CTA's) issues an M = 256 MMA (idesc M >> 4 = 16): A's rows 0-127 from the
+//   even CTA's shared memory and 128-255 from the odd CTA's, both at desc_a's offset; B's columns
+//   0 .. N/2-1 from the even CTA's and N/2 .. N-1 from the odd CTA's at desc_b's offset (each
+//   CTA holds N/2 rows of B^T); D rows 0-127 in the even CTA's TMEM, 128-255 in the odd CTA's,
+//   row r % 128 in lane r % 128 (data-path layout A), both at column d.  The issuer must know
+//   both CTAs' tiles have landed (e.g. the peer arrives on an mbarrier of the issuer).
+// tcgen05_commit_cg2_multicast(bar, mask): `tcgen05.commit.cta_group::2.mbarrier::arrive::one
+//   .shared::cluster.multicast::cluster.b64 [bar], mask;` one arrival on the barrier at bar's
+//   offset in every CTA of the 16-bit mask once this thread's MMAs completed (0b11: both CTAs of
+//   the pair, which both read their half of D).  tcgen05_commit_cg2(bar): only [bar] arrives.
 // tmem_ld_16x256b<NT>(d, taddr): the warp loads 16 lanes x NT * 8 columns from taddr (its lane
 //   quarter); thread (g = lane / 4, t = lane % 4) gets d[4 * j + q] = (lane g + 8 * (q / 2),
 //   column 8 * j + 2 * t + q % 2): the mma.sync / wgmma accumulator fragment.  Asynchronous until
@@ -98,6 +116,40 @@ KF_DEVICE void tcgen05_commit(uint64_t* bar) {
                ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))) : "memory");
 }
 KF_DEVICE void tmem_wait_ld() { asm volatile("tcgen05.wait::ld.sync.aligned;\n" ::: "memory"); }
+
+KF_DEVICE void tmem_alloc_cg2(uint32_t* slot, uint32_t ncols) {
+  asm volatile("tcgen05.alloc.cta_group::2.sync.aligned.shared::cta.b32 [%0], %1;\n"
+               ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(slot))), "r"(ncols) : "memory");
+}
+KF_DEVICE void tmem_relinquish_alloc_permit_cg2() {
+  asm volatile("tcgen05.relinquish_alloc_permit.cta_group::2.sync.aligned;\n" ::: "memory");
+}
+KF_DEVICE void tmem_dealloc_cg2(uint32_t taddr, uint32_t ncols) {
+  asm volatile("tcgen05.dealloc.cta_group::2.sync.aligned.b32 %0, %1;\n" ::"r"(taddr), "r"(ncols) : "memory");
+}
+KF_DEVICE void tcgen05_mma_f16_cg2(uint32_t d_tmem, uint64_t desc_a, uint64_t desc_b, uint32_t idesc,
+                                   int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %4, 0;\n"
+      "tcgen05.mma.cta_group::2.kind::f16 [%0], %1, %2, %3, p;\n}\n"
+      ::"r"(d_tmem), "l"(desc_a), "l"(desc_b), "r"(idesc), "r"(accumulate) : "memory");
+}
+KF_DEVICE void tcgen05_mma_f8f6f4_cg2(uint32_t d_tmem, uint64_t desc_a, uint64_t desc_b, uint32_t idesc,
+                                      int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %4, 0;\n"
+      "tcgen05.mma.cta_group::2.kind::f8f6f4 [%0], %1, %2, %3, p;\n}\n"
+      ::"r"(d_tmem), "l"(desc_a), "l"(desc_b), "r"(idesc), "r"(accumulate) : "memory");
+}
+KF_DEVICE void tcgen05_commit_cg2(uint64_t* bar) {
+  asm volatile("tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.b64 [%0];\n"
+               ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))) : "memory");
+}
+KF_DEVICE void tcgen05_commit_cg2_multicast(uint64_t* bar, uint16_t cta_mask) {
+  asm volatile(
+      "tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.multicast::cluster.b64 [%0], %1;\n"
+      ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar))), "h"(cta_mask) : "memory");
+}
 
 KF_DEVICE void tmem_ld_16x256b_x1(float* d, uint32_t taddr) {
   uint32_t r[4];

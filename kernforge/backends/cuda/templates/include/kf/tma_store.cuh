@@ -1,6 +1,7 @@
-// STSM + TMA-store epilogue primitives (sm_90): a warpgroup's wgmma accumulator goes to a
-// shared staging tile with stmatrix (16 bytes per lane per matrix row instead of 4-byte STGs),
-// then one elected thread writes the whole tile to global memory with TMA stores.
+// STSM + TMA-store epilogue primitives (sm_90a, sm_100a): a warpgroup's wgmma (or tcgen05.ld)
+// accumulator goes to a shared staging tile with stmatrix (16 bytes per lane per matrix row
+// instead of 4-byte STGs), then one elected thread writes the whole tile to global memory with
+// TMA stores.
 //
 // Exact semantics (PTX ISA, "stmatrix", "cp.async.bulk.tensor", "cp.async.bulk.commit_group",
 // "cp.async.bulk.wait_group"):
@@ -93,6 +94,7 @@ KF_DEVICE void stmatrix_x4(void* row_ptr, const uint32_t (&r)[4]) { kf_emu::stma
 KF_DEVICE void stmatrix_x4_trans(void* row_ptr, const uint32_t (&r)[4]) { kf_emu::stmatrix<4>(row_ptr, r, true); }
 KF_DEVICE void st_shared_v2(void* dst, float a, float b) {
   const float v[2] = {a, b};
+  kf_emu::staging_write_check(dst, sizeof v);
   kf_emu::st_shared_generic(dst, v, sizeof v);
 }
 KF_DEVICE void tma_store_2d(const CUtensorMap* map, const void* src, int32_t c0, int32_t c1) {
@@ -136,11 +138,15 @@ KF_DEVICE uint32_t epilogue_stage_offset(int row, int col) {
 // (1024-byte aligned with a swizzle) with one stmatrix.x4 per 16 columns: matrices q = 0..3 are
 // (rows 16w + 8(q%2) .. +7, cols 16i + 8(q/2) .. +7), so the packed pair of d[4j + 2(q%2)] is
 // exactly register q's (row g, cols 2t, 2t+1).  Every thread of the warpgroup calls it.
+// `slice` (0..3): which 16 rows of the 64-row staging block this warp's fragment fills; the
+// wgmma order's is the warp's index in its warpgroup (the overload without it), tcgen05's
+// M = 128 order passes its own (backends/cuda/tma_store.py: a warp's rows there are 16 of its
+// 32-lane quarter of a 128-row block).
 template <int N, int SWIZZLE>
-KF_DEVICE void epilogue_stsm_bf16(const float (&d)[N / 2], unsigned char* stage) {
+KF_DEVICE void epilogue_stsm_bf16(const float (&d)[N / 2], unsigned char* stage, int slice) {
   static_assert(N % 16 == 0, "stmatrix.x4 covers 16 columns");
-  const int tid = int(threadIdx.x % 128), w = tid / 32, lane = tid % 32;
-  const int q_addr = lane / 8, row = 16 * w + 8 * (q_addr % 2) + lane % 8;
+  const int lane = int(threadIdx.x % 32);
+  const int q_addr = lane / 8, row = 16 * slice + 8 * (q_addr % 2) + lane % 8;
 #pragma unroll
   for (int i = 0; i < N / 16; ++i) {
     uint32_t r[4];
@@ -153,17 +159,26 @@ KF_DEVICE void epilogue_stsm_bf16(const float (&d)[N / 2], unsigned char* stage)
     stmatrix_x4(stage + epilogue_stage_offset<N, SWIZZLE, 2>(row, 16 * i + 8 * (q_addr / 2)), r);
   }
 }
-
-// fp32 output: no 32-bit stmatrix, so each thread stores its pairs with st.shared.v2.f32.
 template <int N, int SWIZZLE>
-KF_DEVICE void epilogue_st_f32(const float (&d)[N / 2], unsigned char* stage) {
-  const int tid = int(threadIdx.x % 128), w = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+KF_DEVICE void epilogue_stsm_bf16(const float (&d)[N / 2], unsigned char* stage) {
+  epilogue_stsm_bf16<N, SWIZZLE>(d, stage, int(threadIdx.x % 128) / 32);
+}
+
+// fp32 output: no 32-bit stmatrix, so each thread stores its pairs with st.shared.v2.f32
+// (`slice` as for epilogue_stsm_bf16).
+template <int N, int SWIZZLE>
+KF_DEVICE void epilogue_st_f32(const float (&d)[N / 2], unsigned char* stage, int slice) {
+  const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      st_shared_v2(stage + epilogue_stage_offset<N, SWIZZLE, 4>(16 * w + g + 8 * h, 8 * j + 2 * t), d[4 * j + 2 * h],
-                   d[4 * j + 2 * h + 1]);
+      st_shared_v2(stage + epilogue_stage_offset<N, SWIZZLE, 4>(16 * slice + g + 8 * h, 8 * j + 2 * t),
+                   d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+}
+template <int N, int SWIZZLE>
+KF_DEVICE void epilogue_st_f32(const float (&d)[N / 2], unsigned char* stage) {
+  epilogue_st_f32<N, SWIZZLE>(d, stage, int(threadIdx.x % 128) / 32);
 }
 
 // One thread: a TMA store per slab of the 64 x N staging tile to global (col0, row0[, outer...]:

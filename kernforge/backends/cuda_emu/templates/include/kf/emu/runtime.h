@@ -5,7 +5,7 @@
 // Model (docs/backends/cuda-emu.md):
 //  * blocks run in sequence; the threads of a block are `blockDim.x` real host
 //    threads, created once per launch and reused for every block;
-//  * a cluster launch (cluster size C along x, `__cluster_dims__`) runs the C CTAs of a
+//  * a cluster launch (cluster size C along x or y, `__cluster_dims__`) runs the C CTAs of a
 //    cluster at the same time: C * blockDim.x host threads, each CTA with its own Block
 //    (its __syncthreads, warps) and its own slice of the shared arena (kf/emu/cluster.h);
 //  * `__syncthreads` is a reusable barrier over the block's threads; every warp
@@ -303,12 +303,13 @@ inline LaunchDims& launch_dims() { return g_launch_dims; }
 
 // ---- the launch ------------------------------------------------------------------------
 // Runs `body(arg)` for every block of `grid` with `threads` host threads per block; with a
-// cluster size > 1 the CTAs of each cluster (consecutive blockIdx.x) run together.
+// cluster size > 1 the CTAs of each cluster (consecutive blockIdx.x, or blockIdx.y with
+// `axis` 1: __cluster_dims__(1, C, 1), CTA rank = y offset in the cluster) run together.
 // Returns 0, or 1 with the message in launch_error().message.
 class Launch {
  public:
-  Launch(uint3 grid, uint32_t threads, void (*body)(void*), void* arg, uint32_t cluster = 1)
-      : grid_(grid), threads_(threads), cluster_(cluster), body_(body), arg_(arg) {}
+  Launch(uint3 grid, uint32_t threads, void (*body)(void*), void* arg, uint32_t cluster = 1, uint32_t axis = 0)
+      : grid_(grid), threads_(threads), cluster_(cluster), axis_(axis), body_(body), arg_(arg) {}
 
   int run() {
     LaunchError& e = launch_error();
@@ -318,10 +319,12 @@ class Launch {
       snprintf(e.message, sizeof e.message, "block size %u outside 1..%d", threads_, kMaxThreads);
       return 1;
     }
-    if (cluster_ < 1 || cluster_ > uint32_t(kMaxCluster) || grid_.x % cluster_ || threads_ * cluster_ > kMaxThreads) {
+    const uint32_t along = axis_ == 1 ? grid_.y : grid_.x;
+    if (cluster_ < 1 || cluster_ > uint32_t(kMaxCluster) || axis_ > 1 || along % cluster_ ||
+        threads_ * cluster_ > kMaxThreads) {
       snprintf(e.message, sizeof e.message,
-               "cluster size %u: must be 1..%d, divide gridDim.x (%u) and fit %d host threads with %u per block",
-               cluster_, kMaxCluster, grid_.x, kMaxThreads, threads_);
+               "cluster size %u: must be 1..%d, along x or y (axis %u), divide gridDim.%c (%u) and fit %d host threads "
+               "with %u per block", cluster_, kMaxCluster, axis_, axis_ == 1 ? 'y' : 'x', along, kMaxThreads, threads_);
       return 1;
     }
     launch_dims() = LaunchDims{dim3(grid_), dim3(threads_, 1, 1)};
@@ -339,8 +342,8 @@ class Launch {
     }
     if (started == total)
       for (uint32_t z = 0; z < grid_.z && !e.aborted; ++z)
-        for (uint32_t y = 0; y < grid_.y && !e.aborted; ++y)
-          for (uint32_t x = 0; x < grid_.x && !e.aborted; x += cluster_) run_block(uint3{x, y, z});
+        for (uint32_t y = 0; y < grid_.y && !e.aborted; y += axis_ == 1 ? cluster_ : 1)
+          for (uint32_t x = 0; x < grid_.x && !e.aborted; x += axis_ == 1 ? 1 : cluster_) run_block(uint3{x, y, z});
     stop_ = true;
     start_.fetch_add(1);
     futex_wake(&start_);
@@ -384,7 +387,8 @@ class Launch {
       const uint32_t local = t % threads_;
       c.cta_rank = t / threads_;
       c.thread_idx = uint3{local, 0, 0};
-      c.block_idx = uint3{block_idx_.x + c.cta_rank, block_idx_.y, block_idx_.z};
+      c.block_idx = axis_ == 1 ? uint3{block_idx_.x, block_idx_.y + c.cta_rank, block_idx_.z}
+                               : uint3{block_idx_.x + c.cta_rank, block_idx_.y, block_idx_.z};
       c.tid = local;
       c.lane = local % kWarpSize;
       c.warp = local / kWarpSize;
@@ -406,6 +410,7 @@ class Launch {
   uint3 grid_;
   uint32_t threads_;
   uint32_t cluster_;
+  uint32_t axis_;  // the grid axis the cluster spans: 0 (x) or 1 (y)
   void (*body_)(void*);
   void* arg_;
   Block* blocks_[kMaxCluster] = {};  // one per CTA of a cluster; large (the warps' exchange areas): on the heap
@@ -426,9 +431,11 @@ class Launch {
 static Mutex g_one_launch_at_a_time;
 
 // The host entry's launch: one launch at a time per module (the emulated GPU is
-// global state), grid given as up to three extents; `cluster`: CTAs per cluster along x.
+// global state), grid given as up to three extents; `cluster`: CTAs per cluster along `axis`
+// (0: x, 1: y).
 template <class F>
-inline int launch_grid(const int64_t* grid, int rank, uint32_t threads, F&& body, uint32_t cluster = 1) {
+inline int launch_grid(const int64_t* grid, int rank, uint32_t threads, F&& body, uint32_t cluster = 1,
+                       uint32_t axis = 0) {
   Lock g(g_one_launch_at_a_time);
   uint32_t ext[3] = {1, 1, 1};
   for (int i = 0; i < rank; ++i) {
@@ -442,7 +449,7 @@ inline int launch_grid(const int64_t* grid, int rank, uint32_t threads, F&& body
   if (ext[0] == 0 || ext[1] == 0 || ext[2] == 0) return 0;  // an empty grid launches nothing
   using Body = typename std::remove_reference<F>::type;
   auto trampoline = [](void* p) { (*static_cast<Body*>(p))(); };
-  Launch* launch = new Launch(uint3{ext[0], ext[1], ext[2]}, threads, trampoline, &body, cluster);
+  Launch* launch = new Launch(uint3{ext[0], ext[1], ext[2]}, threads, trampoline, &body, cluster, axis);
   const int status = launch->run();
   delete launch;
   return status;

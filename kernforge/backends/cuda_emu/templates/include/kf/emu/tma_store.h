@@ -17,9 +17,16 @@
 //    differ from what was read at issue by then, the launch fails: the kernel overwrote the
 //    staging buffer before the copy engine was done reading it.  A thread that returns with a
 //    store still outstanding (not committed, or committed but not waited for) fails too.
+//  * Staging writes while a store reads: from issue until the wait_group.read that covers it, a
+//    store's shared source is marked (block-wide, per 16-byte chunk); stmatrix or the epilogue's
+//    st.shared.v2 (staging_write_check) into a marked chunk fails the launch at once, whichever
+//    thread writes, so a kernel that restages a tile before the previous tile's store was read
+//    (a deferred wait placed too late, `wait_group.read 1` with one staging tile) fails
+//    deterministically, not only when the bytes differ by the time of the wait.
 // Bulk groups are per thread, as in PTX: commit_group closes the open group; wait_group.read N
 // completes every committed group but the newest N.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +37,47 @@
 #include "kf/emu/warp.h"
 
 namespace kf_emu {
+
+// ---- shared chunks that an issued TMA store has not been waited for yet ------------------
+struct StoreShadow {
+  std::atomic<uint32_t>* pending = nullptr;  // stores reading each 16-byte chunk
+  size_t chunks = 0;
+};
+static StoreShadow g_store_shadow;
+
+inline void store_shadow_reset() {
+  const size_t chunks = (smem_size() + 15) / 16;
+  if (chunks != g_store_shadow.chunks) {
+    std::free(static_cast<void*>(g_store_shadow.pending));
+    g_store_shadow.pending = static_cast<std::atomic<uint32_t>*>(std::calloc(chunks, sizeof(std::atomic<uint32_t>)));
+    if (!g_store_shadow.pending) throw std::bad_alloc();
+    g_store_shadow.chunks = chunks;
+  }
+  for (size_t i = 0; i < chunks; ++i) g_store_shadow.pending[i].store(0, std::memory_order_relaxed);
+}
+static RegisterHook store_shadow_hook(hooks().block_start, store_shadow_reset);
+
+// A store starts (`reading`) or stops reading the `bytes` shared bytes at `addr`.
+inline void store_shadow_mark(uint32_t addr, uint32_t bytes, bool reading) {
+  for (uint32_t c = addr / 16; c <= (addr + bytes - 1) / 16 && c < g_store_shadow.chunks; ++c) {
+    if (reading)
+      g_store_shadow.pending[c].fetch_add(1, std::memory_order_acq_rel);
+    else
+      g_store_shadow.pending[c].fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+// A generic write of `bytes` shared bytes at `dst` by the epilogue (stmatrix, st.shared.v2).
+inline void staging_write_check(const void* dst, uint32_t bytes) {
+  if (!is_shared(dst)) return;  // the writer reports it
+  const uint32_t addr = smem_addr(dst);
+  for (uint32_t c = addr / 16; c <= (addr + bytes - 1) / 16 && c < g_store_shadow.chunks; ++c)
+    if (g_store_shadow.pending[c].load(std::memory_order_acquire))
+      fail("thread %u wrote shared %u while a TMA store (cp.async.bulk.tensor) was still reading it: the "
+           "issuing thread's cp.async.bulk.wait_group.read must cover the store, then a barrier, before the "
+           "staging tile is written again",
+           ctx().tid, c * 16);
+}
 
 // ---- stmatrix ----------------------------------------------------------------------------
 template <int NUM>
@@ -45,6 +93,7 @@ inline void stmatrix(void* row_ptr, const uint32_t (&r)[NUM], bool trans) {
   const int lane = int(ctx().lane);
   if (lane >= 8 * NUM) return;  // lanes 8*NUM.. give no address
   const int q = lane / 8, row = lane % 8;
+  staging_write_check(row_ptr, 16);
   uint16_t h[8];
   for (int col = 0; col < 8; ++col) {
     const int src_lane = trans ? 4 * col + row / 2 : 4 * row + col / 2;
@@ -101,6 +150,7 @@ inline void tma_store(const CUtensorMap* map, const void* src, const int32_t* co
     std::memcpy(s.data + e * d.elem_bytes, smem_base() + box_smem_addr(s, e), d.elem_bytes);
   s.group = g_bulk.committed;
   g_bulk.stores.push(s);
+  store_shadow_mark(s.base, uint32_t(bytes), true);
 }
 
 // Fails if the staging bytes changed since the store read them; else writes the box to global.
@@ -122,6 +172,7 @@ inline void complete_store(PendingStore& s) {
     }
     if (inside) std::memcpy(reinterpret_cast<char*>(d.global) + offset, s.data + e * d.elem_bytes, d.elem_bytes);
   }
+  store_shadow_mark(s.base, uint32_t(s.count * d.elem_bytes), false);
   std::free(s.data);
   s.data = nullptr;
 }

@@ -30,7 +30,9 @@ class Planted:
     timeout_ms: int
 
 
-def _renamed(src: str, tag: str, kernel: str) -> str:
+def renamed(src: str, tag: str, kernel: str) -> str:
+    """One copy of ``kernel``'s generated source with symbols of its own (tagged ``tag``), so that
+    several copies (clean and mutants) share one emulated module."""
     return src.replace(f"kf_emu_{kernel}(", f"kf_emu_{tag}(").replace(f"kf_{kernel}(", f"kf_{kernel}_{tag}(")
 
 
@@ -38,11 +40,11 @@ def plant(spec, params: dict, arch: str, bugs: Bugs, name: str, timeout_ms: int)
     """One module holding the clean source (tag "clean") and every mutation (tagged by bug)."""
     ir = spec.factory(**params).ir
     clean = CudaEmuBackend().source(ir, arch)
-    parts = [_renamed(clean, "clean", ir.name)]
+    parts = [renamed(clean, "clean", ir.name)]
     for bug, (mutate, _) in bugs.items():
         mutated = mutate(clean)
         assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(_renamed(mutated, bug, ir.name))
+        parts.append(renamed(mutated, bug, ir.name))
     module = EmulatedModule(name, "\n".join(parts), dynamic_smem=render_cuda(ir, arch).dynamic_smem, arch=arch)
     emu = kernforge.compile(spec.factory, backend="cuda-emu", arch=arch, **params)
     ref = kernforge.compile(spec.factory, backend="interp", **params)

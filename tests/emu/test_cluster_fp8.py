@@ -21,6 +21,7 @@ import kernforge
 from kernforge.backends.cuda.renderer import render_cuda
 from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError, cluster_smem_bytes
 from kernforge.kernels.registry import all_specs
+from tests.emu.planted import renamed
 
 SPECS = all_specs()
 TILES = dict(block_M=64, block_N=64, num_stages=2, threads=128, cluster=2)
@@ -151,9 +152,6 @@ def _perturbed(src: str, schedule: str) -> str:
     return out
 
 
-def _renamed(src: str, tag: str, name: str) -> str:
-    return src.replace(f"kf_emu_{name}(", f"kf_emu_{tag}(").replace(f"kf_{name}(", f"kf_{name}_{tag}(")
-
 
 @pytest.fixture(scope="module")
 def planted():
@@ -161,12 +159,12 @@ def planted():
     params = {**TILES, **shape}
     ir = SPECS[name].factory(**{k: v for k, v in params.items() if k != "M"}).ir
     source = CudaEmuBackend().source(ir, "sm_90a")
-    parts = [_renamed(_perturbed(source, sched), f"clean_{sched}", ir.name) for sched in SCHEDULES]
+    parts = [renamed(_perturbed(source, sched), f"clean_{sched}", ir.name) for sched in SCHEDULES]
     for bug, (sched, mutate) in BUGS.items():
         clean = _perturbed(source, sched)
         mutated = mutate(clean)
         assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(_renamed(mutated, bug, ir.name))
+        parts.append(renamed(mutated, bug, ir.name))
     program = render_cuda(ir, "sm_90a")
     return EmulatedModule("cluster_fp8_planted", "#include <unistd.h>\n" + "\n".join(parts),
                           dynamic_smem=cluster_smem_bytes(program.dynamic_smem, 2), arch="sm_90a")

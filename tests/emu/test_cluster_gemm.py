@@ -24,6 +24,7 @@ from kernforge.backends.cuda import cluster
 from kernforge.backends.cuda.renderer import render_cuda
 from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError, cluster_smem_bytes
 from kernforge.kernels.registry import all_specs
+from tests.emu.planted import renamed
 
 SPEC = all_specs()["bf16_gemm_nt"]
 TILES = dict(block_M=64, block_N=64, block_K=64, num_stages=2, threads=128, dtype="bfloat16", out_dtype="bfloat16")
@@ -135,20 +136,17 @@ def _perturbed(src: str) -> str:
     return out
 
 
-def _renamed(src: str, tag: str, name: str) -> str:
-    return src.replace(f"kf_emu_{name}(", f"kf_emu_{tag}(").replace(f"kf_{name}(", f"kf_{name}_{tag}(")
-
 
 @pytest.fixture(scope="module")
 def planted():
     params = _params(100, 160, 192)
     ir = SPEC.factory(**{k: v for k, v in params.items() if k != "M"}).ir
     clean = _perturbed(CudaEmuBackend().source(ir, "sm_90a"))
-    parts = [_renamed(clean, "clean", ir.name)]
+    parts = [renamed(clean, "clean", ir.name)]
     for bug, mutate in BUGS.items():
         mutated = mutate(clean)
         assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(_renamed(mutated, bug, ir.name).replace("#include <unistd.h>\n", ""))
+        parts.append(renamed(mutated, bug, ir.name).replace("#include <unistd.h>\n", ""))
     program = render_cuda(ir, "sm_90a")
     module = EmulatedModule("cluster_gemm_planted", "\n".join(parts),
                             dynamic_smem=cluster_smem_bytes(program.dynamic_smem, 2), arch="sm_90a")
@@ -238,7 +236,7 @@ def test_persistent_planted_bug_same_tile_for_both_ctas():
     clean = CudaEmuBackend().source(ir, "sm_90a")
     mutated = clean.replace("kf_tbx = kf_tbx * 2 + (int32_t)kf_cta_rank;", "kf_tbx = kf_tbx * 2;")
     assert mutated != clean
-    module = EmulatedModule("cluster_grouped_planted", _renamed(mutated, "bug", ir.name),
+    module = EmulatedModule("cluster_grouped_planted", renamed(mutated, "bug", ir.name),
                             dynamic_smem=cluster_smem_bytes(render_cuda(ir, "sm_90a").dynamic_smem, 2), arch="sm_90a")
     got, want, _ = _grouped(96, 4, module.kernel("bug", timeout_ms=5_000))
     assert not all(np.allclose(g, w, rtol=2.0 ** -7, atol=1e-3) for g, w in zip(got, want))

@@ -25,6 +25,7 @@ from kernforge.backends.cuda.renderer import render_cuda
 from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError, cluster_smem_bytes
 from kernforge.kernels.gemm import config
 from kernforge.kernels.registry import all_specs
+from tests.emu.planted import renamed
 
 SPEC = all_specs()["bf16_gemm_nt"]
 FP8 = all_specs()["fp8_gemm_nt"]
@@ -207,19 +208,16 @@ def _perturbed(src: str) -> str:
     return out
 
 
-def _renamed(src: str, tag: str, name: str) -> str:
-    return src.replace(f"kf_emu_{name}(", f"kf_emu_{tag}(").replace(f"kf_{name}(", f"kf_{name}_{tag}(")
-
 
 @pytest.fixture(scope="module")
 def planted():
     ir = SPEC.factory(**{k: v for k, v in PLANTED.items() if k != "M"}).ir
     clean = _perturbed(CudaEmuBackend().source(ir, "sm_90a"))
-    parts = [_renamed(clean, "clean", ir.name)]
+    parts = [renamed(clean, "clean", ir.name)]
     for bug, mutate in BUGS.items():
         mutated = mutate(clean)
         assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(_renamed(mutated, bug, ir.name).replace("#include <unistd.h>\n", ""))
+        parts.append(renamed(mutated, bug, ir.name).replace("#include <unistd.h>\n", ""))
     return EmulatedModule("cluster_b_planted", "\n".join(parts),
                           dynamic_smem=cluster_smem_bytes(render_cuda(ir, "sm_90a").dynamic_smem, 2), arch="sm_90a")
 

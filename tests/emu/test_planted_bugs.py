@@ -23,6 +23,7 @@ import kernforge
 from kernforge.backends.cuda.renderer import render_cuda
 from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError
 from kernforge.backends.cuda.tma import encode_args
+from tests.emu.planted import renamed
 
 from .dsl_kernels import gemm, masked_copy, row_stats
 
@@ -127,11 +128,6 @@ BUGS = {
 }
 
 
-def _renamed(src, tag, kernel="main"):
-    """Give one copy of a kernel's source unique symbols so that copies share a module."""
-    return src.replace(f"kf_emu_{kernel}(", f"kf_emu_{tag}(").replace(f"kf_{kernel}(", f"kf_{kernel}_{tag}(")
-
-
 @pytest.fixture(scope="module")
 def module():
     parts, smem = [], 16
@@ -139,12 +135,12 @@ def module():
         ir = make().ir
         smem = max(smem, render_cuda(ir, arch).dynamic_smem)
         clean = CudaEmuBackend().source(ir, arch)
-        parts.append(_renamed(clean, f"clean_{name}"))
+        parts.append(renamed(clean, f"clean_{name}", "main"))
         for bug, case in BUGS.items():
             if case.base == name:
                 mutated = case.mutate(clean)
                 assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-                parts.append(_renamed(mutated, bug))
+                parts.append(renamed(mutated, bug, "main"))
     return EmulatedModule("emu_test_planted_bugs", "\n".join(parts), dynamic_smem=smem, arch="sm_90a")
 
 
@@ -219,11 +215,11 @@ def mla():
     params = spec.problems["small"].params
     ir = spec.factory(**params).ir
     clean = CudaEmuBackend().source(ir, "sm_80")
-    parts = [_renamed(clean, "mla_clean", ir.name)]
+    parts = [renamed(clean, "mla_clean", ir.name)]
     for bug, mutate in LIBRARY_BUGS.items():
         mutated = mutate(clean)
         assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(_renamed(mutated, bug, ir.name))
+        parts.append(renamed(mutated, bug, ir.name))
     module = EmulatedModule("emu_test_planted_mla", "\n".join(parts), dynamic_smem=render_cuda(ir, "sm_80").dynamic_smem,
                             arch="sm_80")
     emu = kernforge.compile(spec.factory, backend="cuda-emu", arch="sm_80", **params)

@@ -24,6 +24,7 @@ import kernforge
 from kernforge.backends.cuda.renderer import render_cuda
 from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError, cluster_smem_bytes
 from kernforge.kernels.registry import all_specs
+from tests.emu.planted import renamed
 
 SPEC = all_specs()["bf16_gemm_nt"]
 FP8 = all_specs()["fp8_gemm_nt"]
@@ -188,9 +189,6 @@ PLANTED = dict(TILES, M=300, N=128, K=192, persistent=2)
 PLANTED_SMS = 2
 
 
-def _renamed(src: str, tag: str, name: str) -> str:
-    return src.replace(f"kf_emu_{name}(", f"kf_emu_{tag}(").replace(f"kf_{name}(", f"kf_{name}_{tag}(")
-
 
 @pytest.fixture(scope="module")
 def planted():
@@ -198,11 +196,11 @@ def planted():
     clean, n = PERTURB[0].subn(PERTURB[1], CudaEmuBackend().source(ir, "sm_100a"))
     assert n == 2, "the perturbation no longer matches the generated code"
     clean = "#include <unistd.h>\n" + clean
-    parts = [_renamed(clean, "clean", ir.name)]
+    parts = [renamed(clean, "clean", ir.name)]
     for bug, mutate in BUGS.items():
         mutated = mutate(clean)
         assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(_renamed(mutated, bug, ir.name).replace("#include <unistd.h>\n", ""))
+        parts.append(renamed(mutated, bug, ir.name).replace("#include <unistd.h>\n", ""))
     return EmulatedModule("tcgen05_pair_gemm_planted", "\n".join(parts),
                           dynamic_smem=cluster_smem_bytes(render_cuda(ir, "sm_100a").dynamic_smem, 2), arch="sm_100a")
 

@@ -86,3 +86,31 @@ def scaled_shift(n=200, block=64):
                     y[bx * block + i] = T.cast(T.cast(x[bx * block + i] * alpha, "bfloat16"), "float32") + T.cast(shift, "float32")
 
     return main
+
+
+def gated_ring_gemm(gate: str, N: int, K: int = 128, multicast: str = "a"):
+    """A 2-CTA cluster GEMM (``multicast`` "a": a cluster along x, "b": along y) whose TMA ring sits
+    behind ``if bx < 2`` or ``if by < 2`` (``gate``): the CTAs of a cluster would not run the same
+    ring iterations, so the renderer must refuse the cluster and say why."""
+
+    @T.tunable()
+    def gated(N: int = N, K: int = K, cluster: int = 2, multicast: str = multicast):
+        M = T.symbolic("M")
+
+        @T.prim_func(name=f"gated_gemm_{gate}")
+        def main(A: T.Tensor((M, K), "bfloat16"), B: T.Tensor((N, K), "bfloat16"), D: T.Tensor((M, N), "bfloat16")):
+            with T.Kernel(N // 64, T.ceildiv(M, 64), threads=128) as (bx, by):
+                A_s = T.alloc_shared((64, 64), "bfloat16")
+                B_s = T.alloc_shared((64, 64), "bfloat16")
+                C = T.alloc_fragment((64, 64), "float32")
+                T.clear(C)
+                if (bx if gate == "bx" else by) < 2:
+                    for k in T.Pipelined(K // 64, num_stages=2):
+                        T.copy(A[by * 64, k * 64], A_s)
+                        T.copy(B[bx * 64, k * 64], B_s)
+                        T.gemm(A_s, B_s, C, transpose_B=True)
+                T.copy(C, D[by * 64, bx * 64])
+
+        return main
+
+    return gated()

@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import re
+
 import numpy as np
 
 import kernforge
 from kernforge.backends.cuda.renderer import render_cuda
-from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError
+from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError, cluster_smem_bytes
 
 # bug name -> (mutation of the generated source, text the emulator's error must contain; None: a
 # wrong result or any emulation error)
@@ -36,16 +38,29 @@ def renamed(src: str, tag: str, kernel: str) -> str:
     return src.replace(f"kf_emu_{kernel}(", f"kf_emu_{tag}(").replace(f"kf_{kernel}(", f"kf_{kernel}_{tag}(")
 
 
+def mutants(clean: str, bugs: dict[str, Callable[[str], str]]) -> dict[str, str]:
+    """Each bug's mutation of ``clean``, by bug name; a mutation that changes nothing means the
+    generated code moved under the test, which must fail rather than pass for a caught bug."""
+    out = {}
+    for bug, mutate in bugs.items():
+        out[bug] = mutate(clean)
+        assert out[bug] != clean, f"planting {bug} changed nothing: the generated code moved"
+    return out
+
+
+def copies_module(name: str, kernel: str, copies: dict[str, str], arch: str, dynamic_smem: int) -> EmulatedModule:
+    """One emulated module (one compile) holding every source of ``copies`` (copies of
+    ``kernel``'s generated source: clean, mutated, perturbed) under its tag."""
+    return EmulatedModule(name, "\n".join(renamed(src, tag, kernel) for tag, src in copies.items()),
+                          dynamic_smem=dynamic_smem, arch=arch)
+
+
 def plant(spec, params: dict, arch: str, bugs: Bugs, name: str, timeout_ms: int) -> Planted:
     """One module holding the clean source (tag "clean") and every mutation (tagged by bug)."""
     ir = spec.factory(**params).ir
     clean = CudaEmuBackend().source(ir, arch)
-    parts = [renamed(clean, "clean", ir.name)]
-    for bug, (mutate, _) in bugs.items():
-        mutated = mutate(clean)
-        assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(renamed(mutated, bug, ir.name))
-    module = EmulatedModule(name, "\n".join(parts), dynamic_smem=render_cuda(ir, arch).dynamic_smem, arch=arch)
+    copies = {"clean": clean, **mutants(clean, {bug: mutate for bug, (mutate, _) in bugs.items()})}
+    module = copies_module(name, ir.name, copies, arch, render_cuda(ir, arch).dynamic_smem)
     emu = kernforge.compile(spec.factory, backend="cuda-emu", arch=arch, **params)
     ref = kernforge.compile(spec.factory, backend="interp", **params)
     return Planted(spec, params, module, emu, ref, timeout_ms)
@@ -74,3 +89,37 @@ def assert_caught(p: Planted, bug: str, bugs: Bugs) -> None:
         return
     assert message is None, f"planted bug {bug} ran to completion"
     assert not agree(pairs), f"planted bug {bug} went unnoticed"
+
+
+# ---------------------------------------------------------------- 2-CTA cluster GEMMs (TMA multicast)
+
+# A cluster GEMM's protocol bugs are races, so each runs under the one schedule that decides its
+# race (a schedule that exposes one bug hides another): "consumer_late": CTA 0's consumers read
+# each stage 50 ms late, so a refill released by CTA 1 alone overwrites it first; "producer_late":
+# CTA 1's producer issues 50 ms late, so a full barrier that does not wait for the peer's half
+# completes before it lands.  50 ms dwarfs thread-scheduling jitter on a loaded host (equal 3 ms
+# delays on both sides let a bug through about one run in four).
+CLUSTER_SCHEDULES = {
+    "consumer_late": (re.compile(r"(\n(\s*)kf::mbarrier_wait_parity\(kf_bars0 \+ kf_j\d+ % 2, [^\n]*\n)"),
+                      r"\1\2if (kf_cta_rank == 0) usleep(50000);\n"),
+    "producer_late": (re.compile(r"(\n(\s*))(kf::mbarrier_arrive_expect_tx\()"),
+                      r"\1if (kf_cta_rank == 1) usleep(50000);\2\3"),
+}
+
+
+def cluster_perturbed(src: str, schedule: str) -> str:
+    """``src`` under one of :data:`CLUSTER_SCHEDULES` (host emulation only: ``usleep``)."""
+    pattern, repl = CLUSTER_SCHEDULES[schedule]
+    out, n = pattern.subn(repl, "#include <unistd.h>\n" + src)
+    assert n == 1, f"perturbation {pattern.pattern!r} matched {n} times: the generated code moved"
+    return out
+
+
+def cluster_planted(name: str, ir, arch: str, bugs: dict[str, tuple[str, Callable[[str], str]]]) -> EmulatedModule:
+    """One module with the clean cluster GEMM under every schedule (tags ``clean_<schedule>``) and
+    each bug (``bugs``: name -> (schedule, mutation)) under its own schedule."""
+    source = CudaEmuBackend().source(ir, arch)
+    copies = {f"clean_{sched}": cluster_perturbed(source, sched) for sched in CLUSTER_SCHEDULES}
+    for bug, (sched, mutate) in bugs.items():
+        copies.update(mutants(copies[f"clean_{sched}"], {bug: mutate}))
+    return copies_module(name, ir.name, copies, arch, cluster_smem_bytes(render_cuda(ir, arch).dynamic_smem, 2))

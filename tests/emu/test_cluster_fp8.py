@@ -19,9 +19,9 @@ import torch
 
 import kernforge
 from kernforge.backends.cuda.renderer import render_cuda
-from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError, cluster_smem_bytes
+from kernforge.backends.cuda_emu.backend import EmulationError
 from kernforge.kernels.registry import all_specs
-from tests.emu.planted import renamed
+from tests.emu.planted import CLUSTER_SCHEDULES, cluster_planted
 
 SPECS = all_specs()
 TILES = dict(block_M=64, block_N=64, num_stages=2, threads=128, cluster=2)
@@ -124,17 +124,7 @@ def test_padded_tile_reads_scales_in_bounds(name):
 
 # ---------------------------------------------------------------- planted bugs (dense, promotion ring)
 
-# Each bug runs under the one schedule that exposes it (a schedule exposing one hides the other):
-# "consumer_late": CTA 0's consumers read each stage late, so a refill released by CTA 1 alone
-# overwrites it first; "producer_late": CTA 1's producer issues late, so a full barrier that does not
-# wait for the peer's half completes before it lands.  50 ms dwarfs thread-scheduling jitter on a
-# loaded host; the clean copy runs under both schedules.
-SCHEDULES = {
-    "consumer_late": (re.compile(r"(\n(\s*)kf::mbarrier_wait_parity\(kf_bars0 \+ kf_j\d+ % 2, [^\n]*\n)"),
-                      r"\1\2if (kf_cta_rank == 0) usleep(50000);\n"),
-    "producer_late": (re.compile(r"(\n(\s*))(kf::mbarrier_arrive_expect_tx\()"),
-                      r"\1if (kf_cta_rank == 1) usleep(50000);\2\3"),
-}
+# each bug under the schedule that decides its race (tests/emu/planted.py, CLUSTER_SCHEDULES)
 BUGS = {
     "release_own_cta_only": ("consumer_late", lambda s: re.sub(r"(kf::mbarrier_arrive_cluster\([^;]*), kf_r\);",
                                                               r"\1, kf_cta_rank);", s)),
@@ -145,32 +135,15 @@ BUGS = {
 }
 
 
-def _perturbed(src: str, schedule: str) -> str:
-    pattern, repl = SCHEDULES[schedule]
-    out, n = pattern.subn(repl, src)
-    assert n == 1, f"perturbation {pattern.pattern!r} matched {n} times: the generated code moved"
-    return out
-
-
-
 @pytest.fixture(scope="module")
 def planted():
     name, shape, _ = CASES["dense"]
     params = {**TILES, **shape}
     ir = SPECS[name].factory(**{k: v for k, v in params.items() if k != "M"}).ir
-    source = CudaEmuBackend().source(ir, "sm_90a")
-    parts = [renamed(_perturbed(source, sched), f"clean_{sched}", ir.name) for sched in SCHEDULES]
-    for bug, (sched, mutate) in BUGS.items():
-        clean = _perturbed(source, sched)
-        mutated = mutate(clean)
-        assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(renamed(mutated, bug, ir.name))
-    program = render_cuda(ir, "sm_90a")
-    return EmulatedModule("cluster_fp8_planted", "#include <unistd.h>\n" + "\n".join(parts),
-                          dynamic_smem=cluster_smem_bytes(program.dynamic_smem, 2), arch="sm_90a")
+    return cluster_planted("cluster_fp8_planted", ir, "sm_90a", BUGS)
 
 
-@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("schedule", sorted(CLUSTER_SCHEDULES))
 def test_perturbed_clean_copy_passes(planted, schedule):
     got, want, _ = _run("dense", planted.kernel(f"clean_{schedule}", timeout_ms=20_000))
     assert _same(got, want)

@@ -24,7 +24,8 @@ from kernforge.backends.cuda import cluster
 from kernforge.backends.cuda.renderer import render_cuda
 from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError, cluster_smem_bytes
 from kernforge.kernels.registry import all_specs
-from tests.emu.planted import renamed
+from tests.emu.dsl_kernels import gated_ring_gemm
+from tests.emu.planted import CLUSTER_SCHEDULES, cluster_planted, renamed
 
 SPEC = all_specs()["bf16_gemm_nt"]
 TILES = dict(block_M=64, block_N=64, block_K=64, num_stages=2, threads=128, dtype="bfloat16", out_dtype="bfloat16")
@@ -114,48 +115,25 @@ def test_launch_grid_rounds_x_only():
 
 # ---------------------------------------------------------------- planted bugs
 
-# CTA 0's consumers read each stage late (a refill released by CTA 1 alone overwrites it first) and
-# CTA 1's producer issues late (a full barrier that does not wait for the peer's half completes
-# before it lands); the clean copy runs under the same schedule
-PERTURB = [
-    (re.compile(r"(\n(\s*)kf::mbarrier_wait_parity\(kf_bars0 \+ kf_j\d+ % 2, [^\n]*\n)"),  # the consumers' full wait
-     r"\1\2if (kf_cta_rank == 0) usleep(3000);\n"),
-    (re.compile(r"(\n(\s*))(kf::mbarrier_arrive_expect_tx\()"), r"\1if (kf_cta_rank == 1) usleep(3000);\2\3"),
-]
+# each bug under the schedule that decides its race (tests/emu/planted.py, CLUSTER_SCHEDULES)
 BUGS = {
-    "release_own_cta_only": lambda s: re.sub(r"(kf::mbarrier_arrive_cluster\([^;]*), kf_r\);", r"\1, kf_cta_rank);", s),
-    "expect_tx_own_half_only": lambda s: s.replace(", 16384u);", ", 12288u);"),
+    "release_own_cta_only": ("consumer_late", lambda s: re.sub(r"(kf::mbarrier_arrive_cluster\([^;]*), kf_r\);",
+                                                              r"\1, kf_cta_rank);", s)),
+    "expect_tx_own_half_only": ("producer_late", lambda s: s.replace(", 16384u);", ", 12288u);")),
 }
-
-
-def _perturbed(src: str) -> str:
-    out = "#include <unistd.h>\n" + src
-    for pattern, repl in PERTURB:
-        out, n = pattern.subn(repl, out)
-        assert n == 1, f"perturbation {pattern.pattern!r} matched {n} times: the generated code moved"
-    return out
-
 
 
 @pytest.fixture(scope="module")
 def planted():
     params = _params(100, 160, 192)
     ir = SPEC.factory(**{k: v for k, v in params.items() if k != "M"}).ir
-    clean = _perturbed(CudaEmuBackend().source(ir, "sm_90a"))
-    parts = [renamed(clean, "clean", ir.name)]
-    for bug, mutate in BUGS.items():
-        mutated = mutate(clean)
-        assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(renamed(mutated, bug, ir.name).replace("#include <unistd.h>\n", ""))
-    program = render_cuda(ir, "sm_90a")
-    module = EmulatedModule("cluster_gemm_planted", "\n".join(parts),
-                            dynamic_smem=cluster_smem_bytes(program.dynamic_smem, 2), arch="sm_90a")
-    return params, module
+    return params, cluster_planted("cluster_gemm_planted", ir, "sm_90a", BUGS)
 
 
-def test_perturbed_clean_copy_passes(planted):
+@pytest.mark.parametrize("schedule", sorted(CLUSTER_SCHEDULES))
+def test_perturbed_clean_copy_passes(planted, schedule):
     params, module = planted
-    out, ref, _ = _run(params, module.kernel("clean", timeout_ms=20_000))
+    out, ref, _ = _run(params, module.kernel(f"clean_{schedule}", timeout_ms=20_000))
     assert _close(out, ref)
 
 
@@ -245,29 +223,7 @@ def test_persistent_planted_bug_same_tile_for_both_ctas():
 def test_a_ring_behind_a_branch_on_bx_is_not_clustered():
     """A cluster's CTAs must run the same ring iterations (every barrier and multicast takes both):
     a ring inside ``if bx < 2`` (or with bounds on bx) falls back, with the reason."""
-    import kernforge.dsl as T
-
-    @T.tunable()
-    def gated(N: int = 192, K: int = 128, cluster: int = 2):
-        M = T.symbolic("M")
-
-        @T.prim_func(name="gated_gemm")
-        def main(A: T.Tensor((M, K), "bfloat16"), B: T.Tensor((N, K), "bfloat16"), D: T.Tensor((M, N), "bfloat16")):
-            with T.Kernel(N // 64, T.ceildiv(M, 64), threads=128) as (bx, by):
-                A_s = T.alloc_shared((64, 64), "bfloat16")
-                B_s = T.alloc_shared((64, 64), "bfloat16")
-                C = T.alloc_fragment((64, 64), "float32")
-                T.clear(C)
-                if bx < 2:
-                    for k in T.Pipelined(K // 64, num_stages=2):
-                        T.copy(A[by * 64, k * 64], A_s)
-                        T.copy(B[bx * 64, k * 64], B_s)
-                        T.gemm(A_s, B_s, C, transpose_B=True)
-                T.copy(C, D[by * 64, bx * 64])
-
-        return main
-
-    program = render_cuda(gated().ir, "sm_90a")
+    program = render_cuda(gated_ring_gemm("bx", N=192).ir, "sm_90a")
     assert "setmaxnreg" in program.source, "the ring is no longer warp-specialized: the test lost its point"
     assert program.cluster == 1 and "depend on bx" in program.cluster_reason
 

@@ -22,10 +22,11 @@ import torch
 import kernforge
 from kernforge.backends.cuda import cluster, persistent
 from kernforge.backends.cuda.renderer import render_cuda
-from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError, cluster_smem_bytes
+from kernforge.backends.cuda_emu.backend import EmulationError
 from kernforge.kernels.gemm import config
 from kernforge.kernels.registry import all_specs
-from tests.emu.planted import renamed
+from tests.emu.dsl_kernels import gated_ring_gemm
+from tests.emu.planted import CLUSTER_SCHEDULES, cluster_planted
 
 SPEC = all_specs()["bf16_gemm_nt"]
 FP8 = all_specs()["fp8_gemm_nt"]
@@ -146,29 +147,7 @@ def test_fp8_b_multicast_matches_the_interpreter():
 
 def test_a_ring_behind_a_branch_on_by_is_not_clustered():
     """A cluster along y needs every CTA to run the ring: a ring inside ``if by < 2`` falls back."""
-    import kernforge.dsl as T
-
-    @T.tunable()
-    def gated(N: int = 128, K: int = 128, cluster: int = 2, multicast: str = "b"):
-        M = T.symbolic("M")
-
-        @T.prim_func(name="gated_gemm_b")
-        def main(A: T.Tensor((M, K), "bfloat16"), B: T.Tensor((N, K), "bfloat16"), D: T.Tensor((M, N), "bfloat16")):
-            with T.Kernel(N // 64, T.ceildiv(M, 64), threads=128) as (bx, by):
-                A_s = T.alloc_shared((64, 64), "bfloat16")
-                B_s = T.alloc_shared((64, 64), "bfloat16")
-                C = T.alloc_fragment((64, 64), "float32")
-                T.clear(C)
-                if by < 2:
-                    for k in T.Pipelined(K // 64, num_stages=2):
-                        T.copy(A[by * 64, k * 64], A_s)
-                        T.copy(B[bx * 64, k * 64], B_s)
-                        T.gemm(A_s, B_s, C, transpose_B=True)
-                T.copy(C, D[by * 64, bx * 64])
-
-        return main
-
-    program = render_cuda(gated().ir, "sm_90a")
+    program = render_cuda(gated_ring_gemm("by", N=128, multicast="b").ir, "sm_90a")
     assert "setmaxnreg" in program.source, "the ring is no longer warp-specialized: the test lost its point"
     assert program.cluster == 1 and "depend on by" in program.cluster_reason
 
@@ -183,47 +162,28 @@ def test_archs_without_a_cluster_render_as_before(arch):
 
 # ---------------------------------------------------------------- planted bugs
 
-# CTA 0's consumers read each stage late and CTA 1's producer issues late (as in
-# tests/emu/test_cluster_gemm.py); the clean copy runs under the same schedule
-PERTURB = [
-    (re.compile(r"(\n(\s*)kf::mbarrier_wait_parity\(kf_bars0 \+ kf_j\d+ % 2, [^\n]*\n)"),
-     r"\1\2if (kf_cta_rank == 0) usleep(3000);\n"),
-    (re.compile(r"(\n(\s*))(kf::mbarrier_arrive_expect_tx\()"), r"\1if (kf_cta_rank == 1) usleep(3000);\2\3"),
-]
+# each bug under the schedule that decides its race (tests/emu/planted.py, CLUSTER_SCHEDULES)
 BUGS = {
-    "cta_mask_own_only": lambda s: s.replace("(uint16_t)3u)", "(uint16_t)(1u << kf_cta_rank))"),
-    "cta_mask_rank0_only": lambda s: s.replace("(uint16_t)3u)", "(uint16_t)1u)"),
-    "peer_stage_offset_swapped": lambda s: s.replace("kf_cta_rank * 2048u", "(1u - kf_cta_rank) * 2048u"),
-    "peer_row_offset_dropped": lambda s: s.replace(" + (int32_t)kf_cta_rank * 32", ""),
-    "release_own_cta_only": lambda s: re.sub(r"(kf::mbarrier_arrive_cluster\([^;]*), kf_r\);", r"\1, kf_cta_rank);", s),
+    "cta_mask_own_only": ("consumer_late", lambda s: s.replace("(uint16_t)3u)", "(uint16_t)(1u << kf_cta_rank))")),
+    "cta_mask_rank0_only": ("consumer_late", lambda s: s.replace("(uint16_t)3u)", "(uint16_t)1u)")),
+    "peer_stage_offset_swapped": ("consumer_late",
+                                  lambda s: s.replace("kf_cta_rank * 2048u", "(1u - kf_cta_rank) * 2048u")),
+    "peer_row_offset_dropped": ("consumer_late", lambda s: s.replace(" + (int32_t)kf_cta_rank * 32", "")),
+    "release_own_cta_only": ("consumer_late", lambda s: re.sub(r"(kf::mbarrier_arrive_cluster\([^;]*), kf_r\);",
+                                                              r"\1, kf_cta_rank);", s)),
 }
 PLANTED = dict(TILES, M=150, N=160, K=192)
-
-
-def _perturbed(src: str) -> str:
-    out = "#include <unistd.h>\n" + src
-    for pattern, repl in PERTURB:
-        out, n = pattern.subn(repl, out)
-        assert n == 1, f"perturbation {pattern.pattern!r} matched {n} times: the generated code moved"
-    return out
-
 
 
 @pytest.fixture(scope="module")
 def planted():
     ir = SPEC.factory(**{k: v for k, v in PLANTED.items() if k != "M"}).ir
-    clean = _perturbed(CudaEmuBackend().source(ir, "sm_90a"))
-    parts = [renamed(clean, "clean", ir.name)]
-    for bug, mutate in BUGS.items():
-        mutated = mutate(clean)
-        assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(renamed(mutated, bug, ir.name).replace("#include <unistd.h>\n", ""))
-    return EmulatedModule("cluster_b_planted", "\n".join(parts),
-                          dynamic_smem=cluster_smem_bytes(render_cuda(ir, "sm_90a").dynamic_smem, 2), arch="sm_90a")
+    return cluster_planted("cluster_b_planted", ir, "sm_90a", BUGS)
 
 
-def test_perturbed_clean_copy_passes(planted):
-    out, ref, _ = _run(PLANTED, kernel=planted.kernel("clean", timeout_ms=20_000))
+@pytest.mark.parametrize("schedule", sorted(CLUSTER_SCHEDULES))
+def test_perturbed_clean_copy_passes(planted, schedule):
+    out, ref, _ = _run(PLANTED, kernel=planted.kernel(f"clean_{schedule}", timeout_ms=20_000))
     assert _close(out, ref)
 
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-import kernforge
 from kernforge.backends.cuda.renderer import render_cuda
 from kernforge.kernels.mla_decode import kernel as K
 from kernforge.kernels.registry import all_specs

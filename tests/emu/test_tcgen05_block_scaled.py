@@ -32,9 +32,9 @@ import torch
 import kernforge
 from kernforge.backends.cuda import tcgen05
 from kernforge.backends.cuda.renderer import INCLUDE_DIR, render_cuda
-from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError
+from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulationError
 from kernforge.kernels.gemm import fp8_gemm, get_mn_major_tma_aligned_tensor
-from tests.emu.planted import renamed
+from tests.emu.planted import copies_module, mutants
 
 from .conftest import CudaTestKernel, build_emu_module
 
@@ -382,13 +382,8 @@ GEMM_BUGS = {
 def test_bugs_planted_in_the_generated_block_scaled_gemm_are_caught():
     ir = fp8_gemm(**GEMM).ir
     clean = CudaEmuBackend().source(ir, "sm_100a")
-    parts = [renamed(clean, "clean", ir.name)]
-    for bug, mutate in GEMM_BUGS.items():
-        mutated = mutate(clean)
-        assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(renamed(mutated, bug, ir.name))
-    module = EmulatedModule("emu_test_block_scaled_planted", "\n".join(parts),
-                            dynamic_smem=render_cuda(ir, "sm_100a").dynamic_smem, arch="sm_100a")
+    module = copies_module("emu_test_block_scaled_planted", ir.name, {"clean": clean, **mutants(clean, GEMM_BUGS)},
+                           "sm_100a", render_cuda(ir, "sm_100a").dynamic_smem)
     emu = kernforge.compile(fp8_gemm, backend="cuda-emu", arch="sm_100a", **GEMM)
     a, b, ea, eb = _gemm_inputs(2, 128, True, m=100)  # one row tile: each run is seconds of emulation
     want, bound = _gemm_reference(a, b, ea, eb, 128)

@@ -22,9 +22,9 @@ import torch
 
 import kernforge
 from kernforge.backends.cuda.renderer import render_cuda
-from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulatedModule, EmulationError, cluster_smem_bytes
+from kernforge.backends.cuda_emu.backend import CudaEmuBackend, EmulationError, cluster_smem_bytes
 from kernforge.kernels.registry import all_specs
-from tests.emu.planted import renamed
+from tests.emu.planted import copies_module, mutants
 
 SPEC = all_specs()["bf16_gemm_nt"]
 FP8 = all_specs()["fp8_gemm_nt"]
@@ -196,13 +196,8 @@ def planted():
     clean, n = PERTURB[0].subn(PERTURB[1], CudaEmuBackend().source(ir, "sm_100a"))
     assert n == 2, "the perturbation no longer matches the generated code"
     clean = "#include <unistd.h>\n" + clean
-    parts = [renamed(clean, "clean", ir.name)]
-    for bug, mutate in BUGS.items():
-        mutated = mutate(clean)
-        assert mutated != clean, f"planting {bug} changed nothing: the generated code moved"
-        parts.append(renamed(mutated, bug, ir.name).replace("#include <unistd.h>\n", ""))
-    return EmulatedModule("tcgen05_pair_gemm_planted", "\n".join(parts),
-                          dynamic_smem=cluster_smem_bytes(render_cuda(ir, "sm_100a").dynamic_smem, 2), arch="sm_100a")
+    return copies_module("tcgen05_pair_gemm_planted", ir.name, {"clean": clean, **mutants(clean, BUGS)}, "sm_100a",
+                         cluster_smem_bytes(render_cuda(ir, "sm_100a").dynamic_smem, 2))
 
 
 def test_perturbed_clean_copy_passes(planted):

@@ -92,7 +92,9 @@ def fp8_fp4_gemm_nt(a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tenso
     backend = backends.for_tensor(a_data, backend)
     # DeepGEMM's SM100 form straight to the kernel: no host unpacking, block-scaled MMAs on sm_100a
     packed = not fp4 and keep_packed(backend, sfa, sfb)
-    target_arch(backend, arch, resolve=False)  # a bad arch fails here, with the other checks
+    # the arch the chooser keys on (resolved only where packed scales make it matter); a bad arch
+    # fails here, with the other checks
+    config_arch = target_arch(backend, arch, resolve=packed)
     sfa = scales("sfa", sfa, (m, -(-k // 128)), keep_packed=packed)
     sfb = scales("sfb", sfb, (-(-n // gran_n), -(-k // gran_k)), keep_packed=packed).contiguous()
     sfa = mn_major(sfa)
@@ -118,7 +120,7 @@ def fp8_fp4_gemm_nt(a: tuple, b: tuple, d: torch.Tensor, c: Optional[torch.Tenso
     else:
         variant.update(a_major=a_major, b_major=b_major, gran_n=gran_n)
         kernel = _kernel(kernels.fp8_gemm, backend, **built_for(arch),
-                         **config.choose(backend, n, k, m, arch=target_arch(backend, arch, packed), **variant))
+                         **config.choose(backend, n, k, m, arch=config_arch, **variant))
     kernel(a_data if a_major == "k" else a_data.t(), sfa, b_data if b_major == "k" else b_data.t(), sfb, d)
 
 

@@ -190,7 +190,9 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple, b: tuple, d: torch.Tensor, masked
     _, (gran_n, gran_k) = resolve_recipe(recipe, recipe_a, recipe_b, fp4, sfb)
     backend = backends.for_tensor(a_data, backend)
     packed = not fp4 and keep_packed(backend, sfa, sfb)
-    target_arch(backend, arch, resolve=False)  # a bad arch fails here, with the other checks
+    # the arch the chooser keys on (resolved only where packed scales make it matter); a bad arch
+    # fails here, with the other checks
+    config_arch = target_arch(backend, arch, resolve=packed)
     sfa = mn_major(scales("sfa", sfa, (groups, max_m, -(-k // 128)), keep_packed=packed))
     sfb = scales("sfb", sfb, (groups, -(-n // gran_n), -(-k // gran_k)), keep_packed=packed).contiguous()
     if len({t.device for t in (a_data, sfa, b_data, sfb, d, masked_m)}) != 1:
@@ -202,7 +204,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a: tuple, b: tuple, d: torch.Tensor, masked
             backend, groups, n, k, expected_m)
     else:
         factory, cfg = kernel_defs.m_grouped_fp8_gemm_nt_masked, config.choose_fp8_masked(
-            backend, groups, n, k, expected_m, arch=target_arch(backend, arch, packed), **_fp8_variant(packed, gran_n))
+            backend, groups, n, k, expected_m, arch=config_arch, **_fp8_variant(packed, gran_n))
     _kernel(factory, backend, **built_for(arch), **cfg)(a_data, sfa, b_data, sfb, masked_m, d)
 
 

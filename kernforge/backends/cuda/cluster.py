@@ -166,27 +166,28 @@ class KernelCluster:
     shared: int
 
 
-def _uses(e: ir.Expr, v: ir.Var) -> bool:
+def uses(e: ir.Expr, v: ir.Var) -> bool:
+    """Whether expression ``e`` mentions variable ``v`` (also the 2-CTA MMA plan's test)."""
     return any(n is v for n in ir.nodes(e))
 
 
-def _control(s: ir.Stmt, target: ir.For) -> list:
+def control(s: ir.Stmt, target: ir.For) -> list:
     """The branch conditions and loop bounds that decide whether and how often ``target`` runs
     (those on the path from ``s`` to it, and its own bounds); [] when ``s`` does not hold it."""
     if s is target:
         return [s.start, s.extent]
     if isinstance(s, ir.Seq):
-        return next((found for x in s.body if (found := _control(x, target))), [])
+        return next((found for x in s.body if (found := control(x, target))), [])
     if isinstance(s, ir.If):
         for branch in (s.then, s.orelse):
-            if branch is not None and (found := _control(branch, target)):
+            if branch is not None and (found := control(branch, target)):
                 return [s.cond] + found
         return []
     if isinstance(s, ir.For):
-        found = _control(s.body, target)
+        found = control(s.body, target)
         return [s.start, s.extent] + found if found else []
     body = getattr(s, "body", None)
-    return _control(body, target) if isinstance(body, ir.Stmt) else []
+    return control(body, target) if isinstance(body, ir.Stmt) else []
 
 
 def plan_kernel(kernel: ir.Kernel, arch: str, tma_loops: dict, warp_spec, persistent
@@ -226,12 +227,12 @@ def plan_kernel(kernel: ir.Kernel, arch: str, tma_loops: dict, warp_spec, persis
         return None, "a persistent walk over live row blocks does not pair M blocks"
     (ring,) = warp_spec.rings
     block = kernel.block_vars[axis]
-    if any(_uses(e, block) for e in _control(kernel.body, ring)):
+    if any(uses(e, block) for e in control(kernel.body, ring)):
         return None, f"the ring's iterations depend on b{'xy'[axis]}: a cluster's CTAs would not meet at every barrier"
     specs = [t.spec for tiles in tma_loops.values() for t in tiles]
     for i, t in enumerate(tma_loops[ring]):
         if (t.layout == "core" or t.rows != t.box_rows or len(t.spec.box) not in (2, 3) or specs.count(t.spec) != 1
-                or any(_uses(s, block) for s in t.copy.src.starts)):
+                or any(uses(s, block) for s in t.copy.src.starts)):
             continue
         row_bytes = t.box_cols * t.spec.elem_bytes
         grid = (extent, 1) if axis == 0 else (1, extent)

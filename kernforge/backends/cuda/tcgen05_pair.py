@@ -88,15 +88,15 @@ def plan_pair(kernel: ir.Kernel, arch: str, facts: dict) -> tuple[Optional[cuda_
     if ring is None or ring not in tma_loops:
         return None, "the gemm is not a statement of a TMA ring's body (once per iteration, in both CTAs)"
     by = kernel.block_vars[1] if len(kernel.block_vars) > 1 else None
-    if by is None or any(cuda_cluster._uses(e, by) for e in cuda_cluster._control(kernel.body, ring)):
+    if by is None or any(cuda_cluster.uses(e, by) for e in cuda_cluster.control(kernel.body, ring)):
         return None, "the ring's iterations depend on by: the pair would not meet at every barrier"
     tiles = tma_loops[ring]
     byb = {t.copy.dst.buffer: t for t in tiles}
     if len(tiles) != 2 or set(byb) != {g.a.buffer, g.b.buffer}:
         return None, "the ring loads more than the gemm's A and B tiles"
     a, b = byb[g.a.buffer], byb[g.b.buffer]
-    if not any(cuda_cluster._uses(s, by) for s in a.copy.src.starts) or \
-            any(cuda_cluster._uses(s, by) for s in b.copy.src.starts):
+    if not any(cuda_cluster.uses(s, by) for s in a.copy.src.starts) or \
+            any(cuda_cluster.uses(s, by) for s in b.copy.src.starts):
         return None, "A's tile does not follow by, or B's does"
     if b.layout != "swizzled" or b.rows != b.box_rows or b.rows != lay.n:
         return None, "B's tile is not one 128B-swizzled row box of the accumulator's columns"

@@ -2,7 +2,8 @@
 """Regenerate ``kf/wgmma.cuh``, the sm_90a warpgroup-MMA device header.
 
 The header's bulk is one ``Wgmma_<type>_<N>`` struct per accumulator width N
-(8, 16, ..., 256) and operand type (bf16, f16 at k16; e4m3 at k32): the PTX operand list of
+(8, 16, ..., 256) and operand type (bf16, f16 at k16; e4m3 at k32; bf16 with A from registers,
+``Wgmma_bf16_rs_<N>``): the PTX operand list of
 ``wgmma.mma_async ... m64nNk16`` names N/2 float registers, so every N needs its
 own ``asm`` statement.  The hand-written parts (the descriptor layout notes,
 ``make_smem_desc``, fence/commit/wait, the dispatch functions) are kept verbatim
@@ -72,6 +73,21 @@ PROLOGUE = r"""// Warpgroup tensor-core primitives (sm_90a only): wgmma with sha
 //   8 rows of 16 bytes = 8 x 16 elements: element (r, c) of an R x C tile at byte offset
 //   ((r/8) * (C/16) + c/16) * 128 + (r%8) * 16 + c%16; LBO = 128 (next 16 K), SBO = (C/16) * 128.
 //   d: the same accumulator layout as the 16-bit shapes.
+// wgmma_m64nNk16_f32_bf16_rs<N, TRANS_B>(d, a, desc_b, scale_d): A from registers (the "RS" form,
+//   FlashAttention-3's P*V), `wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 d, {a0, a1, a2, a3},
+//   desc_b, p, 1, 1, TRANS_B;` (no transpose immediate for A: registers have no major-ness).
+//   D(64xN) = A(64x16) * B(16xN) + (p ? D : 0), B from desc_b as above.  a: 4 registers of two bf16
+//   each (PTX ISA "wgmma .m64nNk16 register fragment layout for matrix A"; the mma.sync m16n8k16 A
+//   layout, warp w of the warpgroup holding rows 16w..16w+15): a[r] packs A(16*w + g + 8*(r%2),
+//   2*t + 8*(r/2) + h), element h = 0 in the low 16 bits, h = 1 in the high 16 bits.  Like d, a is
+//   read asynchronously: the wgmma uses the values at issue, and ptxas keeps those registers until
+//   the covering wait; a register written between wgmma_fence and the wgmmas reading it makes ptxas
+//   inject a warpgroup.arrive (advisory C7519), so build every fragment before the fence.
+// wgmma_accum_to_a_bf16(s, a): s, the N/2-float accumulator of an m64nN wgmma, rounded (RNE) to bf16 and
+//   packed as the A fragments of the N/16 k16 steps over its columns: a[kk][r] = {s[8*kk + 2*r] low,
+//   s[8*kk + 2*r + 1] high}.  No data moves between threads: by the layout of d above, s[8*kk + 2*r + h]
+//   holds D(16*w + g + 8*(r%2), 16*kk + 8*(r/2) + 2*t + h), exactly the element a[kk][r] half h
+//   holds for A columns 16*kk .. 16*kk + 15.  So S = Q*K^T from one wgmma feeds P*V's A operand.
 // wgmma_fence(): `wgmma.fence.sync.aligned;` orders prior register/shared accesses before the next wgmma.
 // wgmma_commit(): `wgmma.commit_group.sync.aligned;` closes the current group of wgmma ops.
 // wgmma_wait<N>(): `wgmma.wait_group.sync.aligned N;` waits until at most N groups are pending.
@@ -116,6 +132,8 @@ template <int N, int TRANS_A, int TRANS_B>
 KF_DEVICE void wgmma_m64nNk16_f32_f16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
 template <int N>
 KF_DEVICE void wgmma_m64nNk32_f32_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d);
+template <int N, int TRANS_B>
+KF_DEVICE void wgmma_m64nNk16_f32_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d);
 
 // One definition per N (the PTX operand list has N/2 registers); all multiples of 8 up to 256.
 """
@@ -133,11 +151,28 @@ template <int N>
 KF_DEVICE void wgmma_m64nNk32_f32_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   WgmmaE4m3<N>::run(d, desc_a, desc_b, scale_d);
 }
+template <int N, int TRANS_B>
+KF_DEVICE void wgmma_m64nNk16_f32_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  WgmmaBf16Rs<N, TRANS_B>::run(d, a, desc_b, scale_d);
+}
 
 }  // namespace kf
 #else
 #include "kf/emu/wgmma.h"
 #endif
+
+// Plain C++ (one cvt.rn.bf16x2.f32 per register on the GPU), shared with host emulation.
+namespace kf {
+template <int R>
+KF_DEVICE void wgmma_accum_to_a_bf16(const float (&s)[R], uint32_t (&a)[R / 8][4]) {
+  static_assert(R % 8 == 0, "wgmma_accum_to_a_bf16: the accumulator of an m64nN wgmma with N a multiple of 16");
+#pragma unroll
+  for (int i = 0; i < R / 2; ++i) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(s[2 * i], s[2 * i + 1]);  // .x: low half
+    memcpy(&a[i / 4][i % 4], &pair, 4);
+  }
+}
+}  // namespace kf
 """
 
 # One struct; {{ }} are literal braces, \\n is the two characters backslash-n of the C string.
@@ -148,6 +183,18 @@ STRUCT = r"""template <int TA, int TB> struct Wgmma_{infix}_{n} {{
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{acc}}}, %{a}, %{b}, p, 1, 1, %{ta}, %{tb};\n}}\n"
         : {outputs}
         : "l"(a), "l"(b), "r"(scale_d), "n"(TA), "n"(TB));
+  }}
+}};
+"""
+
+# A from registers (bf16): the four A registers, then desc_b, scale_d, TRANS_B (no TRANS_A).
+STRUCT_RS = r"""template <int TB> struct Wgmma_bf16_rs_{n} {{
+  static KF_DEVICE void run(float (&d)[{regs}], const uint32_t (&a)[4], uint64_t b, int scale_d) {{
+    asm volatile(
+        "{{\n.reg .pred p;\nsetp.ne.b32 p, %{scale}, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{acc}}}, {{{areg}}}, %{b}, p, 1, 1, %{tb};\n}}\n"
+        : {outputs}
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TB));
   }}
 }};
 """
@@ -174,6 +221,17 @@ def struct_fp8(n: int) -> str:
                              outputs=", ".join(f'"+f"(d[{i}])' for i in range(regs)))
 
 
+def struct_rs(n: int) -> str:
+    """``Wgmma_bf16_rs_<n>``: one bf16 ``wgmma.mma_async ... m64nNk16`` with A in registers: the n/2
+    accumulator registers, A's four registers, desc_b, scale_d (predicate p) and TRANS_B."""
+    regs = n // 2
+    b, scale, tb = range(regs + 4, regs + 7)
+    return STRUCT_RS.format(n=n, regs=regs, scale=scale, b=b, tb=tb,
+                            acc=", ".join(f"%{i}" for i in range(regs)),
+                            areg=", ".join(f"%{i}" for i in range(regs, regs + 4)),
+                            outputs=", ".join(f'"+f"(d[{i}])' for i in range(regs)))
+
+
 def struct(infix: str, ptx: str, n: int) -> str:
     """``Wgmma_<infix>_<n>``: one ``wgmma.mma_async`` whose operands are the n/2 accumulator
     registers (%0 .. %(n/2 - 1)), then desc_a, desc_b, scale_d (turned into predicate p),
@@ -196,6 +254,9 @@ def render() -> str:
             for infix, dispatch, _ in TYPES for n in WIDTHS]
     out.append("template <int N> struct WgmmaE4m3;\n")
     out += [f"template <> struct WgmmaE4m3<{n}> : Wgmma_e4m3_{n} {{}};\n" for n in WIDTHS]
+    out += [struct_rs(n) for n in WIDTHS]
+    out.append("template <int N, int TB> struct WgmmaBf16Rs;\n")
+    out += [f"template <int TB> struct WgmmaBf16Rs<{n}, TB> : Wgmma_bf16_rs_{n}<TB> {{}};\n" for n in WIDTHS]
     out.append(EPILOGUE)
     return "".join(out)
 

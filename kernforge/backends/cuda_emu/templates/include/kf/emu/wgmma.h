@@ -20,6 +20,16 @@
 // in warp w of the warpgroup, g = lane/4, t = lane%4, holds
 //   d[4*j + q] = D(16*w + g + 8*(q/2), 8*j + 2*t + q%2).
 //
+// A from registers (wgmma_m64nNk16_f32_bf16_rs; PTX ISA "wgmma .m64nNk16 register fragment
+// layout for matrix A"): the thread (w, g, t) holds a[r] = {A(16w + g + 8(r%2), 2t + 8(r/2) + h),
+// h = 0 low / 1 high half}, so the full A rows 16w + g and 16w + g + 8 this thread's D elements
+// need are spread over the four lanes 4g .. 4g+3 of its own warp.  Each thread's four registers
+// are copied into the op at issue (the GPU reads the values the registers hold at issue; a
+// fragment array may be out of scope by the wait, as a per-k-step temporary is), and at execution
+// the warp's lanes swap those copies through the warp exchange (kf/emu/warp.h, the mechanism of
+// shuffles and mma.sync: every lane executes the same ops at the same wait, one exchange per
+// register-A op), and each lane rebuilds its two A rows.  Only the B operand is digested.
+//
 // Completion semantics: wgmma is asynchronous.  An issued wgmma is queued in the
 // thread's open group, commit closes the group, and wait<N> executes every
 // group but the newest N, reading shared memory *then*.  So reading d before
@@ -33,6 +43,7 @@
 #include "kf/emu/shared.h"
 #include "kf/emu/swizzle.h"
 #include "kf/emu/types.h"
+#include "kf/emu/warp.h"
 
 namespace kf_emu {
 
@@ -92,6 +103,8 @@ struct WgmmaOp {
   bool trans_a, trans_b;
   uint64_t group;  // commit-group number (the open group is `committed`)
   uint64_t digest;  // of the operand elements this thread reads, at issue (operand_digest)
+  bool a_in_regs;   // the register-A form: desc_a unused, a_regs this thread's A fragment at issue
+  uint32_t a_regs[4];
 };
 
 struct WgmmaState {
@@ -100,15 +113,34 @@ struct WgmmaState {
 };
 static thread_local WgmmaState g_wgmma;
 
+// The two rows of a register-A operand this thread's D elements need, A(16w + g + 8*rr, k) at
+// rows[rr][k], gathered from the fragments its warp's lanes 4g .. 4g+3 held at issue.
+inline void gather_a_rows(const WgmmaOp& op, float (&rows)[2][16]) {
+  if (my_warp().lanes != kWarpSize) fail("wgmma with A in registers: the warpgroup's warps must be whole (32 lanes)");
+  const uint64_t mine[2] = {op.a_regs[0] | uint64_t(op.a_regs[1]) << 32, op.a_regs[2] | uint64_t(op.a_regs[3]) << 32};
+  auto lanes = exchange(mine, 2);
+  const int g = int(ctx().lane) / 4;
+  for (int rr = 0; rr < 2; ++rr)
+    for (int k = 0; k < 16; ++k) {
+      const int src = 4 * g + (k % 8) / 2, reg = rr + 2 * (k / 8), half = k % 2;  // the layout above
+      const uint32_t word = uint32_t(lanes[src][reg / 2] >> (32 * (reg % 2)));
+      rows[rr][k] = bf16_bits_to_float(uint16_t(word >> (16 * half)));
+    }
+}
+
 inline void execute(const WgmmaOp& op) {
-  const SmemDesc a = decode_desc(op.desc_a, "A"), b = decode_desc(op.desc_b, "B");
+  const SmemDesc a = op.a_in_regs ? SmemDesc{} : decode_desc(op.desc_a, "A");
+  const SmemDesc b = decode_desc(op.desc_b, "B");
+  float a_rows[2][16];
+  if (op.a_in_regs) gather_a_rows(op, a_rows);
   const int lane = int(ctx().lane), w = int(ctx().warp % 4), g = lane / 4, t = lane % 4;
   for (int j = 0; j < op.n / 8; ++j)
     for (int q = 0; q < 4; ++q) {
       const int row = 16 * w + g + 8 * (q / 2), col = 8 * j + 2 * t + q % 2;
       double acc = 0.0;
       for (int k = 0; k < (op.type == WG_E4M3 ? 32 : 16); ++k)
-        acc += double(desc_elem(a, row, k, op.trans_a, op.type)) * double(desc_elem(b, col, k, op.trans_b, op.type));
+        acc += double(op.a_in_regs ? a_rows[q / 2][k] : desc_elem(a, row, k, op.trans_a, op.type)) *
+               double(desc_elem(b, col, k, op.trans_b, op.type));
       float& dst = op.d[4 * j + q];
       dst = float((op.accumulate ? double(dst) : 0.0) + acc);
     }
@@ -120,7 +152,8 @@ inline void execute(const WgmmaOp& op) {
 // changed in that window (a ring stage refilled before the wgmmas reading it retired) are a race,
 // reported as an error rather than left to a result that depends on the emulator's timing.
 inline uint64_t operand_digest(const WgmmaOp& op) {
-  const SmemDesc a = decode_desc(op.desc_a, "A"), b = decode_desc(op.desc_b, "B");
+  const SmemDesc a = op.a_in_regs ? SmemDesc{} : decode_desc(op.desc_a, "A");
+  const SmemDesc b = decode_desc(op.desc_b, "B");
   const int lane = int(ctx().lane), w = int(ctx().warp % 4), g = lane / 4, t = lane % 4;
   const int K = op.type == WG_E4M3 ? 32 : 16;
   uint64_t h = 1469598103934665603ull;
@@ -130,7 +163,7 @@ inline uint64_t operand_digest(const WgmmaOp& op) {
     h = (h ^ bits) * 1099511628211ull;
   };
   for (int k = 0; k < K; ++k) {
-    for (int r = 0; r < 2; ++r) mix(desc_elem(a, 16 * w + g + 8 * r, k, op.trans_a, op.type));
+    for (int r = 0; r < 2 && !op.a_in_regs; ++r) mix(desc_elem(a, 16 * w + g + 8 * r, k, op.trans_a, op.type));
     for (int j = 0; j < op.n / 8; ++j)
       for (int c = 0; c < 2; ++c) mix(desc_elem(b, 8 * j + 2 * t + c, k, op.trans_b, op.type));
   }
@@ -139,7 +172,13 @@ inline uint64_t operand_digest(const WgmmaOp& op) {
 
 inline void wgmma_issue(float* d, int n, uint64_t desc_a, uint64_t desc_b, int scale_d, WgmmaType type, int ta,
                         int tb) {
-  WgmmaOp op{d, n, desc_a, desc_b, scale_d != 0, type, ta != 0, tb != 0, g_wgmma.committed, 0};
+  WgmmaOp op{d, n, desc_a, desc_b, scale_d != 0, type, ta != 0, tb != 0, g_wgmma.committed, 0, false, {}};
+  op.digest = operand_digest(op);
+  g_wgmma.ops.push(op);
+}
+inline void wgmma_issue_rs(float* d, int n, const uint32_t (&a)[4], uint64_t desc_b, int scale_d, int tb) {
+  WgmmaOp op{d, n, 0, desc_b, scale_d != 0, WG_BF16, false, tb != 0, g_wgmma.committed, 0, true, {}};
+  std::memcpy(op.a_regs, a, sizeof op.a_regs);
   op.digest = operand_digest(op);
   g_wgmma.ops.push(op);
 }
@@ -202,6 +241,11 @@ template <int N>
 KF_DEVICE void wgmma_m64nNk32_f32_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk32: N is a multiple of 8 in 8..256");
   kf_emu::wgmma_issue(d, N, desc_a, desc_b, scale_d, kf_emu::WG_E4M3, 0, 0);
+}
+template <int N, int TRANS_B>
+KF_DEVICE void wgmma_m64nNk16_f32_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N is a multiple of 8 in 8..256");
+  kf_emu::wgmma_issue_rs(d, N, a, desc_b, scale_d, TRANS_B);
 }
 
 }  // namespace kf

@@ -46,6 +46,7 @@ from kernforge.kernels import mla_decode as kernels
 from kernforge.kernels.mla_decode import config, schedule
 from kernforge.kernels.mla_decode.scheduled import Scheduled
 from kernforge.kernels.mla_decode.split_kv import SplitKV
+from kernforge.ops.gemm import target_arch
 from kernforge.model import numerics as nx
 
 _DTYPES = (torch.bfloat16,)
@@ -129,7 +130,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             is_fp8_kvcache=False, topk=None))
     scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
     backend = backends.for_tensor(q, backend)
-    cfg = config.choose(backend, h_q, h_kv, s_q, d, head_dim_v, page, causal)
+    cfg = config.choose(backend, h_q, h_kv, s_q, d, head_dim_v, page, causal, arch=target_arch(backend, None))
     meta = tile_scheduler_metadata if isinstance(tile_scheduler_metadata, FlashMLASchedMeta) else None
     sink = attn_sink if attn_sink is not None else torch.full((h_q,), -float("inf"), device=q.device)
     parts = _schedule_parts(backend, cfg, q, meta, num_kv_splits, num_sm_parts)

@@ -24,7 +24,12 @@ def test_mla_problems_are_the_choosers_output():
     assert _compile_time(dense, "small") == M.config.choose(
         "cpu", heads=8, heads_kv=1, seq_q=2, dim=96, dim_v=64, page_size=16, causal=True)
     assert _compile_time(dense, "demo") == M.config.choose("cuda", heads=64, dim=576, dim_v=512)
-    assert _compile_time(dense, "bench") == M.config.choose("cuda", heads=128, dim=576, dim_v=512)
+    # bench is the H100/H200 configuration: 64-token tiles for the seesaw (32 on other arches)
+    assert _compile_time(dense, "bench") == M.config.choose("cuda", heads=128, dim=576, dim_v=512, arch="sm_90a")
+    assert _compile_time(dense, "bench")["block_N"] == 64
+    for arch in (None, "sm_80", "sm_100a"):
+        assert M.config.choose("cuda", heads=128, dim=576, dim_v=512, arch=arch)["block_N"] == 32
+    assert M.config.choose("cpu", heads=128, dim=576, dim_v=512, arch="sm_90a")["block_N"] == 64  # host: pages
     sparse = get("mla_decode_sparse")
     small = M.config.choose_sparse("cpu", heads=8, topk=24, seq_q=2, dim=96, dim_v=64)
     assert _compile_time(sparse, "small") == dict(small, block_N=16)   # block_N pinned (two tiles)

@@ -142,6 +142,33 @@ def _wait(R, cn: str) -> None:
         R.emit(f"kf::wgmma_fence_operand({cn});")
 
 
+def render_wgmma_register_a(R, g: ir.Gemm, frags: str) -> None:
+    """``g`` (``C += A B``, a 64-row bf16 A) with A from registers: ``frags``, the issuing
+    warpgroup's ``uint32_t [K / 16][4]`` fragments (``kf::wgmma_accum_to_a_bf16`` of the accumulator
+    that holds A, packed before this call), B from shared memory as :func:`render_gemm` reads it.
+    Why: a softmax's probabilities are already in the accumulator layout, which is wgmma's A
+    fragment layout, so their product needs no shared-memory round trip (FlashAttention-3's and
+    FlashMLA's own-P product; the seesaw, :mod:`kernforge.backends.cuda.seesaw`)."""
+    lay: AccumLayout = R.plan.registers[g.c.buffer]
+    K = g.a.buffer.static_shape()[0] if g.trans_a else g.a.buffer.static_shape()[1]
+    cn = R.buffer_name(g.c.buffer)
+    n = lay.nt * 8
+    R.open("")
+    R.emit(f"const int kf_col0 = ({R.tid} >> 5) / {lay.wm} * {lay.n // lay.wn};")
+    R.emit(f"kf::wgmma_fence_operand({cn});")
+    R.emit("kf::wgmma_fence();")
+    R.emit("#pragma unroll")
+    R.open(f"for (int kf_kk = 0; kf_kk < {K // 16}; ++kf_kk)")
+    r, col = ("kf_col0", "kf_kk * 16") if g.trans_b else ("kf_kk * 16", "kf_col0")
+    R.emit(f"const uint64_t kf_db = {smem_desc(R, g.b.buffer, r, col, g.trans_b)};")
+    R.emit(f"kf::wgmma_m64nNk16_f32_bf16_rs<{n}, {int(not g.trans_b)}>(*reinterpret_cast<float(*)[{n // 2}]>"
+           f"(&{cn}[0]), {frags}[kf_kk], kf_db, 1);")
+    R.close()
+    R.emit("kf::wgmma_commit();")
+    _wait(R, cn)
+    R.close()
+
+
 def smem_desc(R, tile: ir.Buffer, r: str, c: str, k_major: bool, umma: bool = False) -> str:
     """``kf::make_smem_desc`` (``umma``: the sm_100 ``kf::make_umma_desc``) of ``tile`` for the
     instruction whose first element is ``(r, c)``, in the tile's layout (:mod:`smem_layouts`:

@@ -230,7 +230,7 @@ class WarpSpecialization:
 
 
 def plan_warp_specialization(kernel: ir.Kernel, pipes: PipelinePlan, release: set,
-                             promotion: set = frozenset()) -> Optional[WarpSpecialization]:
+                             promotion: set = frozenset(), seesaw=None) -> Optional[WarpSpecialization]:
     """Whether (and how) ``kernel``'s release and promotion rings (:func:`plan_release_rings`,
     :func:`plan_promotion_rings`) get a producer warpgroup, which runs a *slice* of the kernel:
     the control flow that leads to the rings and the rings' fills, nothing else, while the
@@ -243,12 +243,15 @@ def plan_warp_specialization(kernel: ir.Kernel, pipes: PipelinePlan, release: se
     ring synchronises the whole block each iteration); and no lowering may synchronise the block
     inside a device helper (row reductions, scans, softmax, radix select), since the consumers'
     barriers become named barriers over the consumer threads only.  The block must be whole
-    warpgroups (``setmaxnreg``) and at most ``MAX_CONSUMERS`` consumer threads."""
-    rings = frozenset(release) | frozenset(promotion)
+    warpgroups (``setmaxnreg``) and at most ``MAX_CONSUMERS`` consumer threads.  ``seesaw``
+    (:func:`kernforge.backends.cuda.seesaw.plan_seesaw`): an attention loop the consumers run as
+    two warpgroups, a ring like the others; its softmax runs inside one warpgroup."""
+    rings = frozenset(release) | frozenset(promotion) | (frozenset({seesaw.loop}) if seesaw else frozenset())
     if (not rings or set(pipes.prefetch) != set(rings) or kernel.threads % PRODUCER_THREADS
             or kernel.threads > MAX_CONSUMERS):
         return None
-    if any(isinstance(n, (ir.Reduce, ir.Cumsum, ir.OnlineSoftmax, ir.RadixFindBucket)) for n in ir.nodes(kernel.body)):
+    if any(isinstance(n, (ir.Reduce, ir.Cumsum, ir.OnlineSoftmax, ir.RadixFindBucket)) for n in ir.nodes(kernel.body)
+           if seesaw is None or n is not seesaw.softmax):
         return None
     written = {n.buffer for n in ir.nodes(kernel.body) if isinstance(n, (ir.Store, ir.Atomic))}
     written |= {n.dst.buffer for n in ir.nodes(kernel.body) if isinstance(n, (ir.Copy, ir.Fill))}

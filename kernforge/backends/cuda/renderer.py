@@ -55,7 +55,7 @@ from kernforge.backends.cuda.pipeline_plan import (PipelinePlan, plan_pipelines,
                                                    plan_release_rings, plan_warp_specialization)
 from kernforge.backends.cuda import persistent as cuda_persistent, warp_specialize
 from kernforge.backends.cuda import cluster as cuda_cluster, tcgen05_pair as cuda_tcgen05_pair
-from kernforge.backends.cuda import smem_layouts
+from kernforge.backends.cuda import seesaw as cuda_seesaw, smem_layouts
 from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tcgen05 as cuda_tcgen05, tma as cuda_tma
 from kernforge.backends.cuda import tma_store as cuda_tma_store
 from kernforge.backends.templates import environment as template_environment
@@ -182,8 +182,11 @@ class CudaRenderer(CRenderer, Renderer):
             Analysis("tma_store", lambda k, facts: cuda_tma_store.plan_tma_stores(k, facts["layouts"], tma)),
             Analysis("release", lambda k, facts: plan_release_rings(facts["tma"][0], facts["layouts"])),
             Analysis("promotion", lambda k, facts: plan_promotion_rings(facts["tma"][0], facts["layouts"])),
+            # MLA's two-warpgroup schedule of its attention loop (cuda.seesaw), filled by a producer
+            Analysis("seesaw", lambda k, facts: cuda_seesaw.plan_seesaw(k, arch.wgmma, facts["tma"][0],
+                                                                        facts["layouts"])),
             Analysis("warpspec", lambda k, facts: plan_warp_specialization(k, facts["pipelines"], facts["release"],
-                                                                           facts["promotion"])),
+                                                                           facts["promotion"], facts["seesaw"])),
             Analysis("persistent", lambda k, facts: cuda_persistent.plan_persistent(
                 k, facts["tma"][0], facts["release"], facts["warpspec"])),
             # TMA multicast (cuda.cluster), or a kernel's 2-CTA tcgen05 MMA pair (cuda.tcgen05_pair)
@@ -218,6 +221,9 @@ class CudaRenderer(CRenderer, Renderer):
         self.release_rings: set = facts.get("release", set())  # full + empty mbarriers, wgmma_wait<1>
         self.wgmma_keep = 0  # wgmma groups a gemm leaves in flight (1 inside a release ring)
         self.warp_spec = facts.get("warpspec")  # a producer warpgroup fills the release rings
+        # the seesaw schedule of an attention loop, which needs the producer warpgroup
+        self.seesaw = facts.get("seesaw") if self.warp_spec is not None else None
+        self.seesaw_offset = -1
         self.persistent = facts.get("persistent")  # a persistent tile loop (cuda.persistent)
         self.ring_base: dict[ir.For, str] = {}  # persistent: each ring's running iteration count
         # a 2-CTA cluster sharing one ring tile by TMA multicast (cuda.cluster), and why not if asked
@@ -343,6 +349,8 @@ class CudaRenderer(CRenderer, Renderer):
             self.mbarrier_offsets[loop] = off
             released = loop in self.release_rings or (self.warp_spec is not None and loop in self.warp_spec.rings)
             bars = loop.num_stages * (2 if released else 1)  # full (+ empty) per stage
+            if self.seesaw is not None and loop is self.seesaw.loop:
+                bars += cuda_seesaw.BARRIERS
             off += -(-8 * bars // SMEM_ALIGN) * SMEM_ALIGN
         if self.plan.tmem_columns():  # the TMEM address tcgen05.alloc writes, then the MMA mbarrier
             self.tmem_slot_offset = off  # (and block-scaled gemms' scale-byte staging after them)
@@ -352,8 +360,12 @@ class CudaRenderer(CRenderer, Renderer):
         if scratch:
             self.scratch_offset = off
             off += -(-scratch * 4 // SMEM_ALIGN) * SMEM_ALIGN
+        if self.seesaw is not None:
+            self.seesaw_offset = off
+            off += cuda_seesaw.EXCHANGE_FLOATS * 4
         softmax = max((cuda_softmax.scratch_floats(self, s) for s in ir.nodes(self.k.body)
-                       if isinstance(s, ir.OnlineSoftmax)), default=0)
+                       if isinstance(s, ir.OnlineSoftmax)
+                       and (self.seesaw is None or s is not self.seesaw.softmax)), default=0)
         if softmax:
             self.softmax_scratch_offset = off
             off += -(-softmax * 4 // SMEM_ALIGN) * SMEM_ALIGN

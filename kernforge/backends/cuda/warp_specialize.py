@@ -27,7 +27,7 @@ from __future__ import annotations
 from math import prod
 
 from kernforge.codegen import arith, ir
-from kernforge.backends.cuda import persistent as cuda_persistent, tma as cuda_tma
+from kernforge.backends.cuda import persistent as cuda_persistent, seesaw as cuda_seesaw, tma as cuda_tma
 from kernforge.backends.cuda.ops import I32, render_ring_consume
 from kernforge.backends.cuda.pipeline_plan import leads_to_ring
 
@@ -100,6 +100,7 @@ def _ring(R, loop: ir.For, producer: bool) -> None:
     leader invalidates the barriers, so entering the ring again starts from fresh objects)."""
     ws, S = R.warp_spec, loop.num_stages
     tiles = R.tma_loops[loop]
+    seesaw = R.seesaw is not None and loop is R.seesaw.loop
     bars = f"kf_bars{list(R.mbarrier_offsets).index(loop)}"
     start, v = R.expr(loop.start), R.var_name(loop.var)
     end, j = R.fresh("end"), R.fresh("j")
@@ -116,6 +117,8 @@ def _ring(R, loop: ir.For, producer: bool) -> None:
         R.emit(f"for (int kf_s = 0; kf_s < {S}; ++kf_s) kf::mbarrier_init({bars} + kf_s, 1);")
         R.emit(f"for (int kf_s = 0; kf_s < {S}; ++kf_s) kf::mbarrier_init({bars} + {S} + kf_s, "
                f"{ws.consumers * cluster});")  # each CTA of the cluster releases every stage
+        if seesaw:
+            cuda_seesaw.render_barrier_init(R, bars, S)
         R.emit("kf::mbarrier_init_fence();")
         R.close()
     if base is None:
@@ -130,6 +133,8 @@ def _ring(R, loop: ir.For, producer: bool) -> None:
         cuda_tma.render_issue(R, tiles, f"{j} % {S}", f"{bars} + {j} % {S}", ws.leader)
         R.close()
         R.close()
+    elif seesaw:
+        cuda_seesaw.render_consumer(R, R.seesaw, tiles, bars, start, end)
     elif loop in ws.promoting:
         R.open(f"for (int32_t {v} = {start}; {v} < {end}; ++{v})")
         R.emit(f"const int32_t {j} = {j_expr};")
@@ -160,5 +165,6 @@ def _ring(R, loop: ir.For, producer: bool) -> None:
     R.emit(block_sync)
     if producer:
         R.open(f"if ({R.tid} == {ws.leader})")
-        R.emit(f"for (int kf_s = 0; kf_s < {2 * S}; ++kf_s) kf::mbarrier_inval({bars} + kf_s);")
+        n = 2 * S + (cuda_seesaw.BARRIERS if seesaw else 0)
+        R.emit(f"for (int kf_s = 0; kf_s < {n}; ++kf_s) kf::mbarrier_inval({bars} + kf_s);")
         R.close()

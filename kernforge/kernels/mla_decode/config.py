@@ -18,17 +18,22 @@ def _gpu(backend: str) -> bool:
 
 @tuned("mla_decode")
 def choose(backend: str, heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, dim_v: int = 512,
-           page_size: int = 64, causal: bool = False) -> dict:
+           page_size: int = 64, causal: bool = False, arch: str | None = None) -> dict:
     """:func:`~kernforge.kernels.mla_decode.mla_decode` parameters.  Rows (query tokens x
     heads per KV head) fill a block of ``block_H``: GPUs want a tensor-core friendly 64;
     host backends gain nothing from padding rows, so they take the exact row count up
-    to 64.  KV tiles of 32 tokens keep two pipeline stages of a 64-row, d=576 block
-    within Hopper's 227 KB of shared memory (64-token tiles need 241 KB); host backends
-    take whole 64-token pages (fewer, longer tile GEMMs).  ``block_N`` divides the page."""
+    to 64.  ``block_N`` divides the page.  KV tiles: host backends take whole 64-token pages
+    (fewer, longer tile GEMMs).  On ``arch`` sm_90a, 64 tokens: the CUDA renderer runs the loop
+    as FlashMLA's two-warpgroup seesaw (``backends/cuda/seesaw.py``), one 64-token tile per math
+    warpgroup, which fits beside the 64-row d=576 Q in two stages (221 KB of the 227) because
+    its softmax needs no cross-warpgroup scratch.  Other CUDA arches (and ``arch`` None, a
+    configuration that builds on every arch: sm_80 allows 163 KB) take 32 tokens, which keep
+    two stages of the block within the limit."""
     rows = seq_q * (heads // heads_kv)
     gpu = _gpu(backend)
     block_H = 64 if gpu else min(rows, 64)
-    block_N = next(n for n in (32 if gpu else 64, 32, 16, 8, 4, 2, 1) if page_size % n == 0)
+    first = (64 if arch == "sm_90a" else 32) if gpu else 64
+    block_N = next(n for n in (first, 32, 16, 8, 4, 2, 1) if page_size % n == 0)
     return dict(heads=heads, heads_kv=heads_kv, seq_q=seq_q, dim=dim, dim_v=dim_v, page_size=page_size,
                 causal=causal, block_N=block_N, block_H=block_H)
 

@@ -129,9 +129,10 @@ SPEC = register(KernelSpec(
             "cpu", heads=8, heads_kv=1, seq_q=2, dim=96, dim_v=64, page_size=16, causal=True))),
         "demo": Problem("demo", dict(batch=2, seqlens=[700, 333], **config.choose.heuristic(
             "cuda", heads=64, seq_q=1, dim=576, dim_v=512))),
-        # FlashMLA's dense perf shape (b=128, h_q=128, s_q=1, s_k=4096)
+        # FlashMLA's dense perf shape (b=128, h_q=128, s_q=1, s_k=4096), configured for an
+        # H100/H200 (sm_90a: 64-token tiles, the seesaw schedule; too big for sm_80's shared memory)
         "bench": Problem("bench", dict(batch=128, seqlens=[4096] * 128, **config.choose.heuristic(
-            "cuda", heads=128, seq_q=1, dim=576, dim_v=512))),
+            "cuda", heads=128, seq_q=1, dim=576, dim_v=512, arch="sm_90a"))),
     },
     make_inputs=make_inputs,
     outputs=(6, 7),
@@ -374,7 +375,7 @@ SPEC_SCHEDULED = register(KernelSpec(
             "cuda", heads=64, seq_q=1, dim=576, dim_v=512))),
         # FlashMLA's dense perf shape on a 132-SM H100/H200: 132 / 2 row blocks = 66 partitions
         "bench": Problem("bench", dict(batch=128, seqlens=[4096] * 128, num_sm_parts=66, **config.choose.heuristic(
-            "cuda", heads=128, seq_q=1, dim=576, dim_v=512))),
+            "cuda", heads=128, seq_q=1, dim=576, dim_v=512, arch="sm_90a"))),
     },
     make_inputs=make_inputs_scheduled,
     outputs=(8, 9),

@@ -6,7 +6,8 @@ shape in the instructions themselves, with no GPU.
 * each warpgroup's own probabilities are the A operand in registers (``HGMMA.64x256x16 R.., R..,
   gdesc``), the other warpgroup's come from shared memory (``gdesc`` A);
 * one producer warpgroup with ``setmaxnreg``, named barriers of one warpgroup (128 threads), no
-  serialized wgmma (C7519/C7520), no spills, within the 227 KB of shared memory."""
+  serialized wgmma (C7519/C7520), no spills, within the 227 KB of shared memory;
+* the output leaves by TMA stores, staged in the drained KV stages."""
 import re
 import shutil
 
@@ -35,3 +36,4 @@ def test_bench_sass_has_the_seesaw_shape():
     assert "USETMAXREG.DEALLOC" in text and "USETMAXREG.TRY_ALLOC" in text
     assert re.search(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x80", text)   # one warpgroup's named barrier
     assert rep["sass"]["wgmma_depbar"] == 5   # one wait per gemm site, not per wgmma
+    assert rep["sass"]["tma_store"] > 0 and rep["sass"]["stg"] <= 2   # the TMA-store epilogue (+ the lse rows)

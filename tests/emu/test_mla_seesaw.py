@@ -58,6 +58,9 @@ def test_bench_shape_runs_the_seesaw():
     assert src.count("kf::wgmma_m64nNk16_f32_bf16<256, 0, 1>") == 2   # the folds (in the loop, the last tile)
     assert src.count("kf::wgmma_m64nNk16_f32_bf16_rs<256, 1>(") == 1   # the own tile, P from registers
     assert "kf::online_softmax_step<1, 8, 4, 1, 4>(kf_ss, m, l, rescale, " in src
+    # the output's 64 KB TMA-store staging lives in the drained KV stages (no room beside them)
+    ring = re.search(r"KV_shared_ring = reinterpret_cast<kf_bf16\*>\(kf_smem \+ (\d+)\)", src).group(1)
+    assert f"kf::epilogue_tma_store<256, 128, 2>(&kf_tmap_store_Out_0, (kf_smem + {ring}) + 0," in src
     assert "kf_softmax_scratch" not in src and "__syncthreads" not in src.split("kf_seesaw_x")[1].split("for (int32_t t")[1]
 
 

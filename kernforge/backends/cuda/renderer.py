@@ -374,7 +374,10 @@ class CudaRenderer(CRenderer, Renderer):
             self.scan_scratch_offset = off
             off += 32 * 8
         staging = cuda_tma_store.staging_bytes(self.tma_stores)
-        if staging and -(-off // SWIZZLE_ALIGN) * SWIZZLE_ALIGN + staging <= self.arch.max_smem:
+        drained = cuda_seesaw.drained_stage(self) if staging else None
+        if drained is not None and staging <= drained[1]:
+            self.tma_store_offset = drained[0]
+        elif staging and -(-off // SWIZZLE_ALIGN) * SWIZZLE_ALIGN + staging <= self.arch.max_smem:
             self.tma_store_offset = off = -(-off // SWIZZLE_ALIGN) * SWIZZLE_ALIGN
             off += staging
         elif staging:  # no room for the staging tile: the plain epilogue, and no output tensor maps

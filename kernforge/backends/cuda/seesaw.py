@@ -39,10 +39,9 @@ published tile, and the two partial sums (``EXCHANGE_FLOATS``); the softmax need
 warp owns whole rows).  One slot of each suffices because its only reader is the next writer: the
 P tile and the factors of tile ``j`` are read by the other warpgroup alone (its own product takes
 ``P_j`` from registers), which writes tile ``j + 1``'s after reading them.  Barriers beside the
-ring's full/empty pairs: ``pub[2]``, 128 arrivals each.  Not done: output staging in the drained
-KV stages (at d_v 512 the TMA-store epilogue's 64 KB staging tile does not fit beside the ring, so
-the output leaves by plain stores), and overlapping a warpgroup's own MMAs with its softmax
-(each product waits for its wgmmas).
+ring's full/empty pairs: ``pub[2]``, 128 arrivals each.  The output's TMA-store staging reuses the
+drained KV stages (:func:`drained_stage`): at d_v 512 its 64 KB tile would not fit beside the ring.
+Not done: overlapping a warpgroup's own MMAs with its softmax (each product waits for its wgmmas).
 """
 from __future__ import annotations
 
@@ -276,6 +275,21 @@ def render_consumer(R, sw: Seesaw, tiles, bars: str, start: str, end: str) -> No
     R.barrier()
     per_row(lambda r, row: R.emit(f"{l}[{r}] = {xs}[128 + {row}] + {xs}[192 + {row}];"))
     R.close()
+
+
+def drained_stage(R) -> Optional[tuple[int, int]]:
+    """(offset, bytes) of the seesaw ring's largest tile (all its stages): shared memory the
+    output's TMA-store staging may reuse, as FlashMLA stages its output in its drained KV buffers.
+    Why it is free then: every consumer leaves the ring through the block barrier at its exit,
+    after every stage's loads have landed and been read; the producer issues the next loads only
+    after the block barrier at a ring's entry, which the consumers reach after the epilogue (its
+    TMA store's reads are waited for before the consumers' next barrier).  None without a seesaw,
+    or in a persistent kernel (its epilogue defers that wait)."""
+    if R.seesaw is None or R.persistent is not None:
+        return None
+    tiles = [c.dst.buffer for c in R.pipes.prefetch[R.seesaw.loop]]
+    b = max(tiles, key=lambda t: prod(t.static_shape()) * t.dtype.itemsize)
+    return R.smem_offsets[b], prod(b.static_shape()) * b.dtype.itemsize * R.seesaw.loop.num_stages
 
 
 def render_barrier_init(R, bars: str, stages: int) -> None:

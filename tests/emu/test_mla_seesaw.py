@@ -136,6 +136,9 @@ BUGS = {
     "no_publication_wait": ("owner_late", _sub(r"kf::mbarrier_wait_parity\(kf_bars0 \+ 4 \+ \(1 - kf_wg\), \(uint32_t\)\(\(\(kf_j[^\n]*\n", "")),
     # the own product takes one K step's probabilities for every step
     "own_product_one_fragment": ("owner_late", _sub(r"kf_pa\[kf_kk\], kf_db", "kf_pa[0], kf_db")),
+    # the fold's product (left in flight during the softmax) is not waited for before P is overwritten
+    "fold_product_not_waited": ("owner_late", _sub(r"\n\s*kf::wgmma_wait<0>\(\);\n\s*kf::wgmma_fence_operand\(acc_o\);\n"
+                                                   r"\s*kf::named_barrier_sync\(2 \+ kf_wg, 128\);", "")),
     # the publication is signalled before P, the max and the factor are written (here: before the
     # softmax, which warpgroup 0 reaches 30 ms late)
     "publish_before_p": ("owner_late", _both(

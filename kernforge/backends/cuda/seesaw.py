@@ -20,10 +20,11 @@ Per own tile ``j`` (stage ``j % 2`` of the two-stage ring that the producer warp
    warpgroup's accumulator layout) and masks them;
 2. folds the other warpgroup's tile ``j - 1`` into its output half: waits for that tile's
    publication (``pub[1 - w]``), reads the running max ``m_{j-1}`` and the tile's rescale factor
-   from shared memory, ``acc_o *= rescale; l *= rescale; acc_o += P_{j-1} V_{j-1}``, and releases
-   the stage;
-3. runs the loop's ``T.online_softmax`` on ``S_j`` from ``m_{j-1}`` (its own ``l`` is a partial row
-   sum: every tile rescales it, only its own tiles add to it);
+   from shared memory, ``acc_o *= rescale; l *= rescale``, and issues ``acc_o += P_{j-1} V_{j-1}``
+   without waiting for it;
+3. runs the loop's ``T.online_softmax`` on ``S_j`` from ``m_{j-1}`` while that product runs on the
+   tensor cores (its own ``l`` is a partial row sum: every tile rescales it, only its own tiles
+   add to it), then waits for the product and releases the stage;
 4. publishes ``P_j`` for the other warpgroup (the loop's copy to the P tile), ``m_j`` and the
    rescale factor, and arrives on ``pub[w]``;
 5. ``acc_o *= rescale; acc_o += P_j V_j`` with ``P_j`` from its registers (register-A wgmma:
@@ -41,7 +42,8 @@ P tile and the factors of tile ``j`` are read by the other warpgroup alone (its 
 ``P_j`` from registers), which writes tile ``j + 1``'s after reading them.  Barriers beside the
 ring's full/empty pairs: ``pub[2]``, 128 arrivals each.  The output's TMA-store staging reuses the
 drained KV stages (:func:`drained_stage`): at d_v 512 its 64 KB tile would not fit beside the ring.
-Not done: overlapping a warpgroup's own MMAs with its softmax (each product waits for its wgmmas).
+Not done: issuing the next tile's scores before the own product's wait (each warpgroup still
+waits for its scores before the fold, and for its own product before the next tile).
 """
 from __future__ import annotations
 
@@ -212,7 +214,7 @@ def render_consumer(R, sw: Seesaw, tiles, bars: str, start: str, end: str) -> No
         body(r, rows.row(r, "kf_wtid"))
         R.close()
 
-    def fold(jj: str) -> None:  # the other warpgroup's tile jj into this half of the output
+    def fold(jj: str, in_flight: bool) -> None:  # the other warpgroup's tile jj into this half of the output
         R.open("")
         R.emit(f"kf::mbarrier_wait_parity({pub} + (1 - kf_wg), (uint32_t)((({jj}) / 2) & 1));")
         per_row(lambda r, row: R.emit(f"{m}[{r}] = {xs}[{row}]; {rescale}[{r}] = {xs}[64 + {row}]; "
@@ -220,8 +222,11 @@ def render_consumer(R, sw: Seesaw, tiles, bars: str, start: str, end: str) -> No
         for s in sw.rescale:
             R.stmt(s)
         stage(jj)
+        R.wgmma_keep = int(in_flight)  # left in flight: the softmax runs while it multiplies
         R.stmt(sw.pv)
-        R.emit(R.release(f"{bars} + {S} + ({jj}) % {S}"))
+        R.wgmma_keep = 0
+        if not in_flight:
+            R.emit(R.release(f"{bars} + {S} + ({jj}) % {S}"))
         R.close()
 
     R.open("")
@@ -245,10 +250,19 @@ def render_consumer(R, sw: Seesaw, tiles, bars: str, start: str, end: str) -> No
             R.stmt(s)
     R.close()
     R.open(f"if ({j} > 0)")
-    fold(f"{j} - 1")
+    fold(f"{j} - 1", in_flight=True)
     R.close()
     with warpgroup_scope(R, sw):
         R.stmt(sm)
+    # the fold's product has read P (about to be overwritten) and its stage: every warp's wait,
+    # then the warpgroup's barrier, as a stage is released only once all its readers waited
+    R.emit("kf::wgmma_wait<0>();")
+    R.emit(f"kf::wgmma_fence_operand({R.buffer_name(sw.out)});")
+    R.emit(f"kf::named_barrier_sync({WG_BARRIER} + kf_wg, {WARPGROUP});")
+    R.open(f"if ({j} > 0)")
+    R.emit(R.release(f"{bars} + {S} + ({j} - 1) % {S}"))
+    R.close()
+    with warpgroup_scope(R, sw):
         R.stmt(sw.publish)
     per_row(lambda r, row: R.emit(f"if ((kf_wtid & 3) == 0) {{ {xs}[{row}] = {m}[{r}]; "
                                   f"{xs}[64 + {row}] = {rescale}[{r}]; }}"))
@@ -268,7 +282,7 @@ def render_consumer(R, sw: Seesaw, tiles, bars: str, start: str, end: str) -> No
     n = R.fresh("n")
     R.emit(f"const int32_t {n} = {end} - {start};")
     R.open(f"if ({n} > 0 && (({n} - 1) & 1) != kf_wg)")
-    fold(f"{n} - 1")
+    fold(f"{n} - 1", in_flight=False)
     R.close()
     # l = the two partial sums
     per_row(lambda r, row: R.emit(f"if ((kf_wtid & 3) == 0) {xs}[128 + kf_wg * 64 + {row}] = {l}[{r}];"))

@@ -28,6 +28,8 @@ CASES = {
     "dense": ("mla_decode", dict(batch=6, seqlens=[300, 64, 0, 128, 150, 5], heads=8, seq_q=1, **SMALL)),
     # MTP: 2 tokens x 64 heads = two row blocks, causal across the tokens
     "mtp_causal": ("mla_decode", dict(batch=3, seqlens=[130, 2, 257], heads=64, seq_q=2, causal=True, **SMALL)),
+    # V4's cache row: the value is the whole key (no RoPE tail, one score gemm)
+    "no_rope": ("mla_decode", dict(batch=3, seqlens=[250, 64, 1], heads=8, seq_q=1, **dict(SMALL, dim=128))),
     "two_latent_heads": ("mla_decode", dict(batch=2, seqlens=[200, 70], heads=16, heads_kv=2, seq_q=1, **SMALL)),
     "splitkv": ("mla_decode_splitkv", dict(batch=2, pages=5, heads=8, seq_q=1, num_splits=2, **SMALL)),
     "scheduled": ("mla_decode_scheduled", dict(batch=3, seqlens=[300, 5, 0], num_sm_parts=2, heads=8, seq_q=1,

@@ -103,8 +103,8 @@ def _reads_fragments(s: ir.Stmt, layouts) -> bool:
 
 def plan_seesaw(kernel: ir.Kernel, wgmma: bool, tma_loops: dict, layouts) -> Optional[Seesaw]:
     """The kernel's attention loop as a :class:`Seesaw`, or None.  Conditions (each one a reason the
-    schedule would not be the loop's meaning): sm_90a wgmma; two warpgroups; the only pipelined
-    loop is a two-stage TMA ring of whole-tile boxes; its body, besides the ring copies and
+    schedule would not be the loop's meaning): sm_90a wgmma; two warpgroups; not persistent; the
+    only pipelined loop is a two-stage TMA ring of whole-tile boxes; its body, besides the ring copies and
     barriers, is exactly: fix-ups writing only ring tiles (no fragment: they run on one
     warpgroup), scores gemms (wgmma, the first clearing), element maps writing only the scores,
     the online softmax of the scores, the copy of the scores to a shared bf16 P tile (the
@@ -112,8 +112,8 @@ def plan_seesaw(kernel: ir.Kernel, wgmma: bool, tma_loops: dict, layouts) -> Opt
     ``acc_o += P V`` with V a ring tile; the scores are 64 x N (64 <= N <= 256) and the output a
     64-row accumulator whose two warp columns are the two warpgroups; the softmax's row vectors
     are in the rows' layout."""
-    if not wgmma or kernel.threads != 2 * WARPGROUP or len(tma_loops) != 1:
-        return None
+    if not wgmma or kernel.threads != 2 * WARPGROUP or len(tma_loops) != 1 or kernel.attrs.get("persistent_schedule"):
+        return None  # (a persistent tile loop would carry the ring's counts over tiles: not rendered here)
     loop, tiles = next(iter(tma_loops.items()))
     if loop.num_stages != 2 or any(t.layout == "core" for t in tiles):
         return None

@@ -30,9 +30,11 @@ are zeroed in shared memory before they meet the probabilities.
 
 The pieces the kernels share are written once, as ``T.macro`` helpers the kernels call
 while they are traced: the block's tiles and softmax state (:func:`_alloc_attention`,
-:func:`_init_softmax`), one KV tile's attention step (:func:`_attend_tile`), and the
-epilogue that normalises rows, folds in the sink and scatters out + lse
-(:func:`_write_rows`, also the split-KV combine's epilogue).
+:func:`_init_softmax`), the query rows and their visible keys (:func:`_load_rows`), the
+paged KV loop of the dense kernels (:func:`_attend_pages`, also the balanced schedule's),
+one KV tile's attention step (:func:`_attend_tile`), and the epilogue that normalises
+rows, folds in the sink and scatters out + lse (:func:`_write_rows`, also the split-KV
+combine's epilogue).
 """
 # no `from __future__ import annotations`: T.Tensor annotations must see the factory's
 # parameters as values when the prim_func is traced
@@ -131,39 +133,14 @@ def mla_decode(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int = 576, di
             seqlen = cache_seqlens[bx]
             scale_log2 = sm_scale * LOG2E
 
-            # gather this block's query rows: row r is token r // group, head kvh*group + r % group
-            for i, d in T.Parallel(block_H, dim_v):
-                r = T.min(row0 + i, rows - 1)
-                st.Q_shared[i, d] = T.if_then_else(row0 + i < rows,
-                                                   Q[bx, r // group, kvh * group + r % group, d], 0)
-            if dpe > 0:
-                for i, d in T.Parallel(block_H, dpe):
-                    r = T.min(row0 + i, rows - 1)
-                    st.Q_pe_shared[i, d] = T.if_then_else(
-                        row0 + i < rows, Q[bx, r // group, kvh * group + r % group, dim_v + d], 0)
-            # keys a row may see: all of them, or (causal) up to its own token
-            for i in T.Parallel(block_H):
-                if causal:
-                    limit[i] = seqlen - seq_q + T.min(row0 + i, rows - 1) // group + 1
-                else:
-                    limit[i] = seqlen
+            _load_rows(st, Q, bx, row0, rows, group, kvh, limit, seqlen, seq_q, causal)
             _init_softmax(st)
 
             n_tiles = T.ceildiv(seqlen, block_N)
             per_split = T.ceildiv(n_tiles, num_splits)
             first = bz * per_split
-            for t in T.Pipelined(first, T.max(T.min(first + per_split, n_tiles), first),
-                                 num_stages=num_stages):
-                pos0 = t * block_N
-                token0 = block_table[bx, pos0 // page_size] * page_size + pos0 % page_size
-                T.copy(KV[token0, kvh * dim], st.KV_shared)
-                if dpe > 0:
-                    T.copy(KV[token0, kvh * dim + dim_v], st.K_pe_shared)
-                if pos0 + block_N > seqlen:
-                    # rows past the end may hold anything (NaN): zero them so 0 * v stays 0
-                    for j, d in T.Parallel(block_N, dim_v):
-                        st.KV_shared[j, d] = T.if_then_else(pos0 + j < seqlen, st.KV_shared[j, d], 0)
-                _attend_tile(st, lambda i, j: pos0 + j < limit[i], scale_log2)
+            _attend_pages(st, KV, block_table, bx, kvh, dim, page_size, seqlen, limit, scale_log2,
+                          first, T.max(T.min(first + per_split, n_tiles), first), num_stages)
 
             # block row i is query row r = row0 + i (clamped): token r // group, head h
             def row_of(i):
@@ -398,6 +375,28 @@ def _init_softmax(st):
 
 
 @T.macro
+def _load_rows(st, Q, b, row0, rows, group, kvh, limit, seqlen, seq_q, causal):
+    """Gather the block's query rows of request ``b`` into ``st.Q_shared`` (and ``Q_pe_shared``):
+    block row i is query row ``r = row0 + i`` (clamped), token ``r // group``, head
+    ``kvh * group + r % group``; rows past ``rows`` are zero.  ``limit[i]``: the keys the row may
+    see, all ``seqlen`` of them or (``causal``) up to its own token."""
+    for i, d in T.Parallel(st.block_H, st.dim_v):
+        r = T.min(row0 + i, rows - 1)
+        st.Q_shared[i, d] = T.if_then_else(row0 + i < rows,
+                                           Q[b, r // group, kvh * group + r % group, d], 0)
+    if st.dpe > 0:
+        for i, d in T.Parallel(st.block_H, st.dpe):
+            r = T.min(row0 + i, rows - 1)
+            st.Q_pe_shared[i, d] = T.if_then_else(
+                row0 + i < rows, Q[b, r // group, kvh * group + r % group, st.dim_v + d], 0)
+    for i in T.Parallel(st.block_H):
+        if causal:
+            limit[i] = seqlen - seq_q + T.min(row0 + i, rows - 1) // group + 1
+        else:
+            limit[i] = seqlen
+
+
+@T.macro
 def _attend_tile(st, visible, scale_log2):
     """One KV tile, already in ``st.KV_shared`` (and ``st.K_pe_shared``): scores
     ``Q K^T``, masked to ``-inf`` where ``visible(i, j)`` (block row i, tile token j) is
@@ -410,6 +409,26 @@ def _attend_tile(st, visible, scale_log2):
     _online_softmax_step(st.acc_s, st.acc_o, st.m, st.rescale, st.l, st.P_shared, scale_log2, st.block_H,
                          st.dim_v)
     T.gemm(st.P_shared, st.KV_shared, st.acc_o)
+
+
+@T.macro
+def _attend_pages(st, KV, block_table, b, kvh, dim, page_size, seqlen, limit, scale_log2, first, last,
+                  num_stages):
+    """KV tiles ``first .. last - 1`` of request ``b``'s paged cache (latent head ``kvh``), each
+    found through ``block_table`` and attended (:func:`_attend_tile`), in a ``T.Pipelined`` loop:
+    the loop every dense kernel runs, and the one CUDA's sm_90a seesaw schedules
+    (``backends/cuda/seesaw.py``).  Rows of the last tile past ``seqlen`` may hold anything (NaN):
+    they are zeroed in shared memory so that ``0 * v`` stays 0."""
+    for t in T.Pipelined(first, last, num_stages=num_stages):
+        pos0 = t * st.block_N
+        token0 = block_table[b, pos0 // page_size] * page_size + pos0 % page_size
+        T.copy(KV[token0, kvh * dim], st.KV_shared)
+        if st.dpe > 0:
+            T.copy(KV[token0, kvh * dim + st.dim_v], st.K_pe_shared)
+        if pos0 + st.block_N > seqlen:
+            for j, d in T.Parallel(st.block_N, st.dim_v):
+                st.KV_shared[j, d] = T.if_then_else(pos0 + j < seqlen, st.KV_shared[j, d], 0)
+        _attend_tile(st, lambda i, j: pos0 + j < limit[i], scale_log2)
 
 
 @T.macro

@@ -18,8 +18,8 @@ in L2 instead of each fetching it from HBM.
 import math
 
 import kernforge.dsl as T
-from kernforge.kernels.mla_decode.kernel import (LOG2E, _alloc_attention, _attend_tile, _check_shape_params,
-                                                _init_softmax, _write_rows, rows_are_tiles)
+from kernforge.kernels.mla_decode.kernel import (LOG2E, _alloc_attention, _attend_pages, _check_shape_params,
+                                                _init_softmax, _load_rows, _write_rows, rows_are_tiles)
 from kernforge.kernels.mla_decode.schedule import BLOCK, FIELDS
 
 
@@ -87,31 +87,10 @@ def mla_decode_scheduled(heads: int, heads_kv: int = 1, seq_q: int = 1, dim: int
                 t0 = T.if_then_else(req == first_req, tile_scheduler_metadata[part, 2] * tiles_per_block, 0)
                 t1 = T.if_then_else(req == last_req,
                                     T.min(tile_scheduler_metadata[part, 3] * tiles_per_block, n_tiles), n_tiles)
-                for i, d in T.Parallel(block_H, dim_v):
-                    r = T.min(row0 + i, rows - 1)
-                    st.Q_shared[i, d] = T.if_then_else(row0 + i < rows,
-                                                       Q[req, r // group, kvh * group + r % group, d], 0)
-                if dpe > 0:
-                    for i, d in T.Parallel(block_H, dpe):
-                        r = T.min(row0 + i, rows - 1)
-                        st.Q_pe_shared[i, d] = T.if_then_else(
-                            row0 + i < rows, Q[req, r // group, kvh * group + r % group, dim_v + d], 0)
-                for i in T.Parallel(block_H):
-                    if causal:
-                        limit[i] = seqlen - seq_q + T.min(row0 + i, rows - 1) // group + 1
-                    else:
-                        limit[i] = seqlen
+                _load_rows(st, Q, req, row0, rows, group, kvh, limit, seqlen, seq_q, causal)
                 _init_softmax(st)
-                for t in T.Pipelined(t0, T.max(t1, t0), num_stages=num_stages):
-                    pos0 = t * block_N
-                    token0 = block_table[req, pos0 // page_size] * page_size + pos0 % page_size
-                    T.copy(KV[token0, kvh * dim], st.KV_shared)
-                    if dpe > 0:
-                        T.copy(KV[token0, kvh * dim + dim_v], st.K_pe_shared)
-                    if pos0 + block_N > seqlen:
-                        for j, d in T.Parallel(block_N, dim_v):
-                            st.KV_shared[j, d] = T.if_then_else(pos0 + j < seqlen, st.KV_shared[j, d], 0)
-                    _attend_tile(st, lambda i, j: pos0 + j < limit[i], scale_log2)
+                _attend_pages(st, KV, block_table, req, kvh, dim, page_size, seqlen, limit, scale_log2,
+                              t0, T.max(t1, t0), num_stages)
 
                 def row_of(i):
                     r = T.min(row0 + i, rows - 1)

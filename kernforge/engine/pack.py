@@ -110,7 +110,7 @@ def check_target(backend: str, arch: Optional[str], dtype: str = "float32") -> O
             raise PackError(f"--arch applies to --backend cuda (the CPU pack is built for this machine's CPU), "
                             f"got {arch!r}")
         return None
-    from kernforge.backends.cuda.renderer import ARCHS, DEFAULT_ARCH
+    from kernforge.backends.cuda.arch import ARCHS, DEFAULT_ARCH
 
     arch = arch or DEFAULT_ARCH
     if arch not in ARCHS:

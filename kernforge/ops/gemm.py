@@ -416,7 +416,7 @@ def target_arch(backend: str, arch, resolve: bool = True) -> Optional[str]:
         if arch is not None:
             raise ValueError(f"arch={arch!r}: backend {backend!r} does not generate CUDA (arch is for CUDA backends)")
         return None
-    from kernforge.backends.cuda.renderer import ARCHS, DEFAULT_ARCH
+    from kernforge.backends.cuda.arch import ARCHS, DEFAULT_ARCH
 
     if arch is not None and arch not in ARCHS:
         raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")

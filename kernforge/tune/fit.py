@@ -54,7 +54,7 @@ def cuda_misfit(kernel: ir.Kernel, arch: Optional[str] = None, tma: bool = True,
                 checks: bool = False) -> Optional[str]:
     """The CUDA check: compile ``kernel`` for ``arch`` (cached; no GPU) and read ptxas' report."""
     from kernforge.backends.cuda.backend import build_report
-    from kernforge.backends.cuda.renderer import CudaRenderError, arch_info
+    from kernforge.backends.cuda.arch import CudaRenderError, arch_info
 
     try:
         report = build_report(kernel, arch, tma=tma, checks=checks)

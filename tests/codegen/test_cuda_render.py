@@ -9,7 +9,8 @@ import kernforge.dsl as T
 from kernforge import dtypes
 from kernforge.backends.cuda import tcgen05
 from kernforge.backends.cuda.layouts import AccumLayout, RowLayout
-from kernforge.backends.cuda.renderer import ARCHS, CudaRenderer, CudaRenderError, render_cuda
+from kernforge.backends.cuda.arch import ARCHS
+from kernforge.backends.cuda.renderer import CudaRenderer, CudaRenderError, render_cuda
 from kernforge.codegen.renderer import Target
 from kernforge.kernels import registry
 from tests.backends.test_cuda_semantics import gemm, row_softmax, scan_and_total, scores_softmax

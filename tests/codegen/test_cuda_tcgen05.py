@@ -8,7 +8,8 @@ from pathlib import Path
 
 from kernforge import dtypes
 from kernforge.backends.cuda import tcgen05
-from kernforge.backends.cuda.layout_plan import TMEM_COLUMNS, tcgen05_columns, tcgen05_ok
+from kernforge.backends.cuda.layout_plan import tcgen05_ok
+from kernforge.backends.cuda.tcgen05 import TMEM_COLUMNS, tcgen05_columns
 from kernforge.backends.cuda.layouts import AccumLayout
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ import sys
 from typing import Optional, Sequence
 
 from kernforge.backends.base import Backend, BackendError
-from kernforge.backends.cuda.renderer import (ARCHS, DEFAULT_ARCH, arch_info, INCLUDE_DIR, TENSOR_MAP_CTYPE, CudaProgram,
-                                              CudaRenderer, render_cuda)
+from kernforge.backends.cuda.arch import ARCHS, DEFAULT_ARCH, arch_info
+from kernforge.backends.cuda.renderer import INCLUDE_DIR, TENSOR_MAP_CTYPE, CudaProgram, CudaRenderer, render_cuda
 from kernforge.backends.cuda import cluster, persistent, sass_report
 from kernforge.backends.cuda.tma import TensorMapLaunch
 from kernforge.codegen import ir

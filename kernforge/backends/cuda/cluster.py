@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from kernforge.codegen import ir
+from kernforge.backends.cuda.arch import arch_info
 
 ATTR = "cluster"  # kernel attribute: the requested cluster size (a factory's ``cluster`` parameter)
 OPERAND_ATTR = "multicast"  # the shared operand: "a" (cluster along grid x, the default) or "b" (along y)
@@ -98,7 +99,6 @@ def plan_multicast(arch: str, grid: Sequence[int], shared_rows: int, row_bytes: 
     Falls back to a cluster of 1 (``reason`` says why) when the arch has no clusters, the grid has
     one CTA along the axis (nothing to share), the tile's rows do not split evenly, or a slice would
     not start at TMA's shared-memory alignment (128 bytes, 1024 with a swizzle)."""
-    from kernforge.backends.cuda.renderer import arch_info  # the renderer imports this module
 
     return _plan(arch, arch_info(arch).sm, grid, shared_rows, row_bytes, swizzle, size, axis)
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from kernforge import dtypes
 from kernforge.codegen import ir
-from kernforge.backends.cuda import smem_layouts, tcgen05 as cuda_tcgen05
+from kernforge.backends.cuda import tcgen05 as cuda_tcgen05
 from kernforge.backends.cuda.layouts import AccumLayout
 from kernforge.backends.cuda.ops import I32, _add, _vars, _zero
+from kernforge.backends.cuda.smem_layouts import smem_desc
 
 def render_gemm(R, g: ir.Gemm) -> None:
     kind = R.plan.gemm_kind[g]
@@ -167,19 +168,6 @@ def render_wgmma_register_a(R, g: ir.Gemm, frags: str) -> None:
     R.emit("kf::wgmma_commit();")
     _wait(R, cn)
     R.close()
-
-
-def smem_desc(R, tile: ir.Buffer, r: str, c: str, k_major: bool, umma: bool = False) -> str:
-    """``kf::make_smem_desc`` (``umma``: the sm_100 ``kf::make_umma_desc``) of ``tile`` for the
-    instruction whose first element is ``(r, c)``, in the tile's layout (:mod:`smem_layouts`:
-    128B-swizzled or core-matrix order)."""
-    shape, size, swizzled = tile.static_shape(), tile.dtype.itemsize, tile in R.plan.swizzled
-    lbo, sbo, layout = smem_layouts.descriptor_strides(shape, size, swizzled, k_major)
-    start = smem_layouts.descriptor_start(shape, size, swizzled, r, c)
-    if umma:
-        return f"kf::make_umma_desc({R.buffer_name(tile)} + {start}, {lbo}, {sbo}, {smem_layouts.UMMA_LAYOUT[layout]})"
-    mode = f", {layout}" if layout != smem_layouts.LAYOUT_INTERLEAVE else ""
-    return f"kf::make_smem_desc({R.buffer_name(tile)} + {start}, {lbo}, {sbo}{mode})"
 
 
 def render_scalar_gemm(R, g: ir.Gemm) -> None:

@@ -30,11 +30,11 @@ from kernforge import dtypes
 from kernforge.codegen import ir
 from kernforge.backends.cuda.layouts import (AccumLayout, Layout, RowLayout, StripedLayout, accum_layout,
                                        striped_layout)
+from kernforge.backends.cuda.smem_layouts import SWIZZLE_BYTES
+from kernforge.backends.cuda.tcgen05 import (TMEM_COLUMNS, plan_block_scaled, plan_m128, plan_resident, scale_columns,
+                                             tcgen05_columns)
 
 TENSOR_CORE_DTYPES = (dtypes.bfloat16, dtypes.float16)
-SWIZZLE_BYTES = 128  # the swizzled layout's row: CU_TENSOR_MAP_SWIZZLE_128B, wgmma layout type 1
-SWIZZLE_ALIGN = 1024  # its atom (8 rows x 128 bytes): every swizzled tile (each ring stage) starts on one
-TMEM_COLUMNS = 512  # tensor memory per CTA on sm_100a: 128 lanes x 512 columns of 32 bits
 
 
 @dataclass
@@ -60,7 +60,6 @@ class LayoutPlan:
         result is in registers when it returns), plus a block-scaled gemm's scale-factor columns
         (``tcgen05.scale_columns``), rounded up to a power of two >= 32 as ``tcgen05.alloc``
         requires."""
-        from kernforge.backends.cuda.tcgen05 import scale_columns
         need = max((tcgen05_columns(self.registers[g.c.buffer]) +
                     (scale_columns(self.registers[g.c.buffer]) if g in self.block_scaled else 0)
                     for g, k in self.gemm_kind.items() if k == "tcgen05"), default=0)
@@ -104,15 +103,6 @@ def native_fp8_gemm(g: ir.Gemm, threads: int, tcgen05: bool = False) -> bool:
     m, n = a.static_shape()[0], b.static_shape()[0]
     lay = accum_layout(m, n, threads, wgmma=True, policy=g.policy)
     return lay is not None and (not tcgen05 or tcgen05_ok(lay, a.dtype))
-
-
-def tcgen05_columns(lay: AccumLayout) -> int:
-    """TMEM columns of a tcgen05 accumulator: one ``M = 64`` MMA (data-path layout F: row r in lane
-    32 * (r / 16) + r % 16, so warp w of a warpgroup reads its 16 rows with ``tcgen05.ld.16x256b``
-    in the wgmma register layout) per 64-row block and warp column, each ``n / wn`` fp32 columns
-    wide: ``m / 64 * n`` in all; with ``lay.m128`` one ``M = 128`` MMA (layout D, row r in lane r)
-    per 128-row block: ``m / 128 * n``."""
-    return lay.m // (128 if lay.m128 else 64) * lay.n
 
 
 def tcgen05_ok(lay: AccumLayout, dtype) -> bool:
@@ -217,7 +207,6 @@ class _Planner:
                 self.plan.core_tiles |= {g.a.buffer, g.b.buffer}
         self.plan.swizzled = {b for b in self.plan.core_tiles if self._swizzle_128b(b)}
         if self.tcgen05:
-            from kernforge.backends.cuda.tcgen05 import plan_block_scaled, plan_m128, plan_resident
             plan_m128(self.k, self.plan)
             self.plan.tmem_resident = plan_resident(self.k, self.plan.gemm_kind)
             self.plan.block_scaled = plan_block_scaled(self.k, self.plan)

@@ -44,18 +44,20 @@ import jinja2
 
 from kernforge import dtypes
 from kernforge.codegen import ir
+from kernforge.backends.cuda.arch import Arch, CudaRenderError, arch_info
 from kernforge.backends.cuda.layouts import AccumLayout
 from kernforge.codegen.passes import Analysis, simplify
 from kernforge.codegen.passes.checks import insert_checks
 from kernforge.backends.cuda.barriers import barrier_pass
 from kernforge.backends.cuda.fp8_operands import (cuda_fp8_operands, cuda_fp8_operands_tcgen05,
                                                   cuda_fp8_operands_wgmma)
-from kernforge.backends.cuda.layout_plan import SWIZZLE_ALIGN, LayoutPlan, plan_layouts
+from kernforge.backends.cuda.layout_plan import LayoutPlan, plan_layouts
 from kernforge.backends.cuda.pipeline_plan import (PipelinePlan, plan_pipelines, plan_promotion_rings,
                                                    plan_release_rings, plan_warp_specialization)
 from kernforge.backends.cuda import persistent as cuda_persistent, warp_specialize
 from kernforge.backends.cuda import cluster as cuda_cluster, tcgen05_pair as cuda_tcgen05_pair
 from kernforge.backends.cuda import seesaw as cuda_seesaw, smem_layouts
+from kernforge.backends.cuda.smem_layouts import SMEM_ALIGN, SWIZZLE_ALIGN
 from kernforge.backends.cuda import gemm as cuda_gemm, ops as cuda_ops, radix as cuda_radix, reduce as cuda_reduce, softmax as cuda_softmax, tcgen05 as cuda_tcgen05, tma as cuda_tma
 from kernforge.backends.cuda import tma_store as cuda_tma_store
 from kernforge.backends.templates import environment as template_environment
@@ -63,31 +65,9 @@ from kernforge.codegen.renderer import CRenderer, NameTable, Program, Renderer, 
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 INCLUDE_DIR = os.path.join(TEMPLATE_DIR, "include")
-SMEM_ALIGN = 128
 TENSOR_MAP_CTYPE = "const __grid_constant__ CUtensorMap"
 
 
-@dataclass(frozen=True)
-class Arch:
-    name: str
-    sm: int
-    wgmma: bool
-    max_smem: int  # bytes of shared memory one block may use (opt-in limit)
-    tcgen05: bool = False  # 5th-generation tensor cores: tcgen05.mma into tensor memory (sm_100a)
-
-    @property
-    def tma(self) -> bool:
-        """The copy engine (``cp.async.bulk.tensor``) and transaction-count mbarriers: sm_90a and later."""
-        return self.wgmma or self.tcgen05
-
-    @property
-    def gencode(self) -> str:
-        return f"-gencode=arch=compute_{self.name[3:]},code={self.name}"
-
-
-ARCHS = {a.name: a for a in (Arch("sm_80", 80, False, 163 * 1024), Arch("sm_90a", 90, True, 227 * 1024),
-                             Arch("sm_100a", 100, False, 227 * 1024, tcgen05=True))}
-DEFAULT_ARCH = "sm_90a"
 # IR -> IR passes before rendering; ``CudaRenderer.pipeline`` appends the target's barrier pass,
 # then the analyses read the result
 TRANSFORMS = (simplify, cuda_fp8_operands)
@@ -97,17 +77,6 @@ def native_composites(kernel: ir.Kernel) -> tuple[type, ...]:
     """Composite tile ops this renderer lowers itself (to kf/ device helpers) instead of running
     their expansion; the radix helper uses warp collectives, so it needs a block of whole warps."""
     return (ir.OnlineSoftmax,) + ((ir.RadixFindBucket,) if kernel.threads % 32 == 0 else ())
-
-
-class CudaRenderError(ir.KernelError):
-    """A kernel the CUDA backend cannot render (e.g. it needs more shared memory than the target has)."""
-
-
-def arch_info(arch: Optional[str]) -> Arch:
-    name = arch or DEFAULT_ARCH
-    if name not in ARCHS:
-        raise CudaRenderError(f"unknown CUDA arch {name!r}; supported: {', '.join(ARCHS)}")
-    return ARCHS[name]
 
 
 @dataclass

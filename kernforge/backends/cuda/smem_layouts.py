@@ -26,7 +26,11 @@ instruction's first element, ``kf::make_smem_desc(ptr, lbo, sbo, layout_type)``)
 """
 from __future__ import annotations
 
-from kernforge.backends.cuda.layout_plan import SWIZZLE_ALIGN, SWIZZLE_BYTES
+from kernforge.codegen import ir
+
+SWIZZLE_BYTES = 128  # the swizzled layout's row: CU_TENSOR_MAP_SWIZZLE_128B, wgmma layout type 1
+SWIZZLE_ALIGN = 1024  # its atom (8 rows x 128 bytes): every swizzled tile (each ring stage) starts on one
+SMEM_ALIGN = 128  # every other tile of the kernel's shared-memory arena
 
 LAYOUT_INTERLEAVE = 0  # the descriptor's layout type (bits 62-63 on sm_90a)
 LAYOUT_SWIZZLE_128B = 1
@@ -67,3 +71,16 @@ def descriptor_strides(shape: tuple[int, int], itemsize: int, swizzled: bool, k_
         return (16 if k_major else rows * SWIZZLE_BYTES), SWIZZLE_ALIGN, LAYOUT_SWIZZLE_128B
     row_of_cores = cols * itemsize // 16 * 128  # the next 8 rows
     return ((128, row_of_cores) if k_major else (row_of_cores, 128)) + (LAYOUT_INTERLEAVE,)
+
+
+def smem_desc(R, tile: ir.Buffer, r: str, c: str, k_major: bool, umma: bool = False) -> str:
+    """``kf::make_smem_desc`` (``umma``: the sm_100 ``kf::make_umma_desc``) of ``tile`` for the
+    instruction whose first element is ``(r, c)``, in the tile's layout (128B-swizzled or
+    core-matrix order; ``R``: the renderer, which knows which tiles are swizzled and their names)."""
+    shape, size, swizzled = tile.static_shape(), tile.dtype.itemsize, tile in R.plan.swizzled
+    lbo, sbo, layout = descriptor_strides(shape, size, swizzled, k_major)
+    start = descriptor_start(shape, size, swizzled, r, c)
+    if umma:
+        return f"kf::make_umma_desc({R.buffer_name(tile)} + {start}, {lbo}, {sbo}, {UMMA_LAYOUT[layout]})"
+    mode = f", {layout}" if layout != LAYOUT_INTERLEAVE else ""
+    return f"kf::make_smem_desc({R.buffer_name(tile)} + {start}, {lbo}, {sbo}{mode})"

@@ -49,9 +49,22 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from kernforge import dtypes
+from kernforge.codegen import ir
 from kernforge.backends.cuda.layouts import AccumLayout, RowLayout
 from kernforge.backends.cuda.pipeline_plan import _touches
-from kernforge.codegen import ir
+from kernforge.backends.cuda.smem_layouts import SMEM_ALIGN, smem_desc
+
+TMEM_COLUMNS = 512  # tensor memory per CTA on sm_100a: 128 lanes x 512 columns of 32 bits
+
+
+def tcgen05_columns(lay: AccumLayout) -> int:
+    """TMEM columns of a tcgen05 accumulator: one ``M = 64`` MMA (data-path layout F: row r in lane
+    32 * (r / 16) + r % 16, so warp w of a warpgroup reads its 16 rows with ``tcgen05.ld.16x256b``
+    in the wgmma register layout) per 64-row block and warp column, each ``n / wn`` fp32 columns
+    wide: ``m / 64 * n`` in all; with ``lay.m128`` one ``M = 128`` MMA (layout D, row r in lane r)
+    per 128-row block: ``m / 128 * n``."""
+    return lay.m // (128 if lay.m128 else 64) * lay.n
+
 
 LD_ATOMS = 8  # 8-column atoms per tcgen05.ld (.x8: 32 registers)
 
@@ -298,7 +311,6 @@ def render_setup(R, slot_offset: int) -> None:
     R.emit("const uint32_t kf_tmem = *kf_tmem_slot;")
     R.emit("uint32_t kf_mma_phase = 0;")
     if R.plan.block_scaled:  # after the slot's SMEM_ALIGN bytes (renderer.allocate_smem)
-        from kernforge.backends.cuda.renderer import SMEM_ALIGN
         R.emit(f"uint8_t* const kf_sf_stage = reinterpret_cast<uint8_t*>(kf_smem + {slot_offset + SMEM_ALIGN});")
 
 
@@ -376,7 +388,6 @@ def render_resident_loop(R, loop: ir.For, render) -> None:
 def render_gemm(R, g: ir.Gemm) -> None:
     """``C (+)= A @ B``: MMAs by thread 0, commit -> mbarrier, wait, ``tcgen05.ld`` per warp
     (for a TMEM-resident gemm, :func:`render_resident_loop` reads back once after its loop)."""
-    from kernforge.backends.cuda.gemm import smem_desc
 
     if g in R.plan.block_scaled:
         _render_block_scaled(R, g, R.plan.block_scaled[g])
@@ -436,7 +447,6 @@ def _render_pair(R, g: ir.Gemm) -> None:
     reads its rows back.  The ``ready`` arrival also orders the odd CTA's earlier ``tcgen05.ld``
     (the previous iteration's, or a persistent kernel's previous tile's: fence, block barrier,
     arrive) before the MMAs that overwrite its TMEM, so the loop needs no cluster barrier."""
-    from kernforge.backends.cuda.gemm import smem_desc
 
     lay: AccumLayout = R.plan.registers[g.c.buffer]
     a, b = g.a.buffer, g.b.buffer
@@ -482,8 +492,6 @@ def _render_block_scaled(R, g: ir.Gemm, bs: BlockScaled) -> None:
     does: the cell then holds the four K steps' bytes and each step's MMAs select theirs with the
     descriptor's SFA/SFB ids -- one copy, and one staging barrier, per four K steps.  The copies'
     source is free again when a step's wait returns (the commit tracks them with the MMAs)."""
-    from kernforge.backends.cuda.gemm import smem_desc
-    from kernforge.backends.cuda.layout_plan import tcgen05_columns
 
     lay: AccumLayout = R.plan.registers[g.c.buffer]
     a, b = g.a.buffer, g.b.buffer

@@ -34,8 +34,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from kernforge.backends.cuda import cluster as cuda_cluster
 from kernforge.codegen import ir
+from kernforge.backends.cuda import cluster as cuda_cluster
+from kernforge.backends.cuda.arch import arch_info
 
 ATTR = "cta_pair"  # kernel attribute: a factory's ``cta_pair`` parameter asks for the 2-CTA MMA
 PAIR_DTYPES = ("bfloat16", "float16", "float8_e4m3")  # kind::f16, kind::f8f6f4 (not block-scaled)
@@ -66,7 +67,6 @@ def plan_pair(kernel: ir.Kernel, arch: str, facts: dict) -> tuple[Optional[cuda_
     depends on ``by``; persistent: both walk the same units, ``cuda.persistent``, but not a walk
     over live row blocks); the ring's tiles exactly A (at ``by``) and B (not at ``by``, in
     one 128B-swizzled row box whose halves are whole swizzle atoms)."""
-    from kernforge.backends.cuda.renderer import arch_info  # the renderer imports this module
 
     if not arch_info(arch).tcgen05:
         return None, f"{arch} has no tcgen05"

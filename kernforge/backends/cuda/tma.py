@@ -52,7 +52,7 @@ import numpy as np
 
 from kernforge.codegen import arith, ir
 from kernforge.codegen.renderer import safe_identifier
-from kernforge.backends.cuda.layout_plan import SWIZZLE_BYTES
+from kernforge.backends.cuda.smem_layouts import SWIZZLE_BYTES
 
 MAX_BOX = 256
 MAX_RANK = 4  # kf/tma.cuh has tma_load_{2,3,4}d

@@ -38,7 +38,8 @@ import numpy as np
 
 from kernforge.backends.base import Backend
 from kernforge.backends.cuda.renderer import INCLUDE_DIR as CUDA_INCLUDE_DIR
-from kernforge.backends.cuda.renderer import CudaProgram, CudaRenderer, arch_info
+from kernforge.backends.cuda.arch import arch_info
+from kernforge.backends.cuda.renderer import CudaProgram, CudaRenderer
 from kernforge.backends.cuda import cluster, persistent
 from kernforge.backends.cuda.tma import TensorMapLaunch
 from kernforge.backends.templates import environment as template_environment

@@ -32,7 +32,7 @@ def block_scaled(arch: Optional[str], variant: dict) -> bool:
     if arch is None or variant.get("sf_format") != "ue8m0" or variant.get("a_major", "k") != "k" \
             or variant.get("b_major", "k") != "k":
         return False
-    from kernforge.backends.cuda.renderer import arch_info
+    from kernforge.backends.cuda.arch import arch_info
 
     return arch_info(arch).tcgen05
 

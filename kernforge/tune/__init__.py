@@ -7,8 +7,8 @@ import types as _types
 
 from kernforge.tune.db import Database, Key, Row, default_path
 from kernforge.tune.consult import lookup, reset
-from kernforge.tune.sweep import (STRATEGIES, BadShapeError, EmptySpaceError, TuneError, TuneResult,
-                                  UnknownKernelError, UnknownTunableError, tune)
+from kernforge.tune.errors import BadShapeError, EmptySpaceError, TuneError, UnknownKernelError, UnknownTunableError
+from kernforge.tune.sweep import STRATEGIES, TuneResult, tune
 
 __all__ = ["STRATEGIES", "BadShapeError", "Database", "EmptySpaceError", "Key", "Row", "TuneError", "TuneResult",
            "UnknownKernelError", "UnknownTunableError", "default_path", "lookup", "reset", "tune"]

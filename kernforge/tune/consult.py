@@ -94,7 +94,7 @@ def _read(path: str, kernel_name: str, backend: str, params: dict, factory, pinn
         import kernforge
         from kernforge.tune import identity
         from kernforge.tune.db import canonical
-        from kernforge.tune.sweep import bind_params, shape_bucket
+        from kernforge.tune.keys import bind_params, shape_bucket
 
         if factory is None:
             from kernforge.kernels import registry

@@ -20,38 +20,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
-import kernforge
 from kernforge import backends
 from kernforge.kernels import registry
 from kernforge.kernels.check import ProblemError, default_problem, get_problem
-from kernforge.tune import consult, identity
+from kernforge.tune import consult
 from kernforge.tune.db import Database, Key, Row, canonical
+from kernforge.tune.errors import BadShapeError, EmptySpaceError, TuneError, UnknownKernelError, UnknownTunableError
+from kernforge.tune.keys import bind_params, make_key
 from kernforge.tune.fit import misfit
 
 STRATEGIES = ("grid", "random", "halving")
 # Progress events: ("compiled" | "verified" | "timed" | "rejected" | "pruned" | "reused", config, result);
 # "timed" comes again for a configuration re-timed to settle the ranking
 Progress = Optional[Callable[[str, dict, "TuneResult"], None]]
-
-
-class TuneError(ValueError):
-    """A tuning request that cannot run; the message names the kernel, tunable or value."""
-
-
-class UnknownKernelError(TuneError):
-    """Not a registry kernel (``kernforge list`` shows them)."""
-
-
-class UnknownTunableError(TuneError):
-    """A space key that is not one of the factory's ``@T.tunable`` parameters."""
-
-
-class EmptySpaceError(TuneError):
-    """A space with no configuration in it (an empty list of values, or nothing tunable)."""
-
-
-class BadShapeError(TuneError):
-    """A problem parameter the kernel does not have, or a value it cannot take."""
 
 
 @dataclass
@@ -128,43 +109,6 @@ def resolve_spec(kernel: Union[str, registry.KernelSpec, Callable]) -> registry.
 def _factory(spec: registry.KernelSpec):
     """The ``@T.tunable`` factory behind the spec (under its runtime-size wrapper)."""
     return getattr(spec.factory, "factory", spec.factory)
-
-
-def bind_params(factory, params: dict, spec: Optional[registry.KernelSpec] = None) -> dict:
-    """``params`` with ``factory``'s defaults filled in for its own parameters; the others
-    (a spec's runtime sizes) pass through.  With ``spec``, :class:`BadShapeError` names a
-    parameter that is neither, or a required one that is missing."""
-    sig = getattr(factory, "signature", None)
-    if sig is None:
-        return dict(params)
-    own = {k: v for k, v in params.items() if k in sig.parameters}
-    rest = {k: v for k, v in params.items() if k not in sig.parameters}
-    if spec is not None:
-        for k in rest:
-            if k not in spec.runtime_sizes:
-                raise BadShapeError(f"{spec.name} has no parameter {k!r} (its parameters: "
-                                    f"{', '.join(sorted(set(sig.parameters) | set(spec.runtime_sizes)))})")
-    try:
-        own = factory.bind(**own)
-    except TypeError as e:
-        raise BadShapeError(str(e)) from None
-    return dict(own, **rest)
-
-
-def shape_bucket(params: dict, tunables) -> dict:
-    """The key's shape bucket: every scalar, non-tunable parameter by exact value (see
-    :class:`~kernforge.tune.db.Key`)."""
-    return {k: v for k, v in params.items()
-            if k not in tunables and not isinstance(v, (list, tuple, dict))}
-
-
-def make_key(kernel: str, backend: str, params: dict, tunables) -> Key:
-    """``params`` must be bound (:func:`bind_params`), so that a default spelled out and a
-    default left out give one key."""
-    bucket = shape_bucket(params, tunables)
-    dtype = ",".join(str(bucket[k]) for k in sorted(bucket) if "dtype" in k) or "-"
-    return Key(kernel, canonical(bucket), dtype, backend, identity.device(backend), identity.compiler(backend),
-               kernforge.__version__)
 
 
 def resolve_space(spec: registry.KernelSpec, space: Optional[dict]) -> dict:

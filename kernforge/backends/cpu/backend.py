@@ -152,10 +152,7 @@ class CpuLauncher:
 class CpuBackend(Backend):
     renderer = cpu.CpuRenderer()
     include_dir = cpu.INCLUDE_DIR
-    # g++ contracts a * b + c into an FMA by default in C++ mode; kernforge's
-    # element-wise semantics round every operation (as numpy does), so contraction
-    # is off.  The GEMM micro-kernel asks for its FMAs explicitly.
-    options = ("-ffp-contract=off",)
+    options = isa.COMPILE_OPTIONS
 
     supports_checks = True
 

@@ -19,6 +19,12 @@ import functools
 import os
 from typing import Optional
 
+# the CPU backend's compile options (and the identity compiler_paths asks about): g++ contracts
+# a * b + c into an FMA by default in C++ mode; kernforge's element-wise semantics round every
+# operation (as numpy does), so contraction is off.  The GEMM micro-kernel asks for its FMAs
+# explicitly.
+COMPILE_OPTIONS = ("-ffp-contract=off",)
+
 ENV = "KERNFORGE_CPU_ISA"
 
 # lowest first; the level is the KF_ISA value in kf/gemm.h
@@ -64,10 +70,8 @@ def compiler_paths() -> tuple[str, ...]:
     ``generic`` (sources still render; building them reports the missing toolchain)."""
     from kernforge.runtime import ToolchainNotFoundError, get_runtime
 
-    from kernforge.backends.cpu.backend import CpuBackend
-
     try:
-        identity = get_runtime().compiler("cpu").identity(CpuBackend.options)
+        identity = get_runtime().compiler("cpu").identity(COMPILE_OPTIONS)
     except ToolchainNotFoundError:
         return ("generic",)
     return supported_paths(identity.get("machine", ()))

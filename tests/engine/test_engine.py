@@ -325,8 +325,13 @@ def test_micro_config_on_the_oracle_and_the_emulator(backend):
     """Issue item 4: the engine on `interp` and `cuda-emu`.  tiny() is the micro config: four
     layers, one of each kind (window only, ratio 4, ratio 128; hash-routed then scored MoE).
     An 18-token prefill (past the window of 16, completing ratio-4 blocks)
-    then two decode steps, against the reference with the bf16 criteria above."""
-    model = random_model(tiny(), seed=0)
+    then two decode steps, against the reference with the bf16 criteria above.
+
+    Three Sinkhorn iterations instead of 20: hc_pre's loop is the same code at any count (the
+    20-iteration kernel is checked on cuda-emu in tests/emu/test_library_kernels.py), its
+    barriers were a quarter of the emulated run, and short of convergence a lost round shows
+    (one round fewer in the kernel: mean error 0.024; at 20 rounds it passed unseen)."""
+    model = random_model(tiny(hc_sinkhorn_iters=3), seed=0)
     ids = tokens(20, seed=7)
     eng = Engine(model, backend=backend)
     out = torch.cat([eng.forward(ids[:, :18], 0)] + [eng.forward(ids[:, p:p + 1], p) for p in (18, 19)], 1)

@@ -7,6 +7,9 @@ shared tier of KERNFORGE_CACHE_DIR with zero compiles, at other batch and step s
 than the recorded ones, without writing into the pack.
 """
 
+import contextlib
+import fcntl
+import io
 import json
 import os
 import shutil
@@ -22,8 +25,32 @@ from kernforge.model import tiny, v4_flash
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.fixture(scope="session")
+def tiny_cpu_pack(tmp_path_factory):
+    """(pack directory, the JSON that `kernforge engine build --config tiny --backend cpu --json`
+    printed): built once per test run, by whichever pytest-xdist worker asks first (the others
+    wait on a lock in the run's shared base temp directory, as the JIT cache does), since
+    compiling the pack's 89 kernels is most of this module's time and two tests need it."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, printed = root / "tiny_cpu_pack", root / "tiny_cpu_pack.json"
+    with open(root / "tiny_cpu_pack.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not printed.exists():
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                status = main(["engine", "build", "--config", "tiny", "--backend", "cpu", "-o", str(out),
+                               "--jobs", "2", "--json"])
+            assert status == 0, buf.getvalue()
+            printed.write_text(buf.getvalue())
+    return out, json.loads(printed.read_text())
+
+
 @pytest.mark.slow
-def test_static_enumeration_equals_what_a_forward_requests():
+def test_static_enumeration_equals_what_a_forward_requests(tiny_cpu_pack, tmp_path, monkeypatch):
+    # The recording process serves from the pack (a compile request is recorded when the op asks
+    # kernforge.compile, hit or miss), so the forward does not compile the kernels a second time.
+    monkeypatch.setenv("KERNFORGE_CACHE_DIR", pack.deployment_env(tiny_cpu_pack[0], tmp_path / "private"))
     recorded = pack.record("tiny", "cpu", prefill=140)
     static = pack.engine_kernels(tiny(), "cpu", tokens=(140, 1))
     assert recorded <= set(static), sorted(recorded - set(static))
@@ -125,11 +152,8 @@ def _snapshot(root):
 
 
 @pytest.mark.slow
-def test_tiny_pack_serves_a_fresh_process_without_compiling(tmp_path, capsys):
-    out = tmp_path / "pack"
-    assert main(["engine", "build", "--config", "tiny", "--backend", "cpu", "-o", str(out), "--jobs", "2",
-                 "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+def test_tiny_pack_serves_a_fresh_process_without_compiling(tiny_cpu_pack, tmp_path):
+    out, result = tiny_cpu_pack
     listed = pack.list_kernels("tiny", "cpu")
     assert result["kernels"] == len(listed)
     manifest = json.load(open(out / "pack.json"))

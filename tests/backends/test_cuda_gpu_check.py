@@ -106,3 +106,10 @@ def test_engine_decode_check_reports_a_wrong_engine(gpu_check, monkeypatch):
     row = gpu_check.engine_decode_check(device="cpu", backend="cpu", prompt=20, decode=2, repeat=2)
     assert row["status"].startswith("MISMATCH"), row
     assert gpu_check.failed([row])
+
+
+def test_mla_op_check_verifies_the_seesaw_configuration(gpu_check):
+    """The check a GPU run adds for MLA's op configuration, run here on cuda-emu (sm_90a: the
+    seesaw's 64-token tiles) at small lengths; a wrong result would be a MISMATCH row."""
+    row = gpu_check.mla_op_check(device="cpu", backend="cuda-emu", lens=(150, 1, 70), heads=16)
+    assert row["block_N"] == 64 and row["status"] == "verified (sm_90a, 64-token tiles)", row

@@ -83,7 +83,8 @@ def out_path(arg) -> str | None:
 def dry_run(specs: dict, problems: list[str], arch: str, jobs: int) -> list[dict]:
     from kernforge.backends.cuda import backend as cuda_backend
 
-    work = [(name, label) for name, spec in specs.items() for label in problems if label in spec.problems]
+    work = [(name, label) for name, spec in specs.items() for label in problems
+            if label in spec.problems and spec.problems[label].for_cuda_arch(arch)]
 
     def one(item):
         name, label = item
@@ -262,7 +263,7 @@ def gpu_run(specs: dict, problems: list[str], arch: str | None, repeat: int, job
     rows = []
     for name, spec in specs.items():
         for label in problems:
-            if label not in spec.problems:
+            if label not in spec.problems or not spec.problems[label].for_cuda_arch(arch):
                 continue
             params = spec.problems[label].params
             row = {"kernel": name, "problem": label, "arch": arch}

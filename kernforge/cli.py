@@ -342,6 +342,12 @@ def cmd_build(args) -> int:
         raise CliError(f"backend {args.backend!r} does not build without loading (its kernels build on first run; "
                        f"try kernforge run)")
     choice = _Choice(args)
+    if choice.spec is not None and backends.lang(args.backend) == "cuda":
+        problem = choice.spec.problems[choice.problem]
+        arch = args.arch or backend.target().arch
+        if not problem.for_cuda_arch(arch):
+            raise CliError(f"--problem {choice.problem} of {choice.spec.name} is configured for "
+                           f"{', '.join(problem.cuda_archs)}, not {arch} (try --problem demo)")
     kernel = choice.kernel_ir()
     extra = {}
     if args.report:

@@ -26,10 +26,17 @@ _FAMILIES = ("kernforge.kernels.topk.problems", "kernforge.kernels.mla_decode.pr
 
 @dataclass(frozen=True)
 class Problem:
-    """One problem size for a kernel: compile-time params plus a label."""
+    """One problem size for a kernel: compile-time params plus a label.  ``cuda_archs``: the CUDA
+    arches the params are configured for, when not all (MLA's ``bench`` takes the sm_90a
+    chooser's 64-token tiles, which exceed sm_80's shared memory); tools that sweep problems
+    over arches (``benchmarks/gpu_check.py``, the source digests) skip the others."""
 
     label: str
     params: dict[str, Any]
+    cuda_archs: tuple[str, ...] = ()
+
+    def for_cuda_arch(self, arch: str) -> bool:
+        return not self.cuda_archs or arch in self.cuda_archs
 
 
 @dataclass(frozen=True)

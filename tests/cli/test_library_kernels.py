@@ -166,3 +166,13 @@ def test_run_checks_builds_the_checked_variant(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["verified"] is True
     assert tags and all(t.endswith("_checked") for t in tags)
     assert "KERNFORGE_CHECKS" not in os.environ  # the flag is an argument, not process state
+
+
+def test_build_refuses_a_problem_configured_for_other_arches(cli):
+    """MLA's bench problem takes the sm_90a chooser's 64-token tiles (the seesaw); on sm_80 it
+    would not fit, and the CLI says so before compiling, naming the arches and a way out."""
+    code, out, err = cli("build", "mla_decode", "--problem", "bench", "--arch", "sm_80")
+    assert_one_line_error(code, err, "--problem bench of mla_decode is configured for sm_90a, sm_100a, not sm_80",
+                          "try --problem demo")
+    assert registry.get("mla_decode").problems["bench"].for_cuda_arch("sm_90a")
+    assert registry.get("mla_decode").problems["demo"].for_cuda_arch("sm_80")

@@ -132,7 +132,7 @@ SPEC = register(KernelSpec(
         # FlashMLA's dense perf shape (b=128, h_q=128, s_q=1, s_k=4096), configured for an
         # H100/H200 (sm_90a: 64-token tiles, the seesaw schedule; too big for sm_80's shared memory)
         "bench": Problem("bench", dict(batch=128, seqlens=[4096] * 128, **config.choose.heuristic(
-            "cuda", heads=128, seq_q=1, dim=576, dim_v=512, arch="sm_90a"))),
+            "cuda", heads=128, seq_q=1, dim=576, dim_v=512, arch="sm_90a")), cuda_archs=("sm_90a", "sm_100a")),
     },
     make_inputs=make_inputs,
     outputs=(6, 7),
@@ -375,7 +375,7 @@ SPEC_SCHEDULED = register(KernelSpec(
             "cuda", heads=64, seq_q=1, dim=576, dim_v=512))),
         # FlashMLA's dense perf shape on a 132-SM H100/H200: 132 / 2 row blocks = 66 partitions
         "bench": Problem("bench", dict(batch=128, seqlens=[4096] * 128, num_sm_parts=66, **config.choose.heuristic(
-            "cuda", heads=128, seq_q=1, dim=576, dim_v=512, arch="sm_90a"))),
+            "cuda", heads=128, seq_q=1, dim=576, dim_v=512, arch="sm_90a")), cuda_archs=("sm_90a", "sm_100a")),
     },
     make_inputs=make_inputs_scheduled,
     outputs=(8, 9),

@@ -20,7 +20,10 @@ slice takes the same branches.  Ring protocol, iteration k (j = k - start, S sta
   arrival per consumer thread); after the loop ``wgmma_wait<0>``.  A promotion ring (fp8 with a
   per-128-K partial sum, ``pipeline_plan.plan_promotion_rings``) waits ``wgmma_wait<0>`` in its
   gemm and arrives on empty[j % S] right then, before the promotion reads the partial sum in
-  registers, so the producer refills the stage while the consumers promote.
+  registers, so the producer refills the stage while the consumers promote.  An attention loop
+  the consumers run as MLA's two-warpgroup seesaw (:mod:`kernforge.backends.cuda.seesaw`) is filled
+  the same way; its consumer side is ``seesaw.render_consumer``, and the leader also initialises
+  the seesaw's publication barriers.
 """
 from __future__ import annotations
 

@@ -149,8 +149,8 @@ extern "C" __global__ void cross_deadlock(int* out) {
 
 
 def test_cross_deadlock_times_out_with_message(kernels):
-    """Half a warp waits in __syncwarp, the rest in __syncthreads: nobody exits,
-    so only the timeout can end it."""
+    """Half a warp waits in __syncwarp, the rest in __syncthreads: nobody exits.  The
+    timeout (300 ms) is below the emulator's quiet time (400 ms), so the timeout ends it."""
     kern = kernels["cross_deadlock"]
     kern.timeout_ms = 300
     with pytest.raises(EmulationError, match="deadlock: timed out after 300 ms"):
@@ -159,6 +159,18 @@ def test_cross_deadlock_times_out_with_message(kernels):
     x = np.arange(64, dtype=np.int32).reshape(1, 64)
     kernels["rotate"]([x, out, np.array(1, np.int32)], [], [1])
     np.testing.assert_array_equal(out, np.roll(x, -1, axis=1)[0] + 1)
+
+
+def test_cross_deadlock_is_reported_once_every_thread_waits(kernels):
+    """The same deadlock under a 60 s timeout: every thread waits and none can release another,
+    so the emulator says so after its quiet time (0.4 s), not after the timeout."""
+    kern = kernels["cross_deadlock"]
+    kern.timeout_ms = 60_000
+    t0 = time.perf_counter()
+    with pytest.raises(EmulationError, match="deadlock: every emulated thread is waiting and none can release "
+                                             "another; this one waits at"):
+        kern([np.zeros(32, np.int32)], [], [1])
+    assert time.perf_counter() - t0 < 10
 
 
 PARTIAL_MASK = r'''

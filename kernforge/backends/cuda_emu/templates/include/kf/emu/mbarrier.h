@@ -190,6 +190,7 @@ inline void check_phase_locked(const Mbarrier& b, uint32_t parity) {
 inline void mbarrier_wait_parity(const void* bar, uint32_t parity) {
   const int64_t timeout_ms = launch_error().timeout_ms.load();
   const int64_t deadline = now_ns() + timeout_ms * 1000000;
+  WaitScope scope;
   for (;;) {
     const uint32_t seen = g_mbarriers.epoch.load(std::memory_order_acquire);
     uint32_t pending, expected;
@@ -210,6 +211,9 @@ inline void mbarrier_wait_parity(const void* bar, uint32_t parity) {
     if (left <= 0)
       fail("deadlock: mbarrier wait (parity %u) timed out after %lld ms with %u of %u arrivals and %lld tx bytes "
            "outstanding", parity & 1u, (long long)timeout_ms, pending, expected, tx);
+    if (scope.stuck())
+      fail("deadlock: mbarrier wait (parity %u) with %u of %u arrivals and %lld tx bytes outstanding while every "
+           "emulated thread waits", parity & 1u, pending, expected, tx);
     futex_wait(&g_mbarriers.epoch, seen, left < 50000000 ? left : 50000000);
   }
 }

@@ -12,7 +12,8 @@
 //    (32 consecutive threads) has its own barrier plus a double-buffered
 //    exchange area for shuffles, votes, mma.sync and ldmatrix;
 //  * every wait is bounded by a timeout; a barrier that some threads can never
-//    reach (because they returned) is reported at once, not after the timeout;
+//    reach (because they returned) is reported at once, not after the timeout, and so
+//    is a launch step whose every thread waits with nothing progressing (Quiescence);
 //  * the first error aborts the launch: waiting threads unwind with
 //    kf_emu::Abort, and the host entry returns a nonzero code whose message
 //    kf_emu_last_error() returns.
@@ -146,8 +147,53 @@ inline void check_abort() {
   if (launch_error().aborted.load(std::memory_order_acquire)) throw Abort{};
 }
 
+// ---- quiescence: a deadlock seen before its timeout ------------------------------------
+// Every wait loop counts itself in `waiting` (WaitScope); every wake, every thread leaving a
+// wait and every thread returning bumps `progress`.  Nothing outside the launch step's threads
+// completes anything (asynchronous copies and MMAs are performed by threads inside their
+// waits), so once every live thread has been waiting for kQuietMs with no progress, none can
+// ever release another: the wait fails then instead of at the timeout.  The quiet time is far
+// above a 50 ms poll, so a thread whose condition came true re-checks and leaves in time.
+struct Quiescence {
+  std::atomic<int32_t> live{0}, waiting{0};
+  std::atomic<uint64_t> progress{0};
+};
+static Quiescence g_quiescence;
+constexpr int64_t kQuietMs = 400;
+
+class WaitScope {
+ public:
+  explicit WaitScope(int64_t quiet_ms = kQuietMs)
+      : quiet_ns_((quiet_ms < 50 ? 50 : quiet_ms) * 1000000), seen_(g_quiescence.progress.load()), since_(now_ns()) {
+    g_quiescence.waiting.fetch_add(1, std::memory_order_acq_rel);
+  }
+  ~WaitScope() {
+    g_quiescence.waiting.fetch_sub(1, std::memory_order_acq_rel);
+    g_quiescence.progress.fetch_add(1, std::memory_order_acq_rel);
+  }
+  WaitScope(const WaitScope&) = delete;
+  WaitScope& operator=(const WaitScope&) = delete;
+  // Whether every live thread has been waiting, with no progress, for the quiet time.
+  bool stuck() {
+    const uint64_t p = g_quiescence.progress.load(std::memory_order_acquire);
+    const int64_t now = now_ns();
+    if (p != seen_ || g_quiescence.waiting.load(std::memory_order_acquire) < g_quiescence.live.load()) {
+      seen_ = p;
+      since_ = now;
+      return false;
+    }
+    return now - since_ >= quiet_ns_;
+  }
+
+ private:
+  int64_t quiet_ns_;
+  uint64_t seen_;
+  int64_t since_;
+};
+
 // ---- futex-based waiting --------------------------------------------------------
 inline void futex_wake(std::atomic<uint32_t>* w) {
+  g_quiescence.progress.fetch_add(1, std::memory_order_acq_rel);
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
 }
 inline void futex_wait(std::atomic<uint32_t>* w, uint32_t old, int64_t timeout_ns) {
@@ -160,12 +206,15 @@ inline void futex_wait(std::atomic<uint32_t>* w, uint32_t old, int64_t timeout_n
 inline void wait_changed(std::atomic<uint32_t>& w, uint32_t old, const char* what) {
   const int64_t timeout_ms = launch_error().timeout_ms.load();
   const int64_t deadline = now_ns() + timeout_ms * 1000000;
+  WaitScope scope;
   while (w.load(std::memory_order_acquire) == old) {
     check_abort();
     int64_t left = deadline - now_ns();
     if (left <= 0)
       fail("deadlock: timed out after %lld ms waiting at %s (not every thread reached it?)", (long long)timeout_ms,
            what);
+    if (scope.stuck())
+      fail("deadlock: every emulated thread is waiting and none can release another; this one waits at %s", what);
     futex_wait(&w, old, left < 50000000 ? left : 50000000);  // re-check the abort flag every 50 ms
   }
 }
@@ -373,6 +422,7 @@ class Launch {
     start_.fetch_add(1, std::memory_order_acq_rel);
     futex_wake(&start_);
     const uint32_t total = threads_ * cluster_;
+    g_quiescence.live.store(int32_t(total));
     for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != total;) futex_wait(&done_, d, -1);
   }
 
@@ -401,6 +451,8 @@ class Launch {
       } catch (...) {
         record_failure("a C++ exception escaped emulated thread %u", t);
       }
+      g_quiescence.live.fetch_sub(1, std::memory_order_acq_rel);
+      g_quiescence.progress.fetch_add(1, std::memory_order_acq_rel);
       c.block->bar.on_exit();
       c.block->warps[c.warp].bar.on_exit();
       if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_ * cluster_) futex_wake(&done_);

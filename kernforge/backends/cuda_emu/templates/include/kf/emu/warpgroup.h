@@ -122,10 +122,13 @@ inline void named_barrier_sync(int id, int count) {
 // warpgroup's last thread waits twice the timeout (that thread may be the waiting .inc).
 inline void wait_within(std::atomic<uint32_t>& w, uint32_t old, int64_t timeout_ms, const char* what) {
   const int64_t deadline = now_ns() + timeout_ms * 1000000;
+  // the quiet time scales as the timeout does, so the cause of a hang still reports first
+  WaitScope scope(kQuietMs * timeout_ms / (launch_error().timeout_ms.load() > 0 ? launch_error().timeout_ms.load() : 1));
   while (w.load(std::memory_order_acquire) == old) {
     check_abort();
     const int64_t left = deadline - now_ns();
     if (left <= 0) fail("deadlock: timed out after %lld ms waiting at %s", (long long)timeout_ms, what);
+    if (scope.stuck()) fail("deadlock: every emulated thread is waiting; this one waits at %s", what);
     futex_wait(&w, old, left < 50000000 ? left : 50000000);
   }
   check_abort();

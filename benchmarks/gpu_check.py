@@ -378,7 +378,7 @@ def mla_op_check(device: str = "cuda", backend: str = "cuda", lens=(700, 1, 4096
 
     from kernforge.kernels import mla_decode as M
     from kernforge.ops import mla
-    from kernforge.ops.gemm import target_arch
+    from kernforge.ops.arch import target_arch
 
     row = {"kernel": "op:flash_mla_with_kvcache", "problem": f"h {heads}, s_q 2, lens {list(lens)}"}
     try:

@@ -53,6 +53,7 @@ from kernforge import backends
 from kernforge.kernels import gemm as kernels
 from kernforge.kernels.gemm import config
 from kernforge.kernels.gemm.reference import get_mn_major_tma_aligned_tensor, unpack_ue8m0_from_int
+from kernforge.ops.arch import built_for, target_arch
 from kernforge.tune import consult
 
 __all__ = ["bf16_gemm_nn", "bf16_gemm_nt", "bf16_gemm_tn", "bf16_gemm_tt", "fp32_gemm_nn", "fp32_gemm_nt",
@@ -399,34 +400,6 @@ def keep_packed(backend: str, sfa, sfb) -> bool:
     backends take the float32 powers of two (their kernels promote in float32 anyway)."""
     return backends.lang(backend) == "cuda" and all(
         isinstance(sf, torch.Tensor) and sf.dtype == torch.int32 for sf in (sfa, sfb))
-
-
-def target_arch(backend: str, arch, resolve: bool = True) -> Optional[str]:
-    """The CUDA arch an op's kernel is built for on ``backend``, which the FP8 choosers key on
-    (``kernels.gemm.config.block_scaled``: only sm_100a folds UE8M0 scales into tensor-core
-    MMAs, and those need 128-row tiles).  ``arch`` if given -- checked here, before anything runs: a
-    known CUDA arch, on a backend that generates CUDA -- else the launch target's (the GPU's on
-    ``cuda``, the emulator's default sm_90a on ``cuda-emu``); None on other backends, or when not
-    ``resolve`` (the caller's configuration does not depend on it: the GPU is not asked)."""
-    if arch is None and not resolve:
-        return None
-    if arch is not None and not isinstance(arch, str):
-        raise TypeError(f"arch must be a CUDA arch name such as 'sm_100a', got {type(arch).__name__}")
-    if backends.lang(backend) != "cuda":
-        if arch is not None:
-            raise ValueError(f"arch={arch!r}: backend {backend!r} does not generate CUDA (arch is for CUDA backends)")
-        return None
-    from kernforge.backends.cuda.arch import ARCHS, DEFAULT_ARCH
-
-    if arch is not None and arch not in ARCHS:
-        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
-    return arch or backends.get(backend).target(launch=True).arch or DEFAULT_ARCH
-
-
-def built_for(arch: Optional[str]) -> dict:
-    """The ops' ``_kernel`` keyword for ``arch`` where the call named one (else the backend's
-    default target, and the call's compile cache entry stays the one it had without ``arch``)."""
-    return {} if arch is None else {"arch": arch}
 
 
 def mn_major(sf: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ layout with an FP8 or FP4 ``b``.  These FP4/masked paths share the dense ops' sc
 (:mod:`kernforge.ops.gemm`): float32 or packed-UE8M0 int32 scales, ``sfa`` in DeepGEMM's
 MN-major TMA-aligned layout passed to the kernel without a copy (other layouts converted).
 ``arch`` (keyword-only, CUDA backends): the arch to build for, as the dense ops'
-(:func:`kernforge.ops.gemm.target_arch`).
+(:func:`kernforge.ops.arch.target_arch`).
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ from kernforge import backends
 from kernforge.kernels import grouped_gemm as kernels
 from kernforge.kernels.grouped_gemm import config
 from kernforge.kernels.grouped_gemm import kernel as kernel_defs
-from kernforge.ops.gemm import (built_for, check_flags, keep_packed, mn_major, pair, resolve_recipe, scales,
-                                target_arch)
+from kernforge.ops.arch import built_for, target_arch
+from kernforge.ops.gemm import check_flags, keep_packed, mn_major, pair, resolve_recipe, scales
 
 _alignment = 128
 

@@ -46,7 +46,7 @@ from kernforge.kernels import mla_decode as kernels
 from kernforge.kernels.mla_decode import config, schedule
 from kernforge.kernels.mla_decode.scheduled import Scheduled
 from kernforge.kernels.mla_decode.split_kv import SplitKV
-from kernforge.ops.gemm import target_arch
+from kernforge.ops.arch import target_arch
 from kernforge.model import numerics as nx
 
 _DTYPES = (torch.bfloat16,)

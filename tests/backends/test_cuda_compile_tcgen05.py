@@ -18,6 +18,17 @@ from kernforge.backends.cuda import backend as cuda_backend, sass_report
 from kernforge.kernels import registry
 
 
+def _sm100a_sass(kernel) -> tuple[dict, str]:
+    """``kernel`` built for sm_100a (no spills, no local memory) and its SASS; the test is skipped
+    after the build check when cuobjdump is missing."""
+    report = cuda_backend.build_report(kernel, "sm_100a")
+    assert not (report["spill_stores"] or report["spill_loads"] or report["local_bytes"]), report
+    try:
+        return report, cuda_backend.disassemble(report["path"])
+    except Exception as e:  # noqa: BLE001 - cuobjdump missing: the build check above still ran
+        pytest.skip(f"cuobjdump unavailable: {e}")
+
+
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 @pytest.mark.parametrize("name, mma, resident", [("m_grouped_gemm_nt_contiguous", "UTCHMMA", True),
@@ -26,12 +37,7 @@ from kernforge.kernels import registry
 def test_bench_problem_builds_on_tcgen05_without_spills(name, mma, resident):
     spec = registry.get(name)
     kernel = spec.factory(**spec.problems["bench"].params).ir
-    report = cuda_backend.build_report(kernel, "sm_100a")
-    assert not (report["spill_stores"] or report["spill_loads"] or report["local_bytes"]), report
-    try:
-        sass = cuda_backend.disassemble(report["path"])
-    except Exception as e:  # noqa: BLE001 - cuobjdump missing: the build check above still ran
-        pytest.skip(f"cuobjdump unavailable: {e}")
+    report, sass = _sm100a_sass(kernel)
     ops = re.findall(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)", sass)
     assert mma in ops and "UTMALDG" in ops and "LDTM" in ops, sorted(set(ops))
     assert "HMMA" not in ops and "LDGSTS" not in ops
@@ -75,12 +81,7 @@ def test_ue8m0_fp8_gemm_builds_block_scaled_mmas_without_a_promotion_loop():
     from kernforge.kernels.gemm import fp8_gemm
 
     kernel = fp8_gemm(N=7168, K=2048, block_M=128, block_N=128, num_stages=3, threads=256, sf_format="ue8m0").ir
-    report = cuda_backend.build_report(kernel, "sm_100a")
-    assert not (report["spill_stores"] or report["spill_loads"] or report["local_bytes"]), report
-    try:
-        sass = cuda_backend.disassemble(report["path"])
-    except Exception as e:  # noqa: BLE001 - cuobjdump missing: the build check above still ran
-        pytest.skip(f"cuobjdump unavailable: {e}")
+    report, sass = _sm100a_sass(kernel)
     instrs = next(k for k in sass_report.parse(sass) if any(sass_report.is_mma(i) for i in k.instrs)).instrs
     lo, hi = sass_report.main_loop(instrs)
     loop = [i for i in instrs if lo <= i.address <= hi]
@@ -153,12 +154,7 @@ def test_generated_pair_gemm_builds_2cta_sass(factory, params, mma, resident):
 
     kernel = getattr(gemm, factory)(N=7168, K=2048, block_M=128, num_stages=3, threads=256, cta_pair=True,
                                     **params).ir
-    report = cuda_backend.build_report(kernel, "sm_100a")
-    assert not (report["spill_stores"] or report["spill_loads"] or report["local_bytes"]), report
-    try:
-        sass = cuda_backend.disassemble(report["path"])
-    except Exception as e:  # noqa: BLE001 - cuobjdump missing: the build check above still ran
-        pytest.skip(f"cuobjdump unavailable: {e}")
+    report, sass = _sm100a_sass(kernel)
     (k,) = sass_report.parse(sass)
     ops = [i.opcode for i in k.instrs]
     mmas = [op for op in ops if op.split(".")[0] in sass_report.UTC_MMA]

@@ -39,6 +39,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) epi(const __grid_constant__
 '''
 
 
+def _report(kernel, arch: str) -> dict:
+    """``build_report(report=True)`` (SASS counts); the test is skipped when cuobjdump is missing."""
+    try:
+        return cuda_backend.build_report(kernel, arch, report=True)
+    except Exception as e:  # noqa: BLE001 - cuobjdump missing
+        if "cuobjdump" not in str(e):
+            raise
+        pytest.skip(f"cuobjdump unavailable: {e}")
+
+
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_epilogue_primitives_build_to_stsm_and_tma_stores(tmp_path):
@@ -67,12 +77,7 @@ def test_mla_decode_output_leaves_by_tma_store_with_fast_reciprocals():
     from kernforge.kernels.mla_decode import mla_decode
 
     kernel = mla_decode(heads=64, dim=96, dim_v=64, page_size=16, block_N=16, block_H=64).ir
-    try:
-        report = cuda_backend.build_report(kernel, "sm_90a", report=True)
-    except Exception as e:  # noqa: BLE001 - cuobjdump missing
-        if "cuobjdump" not in str(e):
-            raise
-        pytest.skip(f"cuobjdump unavailable: {e}")
+    report = _report(kernel, "sm_90a")
     assert report["advisories"] == [] and report["spill_stores"] == 0, report
     c = report["sass"]
     (k,) = sass_report.parse(cuda_backend.disassemble(report["path"]))
@@ -94,12 +99,7 @@ def test_sm100a_persistent_grouped_gemm_stores_by_tma():
     params = dict(group_rows=[128, 0, 256], alignment=128, num_groups=3, N=256, K=128, block_M=128, block_N=128,
                   block_K=64, num_stages=3, persistent=2)
     kernel = all_specs()["m_grouped_gemm_nt_contiguous"].factory(**params).ir
-    try:
-        report = cuda_backend.build_report(kernel, "sm_100a", report=True)
-    except Exception as e:  # noqa: BLE001 - cuobjdump missing
-        if "cuobjdump" not in str(e):
-            raise
-        pytest.skip(f"cuobjdump unavailable: {e}")
+    report = _report(kernel, "sm_100a")
     assert report["spill_stores"] == 0 and report["local_bytes"] == 0, report
     assert report["shared_bytes"] <= 232448, report
     c = report["sass"]

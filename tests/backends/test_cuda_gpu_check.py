@@ -110,6 +110,13 @@ def test_engine_decode_check_reports_a_wrong_engine(gpu_check, monkeypatch):
 
 def test_mla_op_check_verifies_the_seesaw_configuration(gpu_check):
     """The check a GPU run adds for MLA's op configuration, run here on cuda-emu (sm_90a: the
-    seesaw's 64-token tiles) at small lengths; a wrong result would be a MISMATCH row."""
+    chooser's 64-token tiles, which the renderer runs as the seesaw) at small lengths, through
+    ``flash_mla_with_kvcache`` (MTP, causal, sink) against the float64 reference; a wrong result
+    would be a MISMATCH row."""
+    from kernforge.backends.cuda.renderer import render_cuda
+    from kernforge.kernels import mla_decode as M
+
     row = gpu_check.mla_op_check(device="cpu", backend="cuda-emu", lens=(150, 1, 70), heads=16)
     assert row["block_N"] == 64 and row["status"] == "verified (sm_90a, 64-token tiles)", row
+    cfg = M.config.choose("cuda-emu", 16, 1, 2, 576, 512, 64, True, arch="sm_90a")
+    assert "kf_seesaw_x" in render_cuda(M.mla_decode(**cfg).ir, "sm_90a").source

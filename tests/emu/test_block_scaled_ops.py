@@ -9,6 +9,8 @@ verified on host emulation", never GPU verified.
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -17,6 +19,17 @@ from kernforge.ops import gemm as gemm_ops
 from kernforge.ops import grouped_gemm as grouped_ops
 
 N, K = 64, 576  # five 128-K scale blocks in two packed words, the last K block 64 deep
+
+
+@contextlib.contextmanager
+def _alignment(rows: int):
+    """DeepGEMM's contiguous-layout alignment set to ``rows`` for the block, then restored."""
+    old = grouped_ops.get_mk_alignment_for_contiguous_layout()
+    grouped_ops.set_mk_alignment_for_contiguous_layout(rows)
+    try:
+        yield
+    finally:
+        grouped_ops.set_mk_alignment_for_contiguous_layout(old)
 
 
 def _exponents(g, *shape):
@@ -108,17 +121,13 @@ def test_grouped_ops_pass_packed_scales_through_on_cuda_backends_and_unpack_on_h
     assert "sf_format" not in host and host["gran_n"] == 1 and host_args[1].dtype == torch.float32
     assert torch.equal(host_args[1], unpack_ue8m0_from_int(sfa, 5))
 
-    old = grouped_ops.get_mk_alignment_for_contiguous_layout()
-    grouped_ops.set_mk_alignment_for_contiguous_layout(128)
-    try:
+    with _alignment(128):
         layout = torch.tensor([0] * 100 + [-1] * 28 + [1] * 128, dtype=torch.int32)
         g = torch.Generator().manual_seed(2)
         a2 = (torch.randn(256, K, generator=g) * 4).to(torch.float8_e4m3fn)
         sfa2 = _pack(_exponents(g, 256, 5))
         grouped_ops.m_grouped_fp8_gemm_nt_contiguous((a2, sfa2), (b, sfb), torch.zeros(256, N, dtype=torch.bfloat16),
                                                      layout, backend="cuda-emu", arch="sm_100a")
-    finally:
-        grouped_ops.set_mk_alignment_for_contiguous_layout(old)
     p, args = seen[-1]
     assert (p["block_M"], p["sf_format"], p["gran_n"]) == (128, "ue8m0", 1)
     assert torch.equal(args[1], sfa2) and torch.equal(args[3], sfb)
@@ -212,9 +221,7 @@ def test_contiguous_op_per_row_b_scales_run_block_scaled_mmas_and_match_float64(
     """The contiguous layout at DeepGEMM's 128-row alignment: expert 0's 100 rows and padding, then
     expert 1's 128; per-row B scales (``gran_n=1``), padding rows written as zeros."""
     built = _built(monkeypatch, grouped_ops)
-    old = grouped_ops.get_mk_alignment_for_contiguous_layout()
-    grouped_ops.set_mk_alignment_for_contiguous_layout(128)
-    try:
+    with _alignment(128):
         layout = torch.tensor([0] * 100 + [-1] * 28 + [1] * 128, dtype=torch.int32)
         g = torch.Generator().manual_seed(8)
         a = (torch.randn(256, K, generator=g) * 4).to(torch.float8_e4m3fn)
@@ -223,8 +230,6 @@ def test_contiguous_op_per_row_b_scales_run_block_scaled_mmas_and_match_float64(
         d = torch.full((256, N), float("nan"), dtype=torch.bfloat16)
         grouped_ops.m_grouped_fp8_gemm_nt_contiguous((a, _pack(ea)), (b, _pack(eb)), d, layout, backend="cuda-emu",
                                                      arch="sm_100a")
-    finally:
-        grouped_ops.set_mk_alignment_for_contiguous_layout(old)
     for expert, rows in ((0, slice(0, 100)), (1, slice(128, 256))):
         want, bound = _reference(a[rows], ea[rows], b[expert], eb[expert])
         _assert_within(d[rows], want, bound + want.abs() * 2.0 ** -8)

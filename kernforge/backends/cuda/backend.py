@@ -9,6 +9,7 @@ tests that check which instructions a kernel really uses.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import os
 import shutil
@@ -139,8 +140,10 @@ NO_GPU = ("backend 'cuda' needs an NVIDIA GPU to run kernels and this machine ha
           "kernforge.runtime.compile_without_load) and emulate them (backend 'cuda-emu')")
 
 
+@functools.lru_cache(maxsize=1)
 def device_arch() -> str:
-    """The arch of CUDA device 0 as kernforge names it."""
+    """The arch of CUDA device 0 as kernforge names it (asked once: the ops resolve their target
+    arch on every call, and device 0 does not change in a process; a failure is not cached)."""
     import torch
 
     if not torch.cuda.is_available():

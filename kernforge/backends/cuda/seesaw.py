@@ -197,7 +197,7 @@ def render_consumer(R, sw: Seesaw, tiles, bars: str, start: str, end: str) -> No
     v = R.var_name(sw.loop.var)
     sm = sw.softmax
     m, l, rescale = (R.buffer_name(b) for b in (sm.row_max, sm.row_sum, sm.rescale))
-    rows = RowLayout(64, 4)
+    rows = sw.scores_layout.rows  # m, l and rescale: every warpgroup holds all 64 rows
     pub = f"{bars} + {2 * S}"
     xs = "kf_seesaw_x"  # [0, 64): m, [64, 128): rescale of the last published tile; [128, 256): sums
 

@@ -123,7 +123,8 @@ inline void named_barrier_sync(int id, int count) {
 inline void wait_within(std::atomic<uint32_t>& w, uint32_t old, int64_t timeout_ms, const char* what) {
   const int64_t deadline = now_ns() + timeout_ms * 1000000;
   // the quiet time scales as the timeout does, so the cause of a hang still reports first
-  WaitScope scope(kQuietMs * timeout_ms / (launch_error().timeout_ms.load() > 0 ? launch_error().timeout_ms.load() : 1));
+  const int64_t launch_timeout_ms = launch_error().timeout_ms.load();
+  WaitScope scope(kQuietMs * timeout_ms / (launch_timeout_ms > 0 ? launch_timeout_ms : 1));
   while (w.load(std::memory_order_acquire) == old) {
     check_abort();
     const int64_t left = deadline - now_ns();
